@@ -1,0 +1,112 @@
+"""Tile, stage and register choices for the Hopper kernels, with the budget arithmetic.
+
+Everything here is plain Python so that CPU tests can check that every configuration we
+dispatch fits the hardware before any kernel is compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
+DTYPES = ("bf16", "fp16")
+
+# Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
+SMEM_CAPACITY = 232448
+REGS_PER_SM = 65536
+WARPGROUP_THREADS = 128
+
+# (consumer, producer) registers per thread after setmaxnreg, by number of consumer warpgroups.
+# The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
+REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+
+# tile_n per hdim for bf16/fp16 with tile_m = 128 (two consumer warpgroups of 64 rows):
+# the largest that keeps Q + 2 stages of K and V inside shared memory and the O and S
+# accumulators inside the consumer register budget.
+_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    dtype: str
+    hdim: int
+    causal: bool = False
+    local: bool = False
+    softcap: bool = False
+    tile_m: int = 128
+    tile_n: int = 128
+    num_stages: int = 2
+    num_consumer_wg: int = 2
+
+    @property
+    def hdim_v(self) -> int:
+        return self.hdim
+
+    @property
+    def elem_bytes(self) -> int:
+        return 2
+
+    @property
+    def num_threads(self) -> int:
+        return WARPGROUP_THREADS * (1 + self.num_consumer_wg)
+
+    @property
+    def consumer_regs(self) -> int:
+        return REG_SPLIT[self.num_consumer_wg][0]
+
+    @property
+    def producer_regs(self) -> int:
+        return REG_SPLIT[self.num_consumer_wg][1]
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: Q (reused for O), K and V rings, mbarriers, 1 KiB alignment."""
+        q = self.tile_m * self.hdim * self.elem_bytes
+        k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
+        v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
+        barriers = 8 * (2 + 4 * self.num_stages)
+        return q + k + v + 1024 + barriers
+
+    def accumulator_regs(self) -> int:
+        """fp32 registers per consumer thread for the S and O accumulators and P."""
+        rows_per_wg = 64
+        s = rows_per_wg * self.tile_n // WARPGROUP_THREADS
+        o = rows_per_wg * self.hdim_v // WARPGROUP_THREADS
+        return s + o + s // 2
+
+    def check(self) -> None:
+        """Raise ValueError naming the first budget this configuration breaks."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
+        if self.hdim not in SUPPORTED_HDIMS:
+            raise ValueError(f"hdim {self.hdim} not in {SUPPORTED_HDIMS}")
+        if self.num_consumer_wg not in REG_SPLIT:
+            raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(REG_SPLIT)}")
+        if self.tile_m != 64 * self.num_consumer_wg:
+            raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
+        if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
+            raise ValueError(f"tile_n {self.tile_n} must be a multiple of 16 in [16, 256] (WGMMA N, PV k-blocks)")
+        if self.num_stages < 1:
+            raise ValueError("num_stages must be >= 1")
+        if self.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+        cons, prod = self.consumer_regs, self.producer_regs
+        total = WARPGROUP_THREADS * (prod + cons * self.num_consumer_wg)
+        if total > REGS_PER_SM:
+            raise ValueError(f"register split {prod}/{cons} needs {total} > {REGS_PER_SM} registers")
+        # leave ~48 registers for addresses, softmax state and temporaries (ptxas has the last word:
+        # the compile tests require zero spills)
+        if self.accumulator_regs() + 48 > cons:
+            raise ValueError(
+                f"accumulators need {self.accumulator_regs()} registers per thread, "
+                f"too many for {cons} consumer registers"
+            )
+
+
+def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
+               softcap: bool = False) -> FwdConfig:
+    if hdim not in _TILE_N:
+        raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
+    cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
+                    tile_n=_TILE_N[hdim])
+    cfg.check()
+    return cfg

@@ -1,0 +1,13 @@
+"""CuTe DSL kernels for Hopper (sm_90a)."""
+
+import os
+
+# The DSL snapshots its target architecture when cutlass is first imported; without a GPU it
+# would otherwise default to a non-Hopper arch and the sm_90 MMA builders refuse to trace.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+from flashhopper.hopper.runtime import forward, fwd_artifact  # noqa: E402
+
+KERNELS = {"fwd": fwd_artifact}
+
+__all__ = ["KERNELS", "forward"]

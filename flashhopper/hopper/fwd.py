@@ -1,0 +1,352 @@
+"""FlashAttention forward for Hopper (sm_90a): warp-specialized TMA + WGMMA kernel.
+
+One CTA computes one (tile_m x hdim) output tile for one (batch, head):
+
+  warpgroup 0 (producer, setmaxnreg.dec): one warp issues TMA loads of Q once and of K, V
+      into a `num_stages` shared-memory ring, each stage guarded by full/empty mbarriers.
+  warpgroups 1..W (consumers, setmaxnreg.inc): 64 query rows each. Per key block:
+      S = Q K^T (WGMMA, both operands in smem) -> mask -> online softmax in registers ->
+      P converted in registers and used as the register A operand of O += P V (WGMMA).
+  epilogue: O / l in registers -> stmatrix into the (now free) Q buffer -> one TMA store;
+      LSE from registers.
+
+Key blocks are visited from the last one down, so that the blocks that need masking (the
+ragged seqlen_k end, the causal diagonal) come first and the rest run without a mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from flashhopper.config import FwdConfig
+from flashhopper.hopper import layout as L
+from flashhopper.hopper import mask as M
+from flashhopper.hopper import softmax as S
+
+# Named barrier ids (0 is __syncthreads).
+_BAR_EPILOGUE = 1
+
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+
+class FlashFwdSm90:
+    def __init__(self, cfg: FwdConfig):
+        cfg.check()
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
+        self.hdim, self.hdim_v = cfg.hdim, cfg.hdim_v
+        self.num_stages = cfg.num_stages
+        self.num_consumer_wg = cfg.num_consumer_wg
+        self.num_consumer_threads = 128 * cfg.num_consumer_wg
+        self.num_threads = cfg.num_threads
+        # causal is a right window of 0; the kernel only needs to know which sides are bounded
+        self.has_right = cfg.causal or cfg.local
+        self.has_left = cfg.local
+        self.has_softcap = cfg.softcap
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, sq, h, d)
+        mK: cute.Tensor,  # (b, sk, hk, d)
+        mV: cute.Tensor,  # (b, sk, hk, dv)
+        mO: cute.Tensor,  # (b, sq, h, dv)
+        mLSE: cute.Tensor,  # (b, h, sq) fp32
+        scale_log2: Float32,  # softmax scale * log2(e), or softcap * log2(e) with softcap
+        softcap_pre: Float32,  # softmax scale / softcap (unused without softcap)
+        window_left: Int32,
+        window_right: Int32,
+        stream: cuda.CUstream,
+    ):
+        # tile coordinates first: (seqlen, dim, head, batch)
+        mQ, mK, mV, mO = [L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+        mLSE = L.select_modes(mLSE, [2, 1, 0])
+
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+            Float32, atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, self.tile_n),
+        )
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
+            Float32, atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, self.hdim_v),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
+
+        sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim)
+        sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
+        sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
+        sO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim_v)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sQ: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, max(cute.cosize(sQ_layout), cute.cosize(sO_layout))],
+                1024,
+            ]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        load_op = cpasync.CopyBulkTensorTileG2SOp()
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_layout, (self.tile_m, self.hdim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+            load_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim)
+        )
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+            load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
+        )
+        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
+        )
+
+        num_m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
+        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_O, mLSE,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
+            scale_log2, softcap_pre, window_left, window_right,
+            sQ_layout, sK_layout, sV_layout, sO_layout,
+            tiled_mma_qk, tiled_mma_pv, SharedStorage,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    # ------------------------------------------------------------------ device side
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        tma_atom_Q: cute.CopyAtom,
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        tma_atom_O: cute.CopyAtom,
+        scale_log2: Float32,
+        softcap_pre: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O):
+                cpasync.prefetch_descriptor(atom)
+
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+
+        # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per
+        # consumer warp (the pipeline signals from lane 0 of each warp).
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            num_stages=1, producer_group=producer, consumer_group=consumers,
+            tx_count=cute.size_in_bytes(self.dtype, sQ_layout),
+            barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True,
+        )
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1])),
+            barrier_storage=storage.mbar_K.data_ptr(), defer_sync=True,
+        )
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1])),
+            barrier_storage=storage.mbar_V.data_ptr(), defer_sync=True,
+        )
+        pipeline.pipeline_init_arrive(is_relaxed=True)
+        pipeline.pipeline_init_wait()
+
+        # causal: the longest query tiles (highest m) go first so the last wave is short
+        bidx, head, batch = cute.arch.block_idx()
+        m_block = bidx
+        if cutlass.const_expr(self.has_right):
+            m_block = cute.arch.grid_dim()[0] - 1 - bidx
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        n_min, n_max = M.n_block_range(
+            m_block, seqlen_q, seqlen_k, window_left, window_right,
+            self.tile_m, self.tile_n, self.has_left, self.has_right,
+        )
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+            if warp_idx == 0:
+                head_kv = head // (mQ.shape[2] // mK.shape[2])
+                self.produce(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                             pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max)
+        else:
+            cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
+            self.consume(mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
+                         pipe_q, pipe_k, pipe_v, tidx - 128, m_block, head, batch, n_min, n_max,
+                         seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right)
+
+    @cute.jit
+    def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
+                pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max):
+        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (None, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim_v), (None, 0))
+        no_cluster = cute.make_layout(1)
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_atom_Q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_atom_K, 0, no_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_atom_V, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for i in cutlass.range(n_max - n_min, unroll=1):
+            n_block = n_max - 1 - i
+            pipe_k.producer_acquire(kv_state)
+            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+            pipe_v.producer_acquire(kv_state)
+            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+            kv_state.advance()
+
+    @cute.jit
+    def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
+                pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
+                seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right):
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+        wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
+        wg_mma_pv = tiled_mma_pv.get_slice(wg * 128)
+        tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
+        tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(L.transpose_view(sV)))
+
+        acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
+        tOrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
+        tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
+        acc_S_rc = L.acc_rows_cols(acc_S)
+        acc_O_rc = L.acc_rows_cols(acc_O)
+        coord_rc = L.acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+
+        num_rows = cute.size(acc_S_rc, mode=[0])
+        row_max = cute.make_rmem_tensor(num_rows, Float32)
+        row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        row_scale = cute.make_rmem_tensor(num_rows, Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        acc_O.fill(0.0)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_q.consumer_wait(q_state)
+
+        # the block holding the ragged end of the keys, if seqlen_k is not a multiple of tile_n
+        n_ragged = Int32(-1)
+        if seqlen_k % self.tile_n != 0:
+            n_ragged = seqlen_k // self.tile_n
+        mma_qk = cute.make_mma_atom(tiled_mma_qk.op)
+        mma_pv = cute.make_mma_atom(tiled_mma_pv.op)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        num_k_blocks_qk = cute.size(tSrQ, mode=[2])
+        num_k_blocks_pv = cute.size(tOrP, mode=[2])
+        for i in cutlass.range(n_max - n_min, unroll=1):
+            n_block = n_max - 1 - i
+            stage = kv_state.index
+            # S = Q K^T
+            pipe_k.consumer_wait(kv_state)
+            warpgroup.fence()
+            mma_qk.set(warpgroup.Field.ACCUMULATE, False)
+            for k in cutlass.range_constexpr(num_k_blocks_qk):
+                cute.gemm(mma_qk, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
+                mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_k.consumer_release(kv_state)
+
+            if cutlass.const_expr(self.has_softcap):
+                for j in cutlass.range_constexpr(cute.size(acc_S)):
+                    acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+            if M.needs_mask(n_block, n_ragged, m_block, seqlen_q, seqlen_k, window_left, window_right,
+                            self.tile_m, self.tile_n, self.has_left, self.has_right):
+                M.apply_mask(acc_S_rc, coord_rc, m_block, n_block, seqlen_q, seqlen_k, window_left,
+                             window_right, self.tile_m, self.tile_n, self.has_left, self.has_right)
+            S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=False)
+            S.rescale_rows(acc_O_rc, row_scale)
+
+            # P stays in registers: converted in place into the A-operand layout of P @ V
+            tOrP_as_acc.store(acc_S.load().to(self.dtype))
+            pipe_v.consumer_wait(kv_state)
+            warpgroup.fence()
+            mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+            for k in cutlass.range_constexpr(num_k_blocks_pv):
+                cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(kv_state)
+            kv_state.advance()
+
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
+        S.rescale_rows(acc_O_rc, row_scale)
+        self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
+                      m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
+                 m_block, head, batch, seqlen_q):
+        # LSE: the thread holding column 0 of a row writes it
+        if coord_rc[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = m_block * self.tile_m + coord_rc[r, 0][0]
+                if row < seqlen_q:
+                    mLSE[row, head, batch] = lse[r]
+
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        # sO aliases sQ: every consumer must be done with its QK^T before anyone overwrites it
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                        self.dtype)
+        smem_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(tidx)
+        cute.copy(smem_atom, smem_copy.retile(rO), smem_copy.partition_D(sO))
+        # make the generic-proxy smem writes visible to the TMA (async proxy) before the store
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        if tidx < 32:
+            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hdim_v), (m_block, 0))
+            tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
+                                               cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+            cute.copy(tma_atom_O, tOsO, tOgO)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+
+def softmax_constants(softmax_scale: float, softcap: float) -> tuple[float, float]:
+    """(scale_log2, softcap_pre) as the kernel takes them."""
+    log2e = math.log2(math.e)
+    if softcap > 0.0:
+        return softcap * log2e, softmax_scale / softcap
+    return softmax_scale * log2e, 0.0

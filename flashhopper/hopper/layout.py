@@ -1,0 +1,79 @@
+"""Register- and shared-memory layout views used by the Hopper kernels."""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+
+def select_modes(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
+    """Same memory, modes reordered (e.g. (b, s, h, d) -> (s, d, h, b) so tiles index first)."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, modes))
+
+
+def smem_layout_row_major(dtype, rows: int, cols: int, stages: int | None = None):
+    """Swizzled smem layout for a (rows, cols[, stages]) tile whose cols are contiguous in gmem.
+
+    Q, K, V and O are all stored with the head dim contiguous; the widest swizzle that fits
+    `cols` keeps both TMA writes and WGMMA/stmatrix accesses free of bank conflicts.
+    """
+    atom = warpgroup.make_smem_layout_atom(
+        sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype
+    )
+    if stages is None:
+        return cute.tile_to_shape(atom, (rows, cols), order=(0, 1))
+    return cute.tile_to_shape(atom, (rows, cols, stages), order=(0, 1, 2))
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a smem tensor: sV (n, d, stages) seen as V^T (d, n, stages)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+def acc_layout_rows_cols(acc_layout: cute.Layout) -> cute.Layout:
+    """WGMMA accumulator ((2, 2, V), M, N) viewed as (rows, cols) = ((2, M), (2, V, N)).
+
+    In the m64nNk16 C layout a thread holds column pairs (mode 0.0) of two rows eight apart
+    (mode 0.1), repeated every 8 columns (mode 0.2); row-wise softmax wants rows and columns
+    as separate modes.
+    """
+    compact = cute.make_layout(acc_layout.shape)
+    shape = (
+        (compact.shape[0][1], compact.shape[1]),
+        (compact.shape[0][0], compact.shape[0][2], compact.shape[2]),
+    )
+    stride = (
+        (compact.stride[0][1], compact.stride[1]),
+        (compact.stride[0][0], compact.stride[0][2], compact.stride[2]),
+    )
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
+
+
+def acc_rows_cols(acc: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(acc.iterator, acc_layout_rows_cols(acc.layout))
+
+
+def acc_layout_as_operand_a(acc_layout: cute.Layout) -> cute.Layout:
+    """fp32 S accumulator ((2, 2, N/8), M, 1) relabelled as the 16-bit A operand of P @ V.
+
+    For 16-bit WGMMA the A fragment of m64nNk16 holds the same (row, column) pairs as the C
+    fragment of two adjacent 8-column groups, so P can stay in registers: only the k-blocks
+    (16 columns = two 8-column groups) have to become their own mode.
+    """
+    tiled = cute.logical_divide(acc_layout, ((None, None, 2), None, None))
+    return cute.make_layout(
+        (
+            (tiled.shape[0][0], tiled.shape[0][1], tiled.shape[0][2][0]),
+            tiled.shape[1],
+            (tiled.shape[0][2][1], tiled.shape[2]),
+        ),
+        stride=(
+            (tiled.stride[0][0], tiled.stride[0][1], tiled.stride[0][2][0]),
+            tiled.stride[1],
+            (tiled.stride[0][2][1], tiled.stride[2]),
+        ),
+    )

@@ -1,0 +1,126 @@
+"""Compiling, caching and launching the Hopper kernels.
+
+Kernels are compiled once per static configuration (dtype, hdim, mask kind, softcap, tiles)
+against symbolic shapes and strides, so batch, sequence lengths, head counts and strides
+never trigger a recompile. The same compile serves the no-GPU inspection path.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+import time
+
+import cutlass
+import cutlass.cute as cute
+import torch
+
+from flashhopper.config import FwdConfig, fwd_config
+from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
+
+try:  # TVM-FFI lets the compiled kernel take torch tensors directly (low host overhead)
+    import tvm_ffi  # noqa: F401
+
+    _HAVE_TVM_FFI = True
+except ImportError:  # pragma: no cover - depends on the environment
+    _HAVE_TVM_FFI = False
+
+_TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_NAME_TO_CUTE = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+_cache: dict = {}
+_cache_lock = threading.Lock()
+compile_seconds: dict = {}
+
+
+def _fake_qkvo(cfg: FwdConfig):
+    """Fake (b, s, h, d) tensors with symbolic extents and 16-byte-aligned symbolic strides."""
+    dt = _NAME_TO_CUTE[cfg.dtype]
+    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+
+    def qkv(s, heads, d):
+        strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dt, (b, s, heads, d), strides, assumed_align=16)
+
+    q, k, v, o = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v), qkv(sq, h, cfg.hdim_v)
+    lse = cute.runtime.make_fake_tensor(
+        cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
+    )
+    return q, k, v, o, lse
+
+
+def compile_fwd(cfg: FwdConfig, options: str = "", tvm_ffi: bool | None = None):
+    """Trace and compile the forward kernel for `cfg` (no GPU needed)."""
+    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
+    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
+            cutlass.Int32(-1), stream)
+    return cute.compile(FlashFwdSm90(cfg), *args, options=opts.strip())
+
+
+def _get_fwd(cfg: FwdConfig):
+    fn = _cache.get(cfg)
+    if fn is None:
+        with _cache_lock:
+            fn = _cache.get(cfg)
+            if fn is None:
+                t0 = time.perf_counter()
+                fn = compile_fwd(cfg)
+                compile_seconds[cfg] = time.perf_counter() - t0
+                _cache[cfg] = fn
+    return fn
+
+
+def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
+    """Run the forward kernel on validated CUDA tensors; returns (out, lse).
+
+    `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements).
+    """
+    window_left, window_right = (int(w) for w in window_size)
+    if causal:
+        window_right = 0 if window_right < 0 else min(window_right, 0)
+    local = window_left >= 0 or (window_right >= 0 and not causal)
+    cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal and not local, local=local,
+                     softcap=softcap > 0.0)
+    fn = _get_fwd(cfg)
+    b, sq, h, _ = q.shape
+    if out is None:
+        out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+    scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
+    # an unbounded side is passed as a huge window so the kernel's arithmetic stays uniform
+    big = 1 << 30
+    wl = window_left if window_left >= 0 else big
+    wr = window_right if window_right >= 0 else big
+    if _HAVE_TVM_FFI:
+        fn(q, k, v, out, lse, scale_log2, softcap_pre, wl, wr)
+    else:  # pragma: no cover - fallback without TVM-FFI
+        from cuda.bindings import driver
+
+        def wrap(t):
+            return cute.runtime.from_dlpack(t, assumed_align=16 if t.dtype != torch.float32 else 4
+                                            ).mark_layout_dynamic(leading_dim=t.ndim - 1)
+
+        stream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
+        fn(wrap(q), wrap(k), wrap(v), wrap(out), wrap(lse), cutlass.Float32(scale_log2),
+           cutlass.Float32(softcap_pre), cutlass.Int32(wl), cutlass.Int32(wr), stream)
+    return out, lse
+
+
+def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, local: bool = False,
+                 softcap: bool = False):
+    """Compile with the cubin kept, for `flashhopper inspect fwd` (works without a GPU)."""
+    from flashhopper.compile import CompiledArtifact
+
+    cfg = fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap)
+    # the DSL also writes the cubin to the dump dir (cwd by default): keep that out of the way
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = compile_fwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
+        cubin = compiled.__cubin__
+    return CompiledArtifact(name="fwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
+
+
+__all__ = ["forward", "compile_fwd", "fwd_artifact", "compile_seconds", "math"]

@@ -1,0 +1,96 @@
+"""Online softmax on the WGMMA accumulator, in registers.
+
+Scores live in "raw" units (the S accumulator, or tanh of it under softcap); `scale_log2`
+folds the softmax scale (or the softcap) and log2(e) into one multiply so that each element
+costs one FFMA and one MUFU.EX2. A thread owns two rows of its warpgroup's 64; a row's
+columns are spread over the 4 lanes of a quad, so row reductions end with two butterfly
+shuffles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+LN2 = math.log(2.0)
+
+
+@cute.jit
+def quad_allreduce_max(x: Float32) -> Float32:
+    x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+    return cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+
+
+@cute.jit
+def quad_allreduce_sum(x: Float32) -> Float32:
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=1)
+
+
+@cute.jit
+def online_softmax_step(
+    acc_S_rc: cute.Tensor,
+    row_max: cute.Tensor,
+    row_sum: cute.Tensor,
+    row_scale: cute.Tensor,
+    scale_log2: Float32,
+    is_first: cutlass.Constexpr[bool],
+):
+    """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
+
+    Updates the running max and sum and leaves in `row_scale` the factor by which the
+    output accumulated so far must be multiplied. A row that has seen only masked keys
+    keeps max = -inf; using 0 as its offset makes every exp2 give 0 instead of NaN.
+    """
+    num_rows = cute.size(acc_S_rc, mode=[0])
+    num_cols = cute.size(acc_S_rc, mode=[1])
+    for r in cutlass.range_constexpr(num_rows):
+        block_max = acc_S_rc[r, 0]
+        for c in cutlass.range_constexpr(1, num_cols):
+            block_max = cute.arch.fmax(block_max, acc_S_rc[r, c])
+        block_max = quad_allreduce_max(block_max)
+        new_max = block_max
+        if cutlass.const_expr(not is_first):
+            new_max = cute.arch.fmax(row_max[r], block_max)
+        offset = new_max * scale_log2
+        if new_max == -Float32.inf:
+            offset = Float32(0.0)
+        if cutlass.const_expr(is_first):
+            row_scale[r] = Float32(1.0)
+        else:
+            row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
+        row_max[r] = new_max
+        block_sum = Float32(0.0)
+        for c in cutlass.range_constexpr(num_cols):
+            p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
+            acc_S_rc[r, c] = p
+            block_sum += p
+        if cutlass.const_expr(is_first):
+            row_sum[r] = block_sum
+        else:
+            row_sum[r] = row_sum[r] * row_scale[r] + block_sum
+
+
+@cute.jit
+def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
+    for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
+        for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+            acc_O_rc[r, c] = acc_O_rc[r, c] * row_scale[r]
+
+
+@cute.jit
+def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
+             lse: cute.Tensor, scale_log2: Float32):
+    """1/l into row_scale and the natural-log LSE; rows that saw no key get 0 and -inf."""
+    for r in cutlass.range_constexpr(cute.size(row_sum)):
+        total = quad_allreduce_sum(row_sum[r])
+        empty = total == Float32(0.0) or total != total
+        row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
+        lse[r] = (
+            -Float32.inf
+            if empty
+            else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+        )

@@ -1,0 +1,127 @@
+"""Forward kernel against the float64 reference on an sm_90 GPU (skipped elsewhere).
+
+Bound: our error is at most 2x the error of PyTorch's own attention in the same dtype on the
+same inputs, plus the dtype's rounding at output magnitude (the FlashAttention test convention).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashhopper.reference import attention_ref, visible_mask
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+    pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
+
+from flashhopper.hopper import forward  # noqa: E402
+
+DEV = "cuda"
+
+
+def torch_attention(q, k, v, scale, causal, window, softcap):
+    """PyTorch in the input dtype: the yardstick for how much error the dtype itself costs."""
+    hq, hk = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(hq // hk, dim=2)
+    v = v.repeat_interleave(hq // hk, dim=2)
+    mask = visible_mask(q.shape[1], k.shape[1], causal, window, q.device)
+    if softcap == 0.0:
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+                                             torch.nn.attention.SDPBackend.MATH]):
+            o = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale
+            ).transpose(1, 2)
+    else:
+        s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+        s = softcap * torch.tanh(s / softcap)
+        p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+        o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), v.float()).to(q.dtype)
+    return torch.nan_to_num(o, nan=0.0)
+
+
+def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0,
+             layout="bshd"):
+    torch.manual_seed(hash((b, sq, sk, hq, hk, d, causal, window, softcap, layout)) % 2**31)
+    if layout == "packed":  # q, k, v sliced out of one (b, s, 3, h, d) tensor: strided heads
+        assert sq == sk and hq == hk
+        qkv = torch.randn(b, sq, 3, hq, d, device=DEV, dtype=dtype)
+        q, k, v = qkv.unbind(2)
+    else:
+        q = torch.randn(b, sq, hq, d, device=DEV, dtype=dtype)
+        k = torch.randn(b, sk, hk, d, device=DEV, dtype=dtype)
+        v = torch.randn(b, sk, hk, d, device=DEV, dtype=dtype)
+    scale = 1.0 / math.sqrt(d)
+    out = torch.full((b, sq, hq, d), float("nan"), device=DEV, dtype=dtype)
+    lse = torch.full((b, hq, sq), float("nan"), device=DEV, dtype=torch.float32)
+    forward(q, k, v, scale, causal, window, softcap, out=out, lse=lse)
+    torch.cuda.synchronize()
+    out_ref, lse_ref = attention_ref(q, k, v, scale, causal, window, softcap)
+    out_pt = torch_attention(q, k, v, scale, causal, window, softcap)
+
+    assert not out.isnan().any(), "unwritten or NaN output elements"
+    err = (out.double() - out_ref).abs()
+    err_pt = (out_pt.double() - out_ref).abs()
+    atol = 2 * ((out_ref + 0.3 - 0.3).to(dtype).double() - out_ref).abs().max().item()
+    assert err.max().item() <= 2 * err_pt.max().item() + atol, (err.max().item(), err_pt.max().item(), atol)
+    assert err.mean().item() <= 2 * err_pt.mean().item() + 1e-5, (err.mean().item(), err_pt.mean().item())
+
+    assert not lse.isnan().any(), "unwritten LSE"
+    inf_ref = torch.isinf(lse_ref)
+    assert torch.equal(torch.isinf(lse), inf_ref), "rows with no visible key must have LSE = -inf"
+    fin = ~inf_ref
+    if fin.any():
+        lse_err = (lse[fin] - lse_ref[fin]).abs().max().item()
+        assert lse_err <= 1e-3 * max(1.0, lse_ref[fin].abs().max().item()), lse_err
+    return err.max().item(), err_pt.max().item()
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_hdim_dtype(d, dtype, causal):
+    run_case(2, 1000, 1000, 4, 4, d, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 17), (127, 127), (1000, 1000), (4097, 4097),
+                                   (1, 4097), (4097, 1), (17, 1000), (1000, 17), (127, 4097)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlens(sq, sk, causal):
+    run_case(1, sq, sk, 2, 2, 128, causal=causal)
+
+
+@pytest.mark.parametrize("b", [1, 3, 8])
+@pytest.mark.parametrize("hq,hk", [(8, 1), (8, 8), (16, 2)])
+def test_batch_gqa(b, hq, hk):
+    run_case(b, 300, 517, hq, hk, 64, causal=b == 3)
+
+
+@pytest.mark.parametrize("window,causal", [((64, 0), False), ((100, -1), False), ((-1, 50), False),
+                                           ((128, 32), False), ((200, -1), True), ((0, 0), False)])
+@pytest.mark.parametrize("sq,sk", [(1000, 1000), (513, 1300), (1300, 513)])
+def test_local(window, causal, sq, sk):
+    run_case(2, sq, sk, 2, 1, 128, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap(d, causal):
+    run_case(2, 777, 777, 2, 2, d, softcap=15.0, causal=causal)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_packed_qkv_strides(d):
+    run_case(2, 1000, 1000, 4, 4, d, layout="packed", causal=True)
+    run_case(2, 1000, 1000, 4, 4, d, layout="packed")
+
+
+def test_no_recompile_across_shapes():
+    from flashhopper.hopper import runtime
+
+    run_case(1, 100, 100, 2, 2, 128)
+    n = len(runtime._cache)
+    run_case(3, 1500, 700, 4, 2, 128)
+    assert len(runtime._cache) == n
