@@ -19,6 +19,7 @@ for (b, sq, sk, h, hk, d, causal) in [(1, 128, 128, 1, 1, 128, False), (1, 200, 
     torch.cuda.synchronize()
     t1 = time.time()
     ref, lse_ref = attention_ref(q, k, v, 1 / math.sqrt(d), causal)
-    print(f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} causal={causal}: max err {(out.double()-ref).abs().max().item():.2e} "
+    err = (out.double() - ref).abs().max().item()
+    print(f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} causal={causal}: max err {err:.2e} "
           f"lse err {(lse-lse_ref).abs().max().item():.2e} first call {t1-t0:.2f}s", flush=True)
 print("compile seconds:", {f"{c.hdim}/{c.causal}": round(s, 2) for c, s in runtime.compile_seconds.items()})

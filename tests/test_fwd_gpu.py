@@ -125,3 +125,12 @@ def test_no_recompile_across_shapes():
     n = len(runtime._cache)
     run_case(3, 1500, 700, 4, 2, 128)
     assert len(runtime._cache) == n
+
+
+def test_without_tvm_ffi(monkeypatch):
+    """The DLPack fallback (no apache-tvm-ffi installed) computes the same thing."""
+    from flashhopper.hopper import runtime
+
+    monkeypatch.setattr(runtime, "_HAVE_TVM_FFI", False)
+    monkeypatch.setattr(runtime, "_cache", {})
+    run_case(2, 300, 517, 4, 2, 128, causal=True)

@@ -17,6 +17,7 @@ ragged seqlen_k end, the causal diagonal) come first and the rest run without a 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -30,8 +31,9 @@ from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
 
-# Named barrier ids (0 is __syncthreads).
+# Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
 _BAR_EPILOGUE = 1
+_BAR_PINGPONG = 2
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
@@ -221,16 +223,29 @@ class FlashFwdSm90:
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
 
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for i in cutlass.range(n_max - n_min, unroll=1):
-            n_block = n_max - 1 - i
-            pipe_k.producer_acquire(kv_state)
-            cute.copy(tma_atom_K, tKgK[None, n_block], tKsK[None, kv_state.index],
-                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-            pipe_v.producer_acquire(kv_state)
-            cute.copy(tma_atom_V, tVgV[None, n_block], tVsV[None, kv_state.index],
-                      tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
-            kv_state.advance()
+        # K of block n goes out before V of block n+1: the consumers need K(n) first (QK^T of
+        # block n is issued before P @ V of block n+1), so V never holds K back.
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        load_k = partial(self.load_stage, tma_atom_K, tKgK, tKsK, pipe_k)
+        load_v = partial(self.load_stage, tma_atom_V, tVgV, tVsV, pipe_v)
+        # (states advance here, not inside load_stage: the tracer only threads loop-carried
+        # values rebound in the loop body itself)
+        if n_max > n_min:
+            load_k(n_max - 1, k_state)
+            k_state.advance()
+            for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                load_k(n_max - 2 - i, k_state)
+                k_state.advance()
+                load_v(n_max - 1 - i, v_state)
+                v_state.advance()
+            load_v(n_min, v_state)
+
+    @cute.jit
+    def load_stage(self, tma_atom, tXgX, tXsX, pipe, n_block, state):
+        pipe.producer_acquire(state)
+        cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index],
+                  tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
@@ -250,7 +265,8 @@ class FlashFwdSm90:
         tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_O_rc = L.acc_rows_cols(acc_O)
-        coord_rc = L.acc_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        coord_rc = L.acc_rows_cols(thr_mma_qk.partition_C(cS))
 
         num_rows = cute.size(acc_S_rc, mode=[0])
         row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -263,56 +279,187 @@ class FlashFwdSm90:
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
 
-        # the block holding the ragged end of the keys, if seqlen_k is not a multiple of tile_n
-        n_ragged = Int32(-1)
-        if seqlen_k % self.tile_n != 0:
-            n_ragged = seqlen_k // self.tile_n
-        mma_qk = cute.make_mma_atom(tiled_mma_qk.op)
-        mma_pv = cute.make_mma_atom(tiled_mma_pv.op)
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        num_k_blocks_qk = cute.size(tSrQ, mode=[2])
-        num_k_blocks_pv = cute.size(tOrP, mode=[2])
-        for i in cutlass.range(n_max - n_min, unroll=1):
-            n_block = n_max - 1 - i
-            stage = kv_state.index
-            # S = Q K^T
-            pipe_k.consumer_wait(kv_state)
-            warpgroup.fence()
-            mma_qk.set(warpgroup.Field.ACCUMULATE, False)
-            for k in cutlass.range_constexpr(num_k_blocks_qk):
-                cute.gemm(mma_qk, acc_S, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_S)
-                mma_qk.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_k.consumer_release(kv_state)
+        to_probs = partial(
+            self.scores_to_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, coord_rc=coord_rc, row_max=row_max,
+            row_sum=row_sum, row_scale=row_scale, m_block=m_block, seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
+            scale_log2=scale_log2, softcap_pre=softcap_pre,
+        )
+        issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+        issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
+        if cutlass.const_expr(self.cfg.intra_wg_overlap):
+            step = partial(self.step_overlap, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
+                           issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
+                           tOrP_as_acc=tOrP_as_acc, row_scale=row_scale, wg=wg)
+        else:
+            step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
+                           issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
+                           tOrP_as_acc=tOrP_as_acc, row_scale=row_scale, wg=wg)
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
 
-            if cutlass.const_expr(self.has_softcap):
-                for j in cutlass.range_constexpr(cute.size(acc_S)):
-                    acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
-            if M.needs_mask(n_block, n_ragged, m_block, seqlen_q, seqlen_k, window_left, window_right,
-                            self.tile_m, self.tile_n, self.has_left, self.has_right):
-                M.apply_mask(acc_S_rc, coord_rc, m_block, n_block, seqlen_q, seqlen_k, window_left,
-                             window_right, self.tile_m, self.tile_n, self.has_left, self.has_right)
-            S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=False)
-            S.rescale_rows(acc_O_rc, row_scale)
+        # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
+        # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
+        # run alone, its P @ V is issued in the next step.
+        num_blocks = n_max - n_min
+        if cutlass.const_expr(self.cfg.intra_wg_overlap):
+            if num_blocks > 0:
+                pipe_k.consumer_wait(k_state)
+                issue_qk(k_state.index)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+                to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
+                tOrP_as_acc.store(acc_S.load().to(self.dtype))
+        n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
+        self.pingpong_prime(wg, n_top > n_min)
+        if cutlass.const_expr(not self.cfg.intra_wg_overlap):
+            if num_blocks > 0:
+                step(n_block=n_max - 1, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=True)
+                k_state.advance()
+                v_state.advance()
+                n_top = n_max - 1
 
-            # P stays in registers: converted in place into the A-operand layout of P @ V
-            tOrP_as_acc.store(acc_S.load().to(self.dtype))
-            pipe_v.consumer_wait(kv_state)
-            warpgroup.fence()
-            mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-            for k in cutlass.range_constexpr(num_k_blocks_pv):
-                cute.gemm(mma_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(kv_state)
-            kv_state.advance()
+        # Remaining blocks, highest first, in three runs so that no runtime branch sits between
+        # a WGMMA issue and its wait (ptxas would serialize the pipeline there):
+        # blocks crossing the causal/right-window edge, mask-free blocks, left-window blocks.
+        diag = seqlen_k - seqlen_q
+        n_lo_right = n_top
+        if cutlass.const_expr(self.has_right):
+            n_lo_right = cutlass.max(n_min, M.floor_div(m_block * self.tile_m + diag + window_right + 1,
+                                                        self.tile_n))
+        n_hi_left = n_min
+        if cutlass.const_expr(self.has_left):
+            last_row_first_key = (m_block + 1) * self.tile_m - 1 + diag - window_left
+            n_hi_left = cutlass.max(n_min, M.floor_div(last_row_first_key + self.tile_n - 1, self.tile_n))
+        count_right = cutlass.max(n_top - n_lo_right, 0)
+        if cutlass.const_expr(self.has_right):
+            for i in cutlass.range(count_right, unroll=1):
+                step(n_block=n_top - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
+                k_state.advance()
+                v_state.advance()
+        n_cur = n_top - count_right
+        count_free = cutlass.max(n_cur - n_hi_left, 0)
+        for i in cutlass.range(count_free, unroll=1):
+            step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
+            k_state.advance()
+            v_state.advance()
+        n_cur = n_cur - count_free
+        if cutlass.const_expr(self.has_left):
+            for i in cutlass.range(n_cur - n_min, unroll=1):
+                step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
+                k_state.advance()
+                v_state.advance()
+        self.pingpong_finish(wg, n_top > n_min)
+
+        if cutlass.const_expr(self.cfg.intra_wg_overlap):
+            if num_blocks > 0:
+                pipe_v.consumer_wait(v_state)
+                issue_pv(v_state.index)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(v_state)
 
         lse = cute.make_rmem_tensor(num_rows, Float32)
         S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
         S.rescale_rows(acc_O_rc, row_scale)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                       m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
+        """Issue one block's WGMMAs (one per 16-wide k slice) as one commit group; no wait."""
+        warpgroup.fence()
+        # a fresh atom per call: its ACCUMULATE field is mutated while tracing
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k, stage], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
+                        mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, row_max, row_sum,
+                        row_scale, m_block, seqlen_q, seqlen_k, window_left, window_right, scale_log2,
+                        softcap_pre):
+        if cutlass.const_expr(self.has_softcap):
+            for j in cutlass.range(cute.size(acc_S), unroll_full=True):
+                acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+        if cutlass.const_expr(mask):
+            M.apply_mask(acc_S_rc, coord_rc, m_block, n_block, seqlen_q, seqlen_k, window_left,
+                         window_right, self.tile_m, self.tile_n, self.has_left, self.has_right,
+                         mask_seqlen)
+        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first)
+
+    @cute.jit
+    def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
+                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
+                     acc_S, acc_O_rc, tOrP_as_acc, row_scale, wg):
+        """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs."""
+        pipe_k.consumer_wait(k_state)
+        self.pingpong_sync(wg)
+        issue_qk(k_state.index)
+        pipe_v.consumer_wait(v_state)
+        issue_pv(v_state.index)
+        self.pingpong_arrive(wg)
+        warpgroup.wait_group(1)
+        pipe_k.consumer_release(k_state)
+        to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+        S.rescale_rows(acc_O_rc, row_scale)
+        tOrP_as_acc.store(acc_S.load().to(self.dtype))
+
+    @cute.jit
+    def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
+                    mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
+                    acc_S, acc_O_rc, tOrP_as_acc, row_scale, wg):
+        """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
+        pipe_k.consumer_wait(k_state)
+        self.pingpong_sync(wg)
+        issue_qk(k_state.index)
+        self.pingpong_arrive(wg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(k_state)
+        to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        S.rescale_rows(acc_O_rc, row_scale)
+        tOrP_as_acc.store(acc_S.load().to(self.dtype))
+        pipe_v.consumer_wait(v_state)
+        self.pingpong_sync(wg)
+        issue_pv(v_state.index)
+        self.pingpong_arrive(wg)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+
+    # Ping-pong: warpgroup w waits on barrier (base + w) before issuing its GEMMs and then
+    # arrives on the next warpgroup's barrier, so the consumers take turns on the tensor cores
+    # and one's softmax runs under the other's GEMMs. The first warpgroup starts with the token
+    # (it arrives on its own barrier) and takes back the last hand-off at the end, so every
+    # barrier is balanced when the tile ends.
+    @cute.jit
+    def pingpong_prime(self, wg, active):
+        if cutlass.const_expr(self.cfg.pingpong):
+            if wg == 0 and active:
+                cute.arch.barrier_arrive(barrier_id=_BAR_PINGPONG, number_of_threads=2 * 128)
+
+    @cute.jit
+    def pingpong_finish(self, wg, active):
+        if cutlass.const_expr(self.cfg.pingpong):
+            if wg == 0 and active:
+                cute.arch.barrier(barrier_id=_BAR_PINGPONG, number_of_threads=2 * 128)
+
+    @cute.jit
+    def pingpong_sync(self, wg):
+        if cutlass.const_expr(self.cfg.pingpong):
+            cute.arch.barrier(barrier_id=_BAR_PINGPONG + wg, number_of_threads=2 * 128)
+
+    @cute.jit
+    def pingpong_arrive(self, wg):
+        if cutlass.const_expr(self.cfg.pingpong):
+            nxt = wg + 1
+            if nxt == self.num_consumer_wg:
+                nxt = 0
+            cute.arch.barrier_arrive(barrier_id=_BAR_PINGPONG + nxt, number_of_threads=2 * 128)
 
     @cute.jit
     def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,

@@ -37,30 +37,17 @@ def n_block_range(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left:
 
 
 @cute.jit
-def needs_mask(n_block: Int32, n_last: Int32, m_block: Int32, seqlen_q: Int32, seqlen_k: Int32,
-               window_left: Int32, window_right: Int32, tile_m: cutlass.Constexpr[int],
-               tile_n: cutlass.Constexpr[int], has_left: cutlass.Constexpr[bool],
-               has_right: cutlass.Constexpr[bool]):
-    """Whether some element of block (m_block, n_block) is masked (the rest run mask-free)."""
-    diag = seqlen_k - seqlen_q
-    need = n_block == n_last
-    if cutlass.const_expr(has_right):
-        # the first row's last visible key falls inside or before this block
-        need = need or (n_block + 1) * tile_n - 1 > m_block * tile_m + diag + window_right
-    if cutlass.const_expr(has_left):
-        last_row = (m_block + 1) * tile_m - 1
-        need = need or n_block * tile_n < last_row + diag - window_left
-    return need
-
-
-@cute.jit
 def apply_mask(acc_S_rc: cute.Tensor, coord_rc: cute.Tensor, m_block: Int32, n_block: Int32,
                seqlen_q: Int32, seqlen_k: Int32, window_left: Int32, window_right: Int32,
                tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
-               has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool]):
-    """Set invisible scores to -inf; coord_rc gives each register's (row, col) in the tile."""
+               has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool],
+               mask_seqlen: cutlass.Constexpr[bool] = True):
+    """Set invisible scores to -inf; coord_rc gives each register's (row, col) in the tile.
+
+    Only the highest key block can hold the ragged seqlen_k end, so the others skip that test.
+    """
     diag = seqlen_k - seqlen_q
-    col_limit = seqlen_k - n_block * tile_n
+    col_limit = seqlen_k - n_block * tile_n if cutlass.const_expr(mask_seqlen) else Int32(tile_n)
     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
         row = m_block * tile_m + coord_rc[r, 0][0]
         hi = col_limit
@@ -71,5 +58,6 @@ def apply_mask(acc_S_rc: cute.Tensor, coord_rc: cute.Tensor, m_block: Int32, n_b
             lo = row + diag - window_left - n_block * tile_n
         for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
             col = coord_rc[r, c][1]
-            if col >= hi or col < lo:
-                acc_S_rc[r, c] = -Float32.inf
+            # a select, not a branch: a traced `if` would thread the whole accumulator through
+            # every element's condition
+            acc_S_rc[r, c] = -Float32.inf if col >= hi or col < lo else acc_S_rc[r, c]

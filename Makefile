@@ -1,0 +1,32 @@
+# Two entry points for people: `make demo` and `make test`; both set up .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Touched after a complete install, so an interrupted one is redone and a finished one is not.
+STAMP := $(VENV)/.flashhopper-installed
+# A usable NVIDIA GPU means the machine already has a CUDA torch: reuse it instead of a CPU wheel.
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+
+.PHONY: venv test demo gpu-check
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+ifeq ($(HAVE_GPU),yes)
+	test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+else
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q torch==2.13.0
+endif
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/ruff check flashhopper tests scripts
+	$(BIN)/python -m pytest -q
+
+demo: venv
+	$(BIN)/python -m flashhopper.cli demo
+
+gpu-check:
+	bash scripts/gpu_check.sh

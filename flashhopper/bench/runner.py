@@ -1,0 +1,169 @@
+"""Time flashhopper against its peers on one GPU and print TFLOP/s.
+
+Every number is from the same process and the same inputs, because absolute TFLOP/s drift 5-15%
+between runs and machines: the ratio to the best peer is the figure that means something.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from flashhopper.bench.grid import Point
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# flashhopper is compared against the strongest of these at each point.
+BEST_PEERS = ("cudnn", "fa4")
+
+
+@dataclass
+class Provider:
+    name: str
+    make: Callable  # (q, k, v, causal) -> zero-argument callable that runs one forward
+    context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+
+
+def time_ms(fn) -> float:
+    """Median milliseconds per call: triton.testing.do_bench if available, else CUDA events."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return _time_with_events(fn)
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def _time_with_events(fn, warmup: int = 10, iters: int = 30) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs)
+
+
+def matmul_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
+    """The machine's practical matmul ceiling (cuBLAS through torch), for the same run's context."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    return 2.0 * n**3 / time_ms(lambda: torch.matmul(a, b)) / 1e9
+
+
+def _sdpa(name: str, backend_name: str) -> Provider:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def make(q, k, v, causal):
+        # SDPA wants (b, h, s, d); transposed views keep the same storage.
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        return lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    return Provider(name, make, lambda: sdpa_kernel(backend))
+
+
+def default_providers() -> list[Provider]:
+    from flashhopper.interface import flash_attn_func
+
+    providers = [
+        Provider("flashhopper", lambda q, k, v, c: lambda: flash_attn_func(q, k, v, causal=c)),
+        _sdpa("fa2", "FLASH_ATTENTION"),
+        _sdpa("cudnn", "CUDNN_ATTENTION"),
+    ]
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+    except Exception as exc:  # absent, or present but broken: either way not a peer in this run
+        print(f"(FA4 not measured: flash_attn.cute unavailable: {exc})", flush=True)
+    else:
+        providers.append(Provider("fa4", lambda q, k, v, c: lambda: fa4(q, k, v, causal=c), _quiet))
+    return providers
+
+
+@contextlib.contextmanager
+def _quiet():
+    """FA4 warns on every compile about an argument it cannot convert; it is noise in our table."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
+
+
+def _short(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return text[:200]
+
+
+def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda") -> dict:
+    shape = (point.batch, point.seqlen, point.heads, point.hdim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    tflops, errors = {}, {}
+    for provider in providers:
+        try:
+            with provider.context():
+                fn = provider.make(q, k, v, point.causal)
+                fn()  # first call compiles / picks a kernel; keep it out of the timing
+                tflops[provider.name] = point.flops / time_ms(fn) / 1e9
+        except Exception as exc:  # one provider failing must not lose the rest of the row
+            tflops[provider.name] = None
+            errors[provider.name] = _short(exc)
+    peers = [tflops.get(name) for name in BEST_PEERS if tflops.get(name)]
+    mine = tflops.get("flashhopper")
+    ratio = mine / max(peers) if mine and peers else None
+    return {
+        "hdim": point.hdim, "causal": point.causal, "seqlen": point.seqlen, "batch": point.batch,
+        "heads": point.heads, "flops": point.flops, "tflops": tflops, "ratio": ratio, "errors": errors,
+    }
+
+
+def _cell(value, width=12, fmt="{:.1f}") -> str:
+    return (fmt.format(value) if value is not None else "-").rjust(width)
+
+
+def format_header(names) -> str:
+    cols = "".join(n.rjust(12) for n in names)
+    return f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'heads':>5}{cols}{'fh/best':>9}"
+
+
+def format_row(row: dict, names) -> str:
+    cells = "".join(_cell(row["tflops"].get(n)) for n in names)
+    causal = "yes" if row["causal"] else "no"
+    ratio = _cell(row["ratio"], 9, "{:.2f}")
+    shape = f"{row['hdim']:>4} {causal:>6} {row['seqlen']:>6} {row['batch']:>5} {row['heads']:>5}"
+    return f"{shape}{cells}{ratio}"
+
+
+def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = None,
+              providers: list[Provider] | None = None, out=sys.stdout) -> dict:
+    providers = providers if providers is not None else default_providers()
+    names = [p.name for p in providers]
+    ceiling = matmul_tflops()
+    report = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
+        "matmul_tflops": ceiling, "providers": names, "results": [],
+    }
+    print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
+          file=out, flush=True)
+    print("forward TFLOP/s; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
+    print(format_header(names), file=out, flush=True)
+    for point in points:
+        row = run_point(point, providers, DTYPES[dtype])
+        report["results"].append(row)
+        print(format_row(row, names), file=out, flush=True)
+        for name, message in row["errors"].items():
+            print(f"    {name}: {message}", file=out, flush=True)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=2)
+        print(f"wrote {json_path}", file=out, flush=True)
+    return report

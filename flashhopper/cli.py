@@ -1,0 +1,125 @@
+"""Command line: `flashhopper inspect | demo | bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from flashhopper.compile import ensure_arch_env
+
+
+def _cmd_inspect(args) -> int:
+    from flashhopper.compile import inspect_kernel
+
+    cfg = {"dtype": args.dtype, "hdim": args.hdim, "causal": args.causal}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            print(f"flashhopper inspect: --set expects KEY=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        cfg[key] = _parse_value(value)
+    try:
+        report = inspect_kernel(args.kernel, **cfg)
+    except ImportError as exc:
+        print(f"flashhopper inspect: the GPU kernels (flashhopper.hopper) are not importable: {exc}",
+              file=sys.stderr)
+        return 2
+    except (KeyError, FileNotFoundError) as exc:
+        print(f"flashhopper inspect: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_inspection(report)
+    return 0
+
+
+def _parse_value(text: str):
+    """'true'/'false' -> bool, integers -> int, anything else stays a string."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _print_inspection(r: dict) -> None:
+    cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+    sass = r["sass"]
+    counts = "  ".join(f"{k} {v}" for k, v in sass.items() if k != "USETMAXREG")
+    rows = [
+        ("kernel", f"{r['kernel']} ({cfg})"),
+        ("function", r["function"]),
+        ("registers", f"{r['registers']} at launch; setmaxnreg {sass['USETMAXREG'] or 'none'}"),
+        ("spill bytes", r["spill_bytes"]),
+        ("smem bytes", f"{r['smem_bytes']} ({r['smem_bytes'] / 1024:.1f} KiB)"),
+        ("instructions", r["instructions"]),
+        ("SASS", counts),
+    ]
+    for key, value in rows:
+        print(f"{key:<13} {value}")
+
+
+def _cmd_demo(args) -> int:
+    from flashhopper.demo import run_demo
+
+    return run_demo()
+
+
+def _cmd_bench(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    from flashhopper.bench.grid import HDIMS, SEQLENS, quick_grid, standard_grid
+    from flashhopper.bench.runner import run_bench
+
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    if args.quick:
+        points = [p for p in quick_grid() if p.causal in causal and (not args.hdim or p.hdim in args.hdim)]
+    else:
+        points = standard_grid(hdims=args.hdim or HDIMS, causal=causal, seqlens=args.seqlen or SEQLENS)
+    run_bench(points, dtype=args.dtype, json_path=args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flashhopper", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="compile a kernel for sm_90a (no GPU needed) and report its resources")
+    p.add_argument("kernel", help="a name from flashhopper.hopper.KERNELS, e.g. fwd")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--hdim", type=int, default=128)
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra builder option, e.g. --set local=true (repeatable)")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("demo", help="run the kernels on Hopper; elsewhere inspect them")
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("bench", help="forward TFLOP/s against SDPA (FA2, cuDNN) and FA4")
+    p.add_argument("--quick", action="store_true", help="8 points: hdim 128/64, seqlen 1k/8k, causal or not")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--hdim", type=int, nargs="+", help="headdims (default 64 128 256)")
+    p.add_argument("--seqlen", type=int, nargs="+", help="sequence lengths (default 512 .. 16384)")
+    p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    # Before anything can import cutlass: the DSL fixes its target arch at import.
+    ensure_arch_env()
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Public entry point: `flash_attn_func`."""
+
+from __future__ import annotations
+
+import torch
+
+from flashhopper.reference import attention_ref
+from flashhopper.validation import (
+    check_backend,
+    check_flag,
+    check_tensors,
+    normalize_scale,
+    normalize_softcap,
+    normalize_window,
+)
+
+HOPPER_CAPABILITY = (9, 0)
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    deterministic=False,
+    return_lse=False,
+    backend="auto",
+):
+    """Attention over (batch, seqlen, heads, headdim) tensors.
+
+    q: (b, sq, hq, d); k, v: (b, sk, hk, d) with hq a multiple of hk (GQA/MQA). fp16 or bf16.
+    softmax_scale defaults to 1/sqrt(d). causal aligns the diagonal bottom-right when sq != sk.
+    window_size=(left, right) limits each query to keys in [i + sk - sq - left, i + sk - sq + right];
+    -1 leaves a side unbounded. softcap > 0 maps scores to softcap * tanh(scores / softcap).
+    backend: "hopper" runs the sm_90a kernels, "reference" the exact float64 reference (any device,
+    slow, differentiable), "auto" is "hopper" for now.
+
+    Returns out (q.dtype, (b, sq, hq, d)) or (out, lse) with lse float32 (b, hq, sq), natural log;
+    rows that see no key give out = 0 and lse = -inf.
+    """
+    backend = check_backend(backend)
+    check_tensors(q, k, v)
+    scale = normalize_scale(softmax_scale, q.shape[-1])
+    causal = check_flag("causal", causal)
+    window = normalize_window(window_size)
+    softcap = normalize_softcap(softcap)
+    deterministic = check_flag("deterministic", deterministic)
+    return_lse = check_flag("return_lse", return_lse)
+
+    if backend == "reference":
+        out, lse = attention_ref(q, k, v, scale, causal, window, softcap)
+        out = out.to(q.dtype)
+    else:
+        _require_hopper(q, backend)
+        out, lse = _HopperAttention.apply(q, k, v, scale, causal, window, softcap, deterministic)
+    return (out, lse) if return_lse else out
+
+
+def _require_hopper(q: torch.Tensor, backend: str) -> None:
+    where = str(q.device)
+    if q.device.type == "cuda" and torch.cuda.is_available():
+        capability = torch.cuda.get_device_capability(q.device)
+        if capability == HOPPER_CAPABILITY:
+            return
+        where += f" (compute capability {capability[0]}.{capability[1]})"
+    raise RuntimeError(
+        f"backend={backend!r} needs CUDA tensors on a Hopper GPU (H100/H200, sm_90); the tensors are on "
+        f'{where}. backend="reference" runs anywhere (exact float64, slow).'
+    )
+
+
+class _HopperAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, window, softcap, deterministic):
+        # Imported here so that importing flashhopper never pulls in the CuTe DSL.
+        from flashhopper.hopper import forward
+
+        out, lse = forward(q, k, v, scale, causal, window, softcap)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = (scale, causal, window, softcap, deterministic)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        raise NotImplementedError("flashhopper backward kernel is not implemented yet (issue: backward pass)")

@@ -1,0 +1,222 @@
+"""Ground truth for the kernels.
+
+`attention_ref` / `attention_bwd_ref` are exact (float64). `attention_tiled_fwd` /
+`attention_tiled_bwd` replay, in float32 and block by block, the algorithm the Hopper kernels run,
+so a kernel bug can be told apart from a flaw in the algorithm itself. Everything is vectorized over
+batch and heads; the only Python loops are over blocks.
+
+Layout everywhere: (batch, seqlen, heads, headdim); LSE is (batch, heads_q, seqlen_q), natural log.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+NEG_INF = float("-inf")
+
+
+def default_scale(headdim: int, softmax_scale: float | None) -> float:
+    return 1.0 / math.sqrt(headdim) if softmax_scale is None else float(softmax_scale)
+
+
+def effective_window(causal: bool, window_size: tuple[int, int]) -> tuple[int, int]:
+    """(left, right) after folding `causal` in; -1 means unbounded on that side."""
+    left, right = int(window_size[0]), int(window_size[1])
+    return left, (0 if causal else right)
+
+
+def visible_mask(seqlen_q, seqlen_k, causal=False, window_size=(-1, -1), device=None) -> torch.Tensor:
+    """Bool (seqlen_q, seqlen_k): may query i attend to key j.
+
+    The diagonal is aligned bottom-right (query i sits at key position i + seqlen_k - seqlen_q), so
+    the last query always lines up with the last key, which is what decoding with a KV cache needs.
+    """
+    left, right = effective_window(causal, window_size)
+    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+    diag = i + (seqlen_k - seqlen_q)
+    mask = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask &= j >= diag - left
+    if right >= 0:
+        mask &= j <= diag + right
+    return mask
+
+
+def expand_kv(x: torch.Tensor, heads_q: int) -> torch.Tensor:
+    """Repeat KV heads so that query head h lines up with KV head h // (heads_q // heads_k)."""
+    heads_k = x.shape[2]
+    if heads_q % heads_k:
+        raise ValueError(f"heads_q={heads_q} is not a multiple of heads_k={heads_k}")
+    return x if heads_q == heads_k else x.repeat_interleave(heads_q // heads_k, dim=2)
+
+
+def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
+    """Exact attention in float64. Returns (out float64 (b, sq, hq, dv), lse float32 (b, hq, sq))."""
+    scale = default_scale(q.shape[-1], softmax_scale)
+    heads_q, seqlen_q, seqlen_k = q.shape[2], q.shape[1], k.shape[1]
+    q64 = q.to(torch.float64)
+    k64 = expand_kv(k.to(torch.float64), heads_q)
+    v64 = expand_kv(v.to(torch.float64), heads_q)
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    mask = visible_mask(seqlen_q, seqlen_k, causal, window_size, q.device)
+    s = s.masked_fill(~mask, NEG_INF)
+    # The max only stabilizes exp; detaching it leaves both out and lse differentiable and exact.
+    m = s.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m)
+    denom = p.sum(dim=-1, keepdim=True)
+    seen = denom > 0
+    denom_safe = torch.where(seen, denom, torch.ones_like(denom))
+    out = torch.einsum("bhqk,bkhd->bqhd", p / denom_safe, v64)
+    lse = torch.where(seen, m + torch.log(denom_safe), torch.full_like(denom, NEG_INF)).squeeze(-1)
+    return out, lse.to(torch.float32)
+
+
+def attention_bwd_ref(q, k, v, dout, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
+    """Exact (dq, dk, dv) in float64; dk/dv are summed over the query heads sharing a KV head."""
+    with torch.enable_grad():
+        q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
+        out, _ = attention_ref(q64, k64, v64, softmax_scale, causal, window_size, softcap)
+        return torch.autograd.grad(out, (q64, k64, v64), dout.to(torch.float64))
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def n_block_range(m_block, block_m, block_n, seqlen_q, seqlen_k, causal=False, window_size=(-1, -1)):
+    """[lo, hi) of key blocks holding at least one key visible to query block `m_block`.
+
+    Blocks outside it are fully masked and the kernel never loads them; an empty range means the
+    whole query block sees nothing (out 0, lse -inf).
+    """
+    left, right = effective_window(causal, window_size)
+    offset = seqlen_k - seqlen_q
+    m0 = m_block * block_m
+    m1 = min(m0 + block_m, seqlen_q)
+    key_lo = 0 if left < 0 else max(0, m0 + offset - left)
+    key_hi = seqlen_k if right < 0 else min(seqlen_k, m1 + offset + right)
+    if key_hi <= key_lo:
+        return 0, 0
+    return key_lo // block_n, _ceil_div(key_hi, block_n)
+
+
+def m_block_range(n_block, block_m, block_n, seqlen_q, seqlen_k, causal=False, window_size=(-1, -1)):
+    """[lo, hi) of query blocks with at least one query that sees key block `n_block` (backward)."""
+    left, right = effective_window(causal, window_size)
+    offset = seqlen_k - seqlen_q
+    n0 = n_block * block_n
+    n1 = min(n0 + block_n, seqlen_k)
+    query_lo = 0 if right < 0 else max(0, n0 - offset - right)
+    query_hi = seqlen_q if left < 0 else min(seqlen_q, n1 - offset + left)
+    if query_hi <= query_lo:
+        return 0, 0
+    return query_lo // block_m, _ceil_div(query_hi, block_m)
+
+
+def _score_transform(scale: float, softcap: float):
+    """(pre, post): log2-domain scores are tanh(S*pre)*post with softcap, else S*post.
+
+    Folding scale and log2(e) into one multiply is what lets the kernel use exp2 (one MUFU.EX2) and
+    a single FFMA per score.
+    """
+    if softcap > 0:
+        return scale / softcap, softcap * LOG2E
+    return None, scale * LOG2E
+
+
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    return x.float().transpose(1, 2)
+
+
+def attention_tiled_fwd(q, k, v, block_m=128, block_n=128, softmax_scale=None, causal=False,
+                        window_size=(-1, -1), softcap=0.0):
+    """Block-wise online softmax in float32. Returns (out (b, sq, hq, dv), lse (b, hq, sq))."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k, hdim_v = k.shape[1], v.shape[-1]
+    pre, post = _score_transform(default_scale(q.shape[-1], softmax_scale), softcap)
+    qf = _heads_first(q)
+    kf = _heads_first(expand_kv(k, heads_q))
+    vf = _heads_first(expand_kv(v, heads_q))
+    mask = visible_mask(seqlen_q, seqlen_k, causal, window_size, q.device)
+    out = qf.new_zeros(batch, heads_q, seqlen_q, hdim_v)
+    lse = qf.new_full((batch, heads_q, seqlen_q), NEG_INF)
+    for m_block in range(_ceil_div(seqlen_q, block_m)):
+        m0, m1 = m_block * block_m, min((m_block + 1) * block_m, seqlen_q)
+        q_blk = qf[:, :, m0:m1]
+        row_max = qf.new_full((batch, heads_q, m1 - m0), NEG_INF)
+        row_sum = qf.new_zeros(batch, heads_q, m1 - m0)
+        acc = qf.new_zeros(batch, heads_q, m1 - m0, hdim_v)
+        lo, hi = n_block_range(m_block, block_m, block_n, seqlen_q, seqlen_k, causal, window_size)
+        for n_block in range(lo, hi):
+            n0, n1 = n_block * block_n, min((n_block + 1) * block_n, seqlen_k)
+            s = q_blk @ kf[:, :, n0:n1].transpose(-1, -2)
+            s = torch.tanh(s * pre) * post if pre is not None else s * post
+            s = s.masked_fill(~mask[m0:m1, n0:n1], NEG_INF)
+            new_max = torch.maximum(row_max, s.amax(dim=-1))
+            # A row that has seen only masked keys keeps max -inf; pinning it to 0 avoids
+            # exp2(-inf - -inf) = NaN while still giving p = 0 and correction = 0.
+            ref_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+            p = torch.exp2(s - ref_max.unsqueeze(-1))
+            correction = torch.exp2(row_max - ref_max)
+            row_sum = row_sum * correction + p.sum(dim=-1)
+            acc = acc * correction.unsqueeze(-1) + p @ vf[:, :, n0:n1]
+            row_max = new_max
+        seen = row_sum > 0
+        safe_sum = torch.where(seen, row_sum, torch.ones_like(row_sum))
+        out[:, :, m0:m1] = acc / safe_sum.unsqueeze(-1)
+        lse[:, :, m0:m1] = torch.where(seen, row_max * LN2 + torch.log(safe_sum), NEG_INF)
+    return out.transpose(1, 2), lse
+
+
+def attention_tiled_bwd(q, k, v, out, dout, lse, block_m=128, block_n=128, softmax_scale=None,
+                        causal=False, window_size=(-1, -1), softcap=0.0):
+    """Backward from the saved LSE, key block outer / query block inner. Returns float32 (dq, dk, dv)."""
+    batch, seqlen_q, heads_q, hdim = q.shape
+    seqlen_k, heads_k, hdim_v = k.shape[1], k.shape[2], v.shape[-1]
+    scale = default_scale(hdim, softmax_scale)
+    pre, post = _score_transform(scale, softcap)
+    qf, of, dof = _heads_first(q), _heads_first(out), _heads_first(dout)
+    kf = _heads_first(expand_kv(k, heads_q))
+    vf = _heads_first(expand_kv(v, heads_q))
+    mask = visible_mask(seqlen_q, seqlen_k, causal, window_size, q.device)
+    # Rows that saw nothing have lse = -inf; +inf there makes every recomputed P exactly 0.
+    lse2 = lse.float() * LOG2E
+    lse2 = torch.where(torch.isinf(lse2), torch.full_like(lse2, float("inf")), lse2).unsqueeze(-1)
+    delta = (dof * of).sum(dim=-1, keepdim=True)
+    dq = torch.zeros_like(qf)
+    dk = qf.new_zeros(batch, heads_q, seqlen_k, hdim)
+    dv = qf.new_zeros(batch, heads_q, seqlen_k, hdim_v)
+    for n_block in range(_ceil_div(seqlen_k, block_n)):
+        n0, n1 = n_block * block_n, min((n_block + 1) * block_n, seqlen_k)
+        k_blk, v_blk = kf[:, :, n0:n1], vf[:, :, n0:n1]
+        lo, hi = m_block_range(n_block, block_m, block_n, seqlen_q, seqlen_k, causal, window_size)
+        for m_block in range(lo, hi):
+            m0, m1 = m_block * block_m, min((m_block + 1) * block_m, seqlen_q)
+            q_blk, do_blk = qf[:, :, m0:m1], dof[:, :, m0:m1]
+            s = q_blk @ k_blk.transpose(-1, -2)
+            if pre is not None:
+                t = torch.tanh(s * pre)
+                s = t * post
+            else:
+                s = s * post
+            s = s.masked_fill(~mask[m0:m1, n0:n1], NEG_INF)
+            p = torch.exp2(s - lse2[:, :, m0:m1])
+            dv[:, :, n0:n1] += p.transpose(-1, -2) @ do_blk
+            dp = do_blk @ v_blk.transpose(-1, -2)
+            ds = p * (dp - delta[:, :, m0:m1])
+            if pre is not None:
+                ds = ds * (1.0 - t * t)
+            dk[:, :, n0:n1] += (ds.transpose(-1, -2) @ q_blk) * scale
+            dq[:, :, m0:m1] += (ds @ k_blk) * scale
+    group = heads_q // heads_k
+    dk = dk.view(batch, heads_k, group, seqlen_k, hdim).sum(dim=2)
+    dv = dv.view(batch, heads_k, group, seqlen_k, hdim_v).sum(dim=2)
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)

@@ -1,0 +1,135 @@
+"""Argument checks for `flash_attn_func`.
+
+They run before any kernel: a TMA descriptor built from a bad stride or a misaligned pointer fails
+on the GPU with an opaque error (or silently reads the wrong rows), so every constraint the kernels
+rely on is checked here and reported with the argument's name, what was given and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+BACKENDS = ("auto", "hopper", "reference")
+# TMA needs 16-byte aligned global strides and base addresses.
+ALIGN_BYTES = 16
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def check_tensors(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"{name} has dtype {t.dtype}; accepted: torch.float16, torch.bfloat16 (FP8 comes later)"
+            )
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k and v must share a dtype")
+        if t.device != q.device:
+            raise ValueError(
+                f"{name} is on {t.device} but q is on {q.device}; q, k and v must share a device"
+            )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(
+                f"{name} has rank {t.dim()} (shape {tuple(t.shape)}); "
+                "accepted: rank 4, (batch, seqlen, heads, headdim)"
+            )
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be > 0")
+    _check_shapes(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_layout(name, t)
+
+
+def _check_shapes(q, k, v) -> None:
+    bq, bk, bv = q.shape[0], k.shape[0], v.shape[0]
+    if not bq == bk == bv:
+        raise ValueError(f"batch differs: q has {bq}, k has {bk}, v has {bv}; it must be equal")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"v has seqlen {v.shape[1]} but k has {k.shape[1]}; seqlen_k must match")
+    hdim = q.shape[3]
+    if k.shape[3] != hdim:
+        raise ValueError(f"k has headdim {k.shape[3]} but q has {hdim}; they must be equal")
+    if v.shape[3] != hdim:
+        raise ValueError(
+            f"v has headdim {v.shape[3]} but q has {hdim}; a different value headdim is not supported"
+        )
+    if hdim not in SUPPORTED_HDIMS:
+        accepted = ", ".join(map(str, SUPPORTED_HDIMS))
+        raise ValueError(f"headdim (q.shape[-1]) is {hdim}; accepted: {accepted}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"v has {v.shape[2]} heads but k has {k.shape[2]}; k and v heads must match")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(
+            f"q has {q.shape[2]} heads, k has {k.shape[2]}: heads_q must be a multiple of heads_k (GQA/MQA)"
+        )
+
+
+def _check_layout(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} has stride {t.stride(-1)} in its last dimension; accepted: 1 (contiguous headdim)"
+        )
+    step = ALIGN_BYTES // t.element_size()
+    bad = [s for s in t.stride()[:-1] if s % step]
+    if bad:
+        raise ValueError(
+            f"{name} has strides {tuple(t.stride())}; accepted: every stride but the last a multiple of "
+            f"{step} elements ({ALIGN_BYTES}-byte aligned rows)"
+        )
+    if t.data_ptr() % ALIGN_BYTES:
+        raise ValueError(f"{name}.data_ptr() is not {ALIGN_BYTES}-byte aligned; accepted: aligned storage")
+
+
+def normalize_window(window_size) -> tuple[int, int]:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a 2-tuple (left, right) of ints >= -1, got {window_size!r}")
+    for side in window_size:
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise TypeError(f"window_size must be a 2-tuple (left, right) of ints >= -1, got {window_size!r}")
+        if side < -1:
+            raise ValueError(
+                f"window_size={tuple(window_size)!r}: each side must be >= -1 (-1 means unbounded)"
+            )
+    return int(window_size[0]), int(window_size[1])
+
+
+def normalize_scale(softmax_scale, hdim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(hdim)
+    if not _is_real(softmax_scale):
+        raise TypeError(f"softmax_scale must be None or a positive finite number, got {softmax_scale!r}")
+    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+        raise ValueError(f"softmax_scale is {softmax_scale!r}; accepted: None or a positive finite number")
+    return float(softmax_scale)
+
+
+def normalize_softcap(softcap) -> float:
+    if not _is_real(softcap):
+        raise TypeError(f"softcap must be a finite number >= 0 (0 disables), got {softcap!r}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap is {softcap!r}; accepted: a finite number >= 0 (0 disables)")
+    return float(softcap)
+
+
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_backend(backend) -> str:
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend is {backend!r}; accepted: {', '.join(map(repr, BACKENDS))}")
+    return backend

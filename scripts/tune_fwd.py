@@ -1,0 +1,52 @@
+"""Time forward-kernel variants (tiles, stages, consumer count, scheduling switches) on a GPU.
+
+    python scripts/tune_fwd.py            # the built-in list; prints TFLOP/s per variant
+
+Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
+the defaults in flashhopper/config.py, not part of the library.
+"""
+import dataclasses
+import math
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from flashhopper.bench.grid import attention_flops  # noqa: E402
+from flashhopper.bench.runner import time_ms  # noqa: E402
+from flashhopper.hopper import runtime  # noqa: E402
+
+_default = runtime.fwd_config
+
+
+def run(hdim, causal, seqlen, **override):
+    def patched(*a, **k):
+        return dataclasses.replace(_default(*a, **k), **override)
+    runtime.fwd_config = patched
+    try:
+        b, h = 16384 // seqlen, 2048 // hdim
+        q, k, v = (torch.randn(b, seqlen, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        fn = lambda: runtime.forward(q, k, v, 1 / math.sqrt(hdim), causal, (-1, -1), 0.0)  # noqa: E731
+        fn()
+        tf = attention_flops(b, h, seqlen, seqlen, hdim, causal) / time_ms(fn) / 1e9
+        print(f"hdim {hdim:3d} causal {causal!s:5} s {seqlen:5d} {override}: {tf:6.1f} TFLOP/s", flush=True)
+    except Exception as exc:
+        print(f"hdim {hdim} causal {causal} {override}: FAILED {type(exc).__name__}: {str(exc)[:200]}",
+              flush=True)
+    finally:
+        runtime.fwd_config = _default
+
+
+VARIANTS = [
+    (128, False, 8192, {}), (128, False, 8192, {"tile_n": 176}), (128, False, 8192, {"tile_n": 160}),
+    (128, False, 8192, {"pingpong": False}), (128, False, 8192, {"intra_wg_overlap": False}),
+    (128, False, 8192, {"pingpong": False, "intra_wg_overlap": False}),
+    (128, True, 8192, {}), (128, True, 8192, {"tile_n": 176}), (128, True, 1024, {}),
+    (64, False, 8192, {}), (64, False, 8192, {"tile_n": 192}), (64, False, 8192, {"num_stages": 3}),
+    (256, False, 8192, {}), (256, False, 8192, {"tile_n": 64}), (256, False, 8192, {"pingpong": False}),
+    (256, True, 8192, {}),
+]
+
+if __name__ == "__main__":
+    for hdim, causal, seqlen, override in VARIANTS:
+        run(hdim, causal, seqlen, **override)

@@ -1,0 +1,83 @@
+"""flash_attn_func on a Hopper GPU (skipped elsewhere): the public API against the float64 reference.
+
+The tolerance is the FlashAttention convention: the kernel may be at most twice as far from the
+exact result as a straightforward low-precision implementation (bf16 matmuls, fp32 softmax) is.
+"""
+
+import pytest
+import torch
+
+from flashhopper import flash_attn_func
+from flashhopper.reference import attention_ref, expand_kv, visible_mask
+
+pytestmark = pytest.mark.gpu
+
+
+def lowp_attention(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0):
+    """Plain attention in the input precision: the yardstick for how much error bf16 costs."""
+    heads = q.shape[2]
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, expand_kv(k, heads), expand_kv(v, heads)))
+    s = (qt @ kt.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window_size, q.device), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    return (p.to(q.dtype) @ vt).transpose(1, 2)
+
+
+def check(q, k, v, **kw):
+    out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
+    ref, ref_lse = attention_ref(q, k, v, **kw)
+    yard = (lowp_attention(q, k, v, **kw).double() - ref).abs().max().item()
+    err = (out.double() - ref).abs().max().item()
+    assert out.shape == q.shape and out.dtype == q.dtype and not out.isnan().any()
+    assert err <= 2 * yard + 1e-5, f"max error {err:.3e} vs low-precision yardstick {yard:.3e}"
+    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+
+
+def rand(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen", [1, 113, 1000])
+def test_forward_square(hdim, causal, seqlen):
+    check(rand(2, seqlen, 4, hdim), rand(2, seqlen, 4, hdim), rand(2, seqlen, 4, hdim), causal=causal)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(128, 512), (512, 128), (77, 300), (300, 77)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_uneven_lengths(dtype, seqlen_q, seqlen_k, causal):
+    check(rand(2, seqlen_q, 4, 128, dtype=dtype), rand(2, seqlen_k, 4, 128, dtype=dtype),
+          rand(2, seqlen_k, 4, 128, dtype=dtype), causal=causal)
+
+
+@pytest.mark.parametrize("heads_k", [1, 2])
+def test_forward_gqa_mqa(heads_k):
+    check(rand(2, 500, 8, 128), rand(2, 600, heads_k, 128), rand(2, 600, heads_k, 128), causal=True)
+
+
+@pytest.mark.parametrize("window_size, causal", [((64, 64), False), ((100, -1), True), ((0, 0), False)])
+def test_forward_sliding_window(window_size, causal):
+    check(rand(1, 700, 4, 128), rand(1, 700, 4, 128), rand(1, 700, 4, 128),
+          causal=causal, window_size=window_size)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_softcap(causal):
+    check(rand(2, 400, 4, 128), rand(2, 400, 4, 128), rand(2, 400, 4, 128), causal=causal, softcap=30.0)
+
+
+def test_non_contiguous_heads_view():
+    qkv = rand(2, 300, 3, 4, 128)  # packed QKV: each of q, k, v is a strided view
+    q, k, v = qkv.unbind(dim=2)
+    check(q, k, v, causal=True)
+
+
+def test_backward_not_implemented_yet():
+    q, k, v = (rand(1, 64, 2, 128).requires_grad_() for _ in range(3))
+    out = flash_attn_func(q, k, v)
+    with pytest.raises(NotImplementedError):
+        out.sum().backward()

@@ -1,0 +1,60 @@
+"""The benchmark grid and FLOP convention (targets.md); the timing itself needs a GPU."""
+
+import pytest
+
+from flashhopper.bench.grid import attention_flops, make_point, quick_grid, standard_grid
+from flashhopper.bench.runner import format_header, format_row
+
+
+def test_standard_grid_holds_tokens_and_hidden_size():
+    grid = standard_grid()
+    assert len(grid) == 3 * 2 * 6
+    assert len(set(grid)) == len(grid)
+    for p in grid:
+        assert p.batch * p.seqlen == 16384 and p.heads * p.hdim == 2048
+    assert {p.seqlen for p in grid} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert make_point(16384, 128, True).batch == 1 and make_point(512, 64, False).heads == 32
+
+
+def test_quick_grid():
+    grid = quick_grid()
+    assert len(grid) == 8
+    assert {(p.hdim, p.seqlen) for p in grid} == {(128, 1024), (128, 8192), (64, 1024), (64, 8192)}
+
+
+def test_flops_convention():
+    assert attention_flops(2, 16, 1024, 1024, 128, False) == 4 * 2 * 16 * 1024 * 1024 * 128
+    assert attention_flops(2, 16, 1024, 1024, 128, True) == 2 * 2 * 16 * 1024 * 1024 * 128
+    assert attention_flops(1, 1, 10, 10, 8, False, backward=True) == pytest.approx(2.5 * 4 * 800)
+    assert make_point(8192, 128, False).flops == 4 * 2 * 16 * 8192 * 8192 * 128
+
+
+def test_table_row_formatting():
+    names = ["flashhopper", "fa2", "cudnn", "fa4"]
+    tflops = {"flashhopper": 601.23, "fa2": None, "cudnn": 555.0, "fa4": 623.0}
+    row = {"hdim": 128, "causal": True, "seqlen": 8192, "batch": 2, "heads": 16, "tflops": tflops,
+           "ratio": 601.23 / 623}
+    line = format_row(row, names)
+    assert "601.2" in line and " - " in line + " " and "0.97" in line
+    assert len(line) == len(format_header(names))
+
+
+def test_run_point_records_failures_and_ratio(monkeypatch):
+    from flashhopper.bench import runner
+    from flashhopper.bench.grid import Point
+
+    monkeypatch.setattr(runner, "time_ms", lambda fn: 2.0)
+
+    def broken(q, k, v, causal):
+        raise RuntimeError("no kernel for this shape\nsecond line")
+
+    providers = [
+        runner.Provider("flashhopper", lambda q, k, v, c: lambda: None),
+        runner.Provider("cudnn", lambda q, k, v, c: lambda: None),
+        runner.Provider("fa4", broken),
+    ]
+    point = Point(batch=1, seqlen=16, heads=2, hdim=64, causal=True)
+    row = runner.run_point(point, providers, device="cpu")
+    assert row["tflops"]["flashhopper"] == pytest.approx(point.flops / 2.0 / 1e9)
+    assert row["tflops"]["fa4"] is None and row["errors"] == {"fa4": "RuntimeError: no kernel for this shape"}
+    assert row["ratio"] == pytest.approx(1.0)

@@ -1,0 +1,113 @@
+"""The block-wise float32 algorithm (what the kernels run) against the exact float64 reference."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flashhopper.reference import (
+    attention_bwd_ref,
+    attention_ref,
+    attention_tiled_bwd,
+    attention_tiled_fwd,
+    m_block_range,
+    n_block_range,
+    visible_mask,
+)
+
+BLOCKS = st.sampled_from([16, 32, 64, 128])
+WINDOW_SIDE = st.sampled_from([-1, -1, 0, 1, 7, 40, 150])
+
+
+@st.composite
+def problems(draw):
+    heads_k = draw(st.integers(1, 2))
+    return dict(
+        batch=draw(st.integers(1, 2)),
+        seqlen_q=draw(st.integers(1, 300)),
+        seqlen_k=draw(st.integers(1, 300)),
+        heads_k=heads_k,
+        heads_q=heads_k * draw(st.sampled_from([1, 2, 3])),
+        hdim=draw(st.sampled_from([16, 32, 64])),
+        block_m=draw(BLOCKS),
+        block_n=draw(BLOCKS),
+        kwargs=dict(
+            softmax_scale=draw(st.sampled_from([None, 0.3])),
+            causal=draw(st.booleans()),
+            window_size=(draw(WINDOW_SIDE), draw(WINDOW_SIDE)),
+            softcap=draw(st.sampled_from([0.0, 0.0, 4.0])),
+        ),
+    )
+
+
+def make_inputs(p, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(p["batch"], p["seqlen_q"], p["heads_q"], p["hdim"], generator=gen)
+    k, v = (torch.randn(p["batch"], p["seqlen_k"], p["heads_k"], p["hdim"], generator=gen) for _ in range(2))
+    dout = torch.randn(p["batch"], p["seqlen_q"], p["heads_q"], p["hdim"], generator=gen)
+    return q, k, v, dout
+
+
+def assert_close32(actual, expected):
+    """float32 accumulation error grows with magnitude; 1e-4 relative to the tensor's scale."""
+    assert actual.dtype == torch.float32 and not torch.isnan(actual).any()
+    tol = 1e-4 * max(1.0, expected.abs().max().item())
+    torch.testing.assert_close(actual, expected.float(), atol=tol, rtol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=problems(), seed=st.integers(0, 2**16))
+def test_tiled_forward_matches_exact(p, seed):
+    q, k, v, _ = make_inputs(p, seed)
+    out, lse = attention_tiled_fwd(q, k, v, p["block_m"], p["block_n"], **p["kwargs"])
+    want_out, want_lse = attention_ref(q, k, v, **p["kwargs"])
+    assert out.shape == want_out.shape and lse.shape == want_lse.shape
+    assert_close32(out, want_out)
+    # -inf rows must match exactly; assert_close treats equal infinities as equal
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=problems(), seed=st.integers(0, 2**16))
+def test_tiled_backward_matches_exact(p, seed):
+    q, k, v, dout = make_inputs(p, seed)
+    out, lse = attention_tiled_fwd(q, k, v, p["block_m"], p["block_n"], **p["kwargs"])
+    grads = attention_tiled_bwd(q, k, v, out, dout, lse, p["block_m"], p["block_n"], **p["kwargs"])
+    want = attention_bwd_ref(q, k, v, dout, **p["kwargs"])
+    for got, exact, like in zip(grads, want, (q, k, v), strict=True):
+        assert got.shape == like.shape
+        assert_close32(got, exact)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seqlen_q=st.integers(1, 400), seqlen_k=st.integers(1, 400), block_m=BLOCKS, block_n=BLOCKS,
+    causal=st.booleans(), left=WINDOW_SIDE, right=WINDOW_SIDE,
+)
+def test_block_ranges_cover_exactly_the_visible_blocks(
+    seqlen_q, seqlen_k, block_m, block_n, causal, left, right
+):
+    """Skipped blocks must be fully masked (else results are wrong) and kept ones not (else wasted work)."""
+    mask = visible_mask(seqlen_q, seqlen_k, causal, (left, right))
+    n_m, n_n = -(-seqlen_q // block_m), -(-seqlen_k // block_n)
+    blocks = torch.zeros(n_m, n_n, dtype=torch.bool)
+    for m in range(n_m):
+        for n in range(n_n):
+            blocks[m, n] = mask[m * block_m:(m + 1) * block_m, n * block_n:(n + 1) * block_n].any()
+    for m in range(n_m):
+        lo, hi = n_block_range(m, block_m, block_n, seqlen_q, seqlen_k, causal, (left, right))
+        want = blocks[m].nonzero().flatten().tolist()
+        assert list(range(lo, hi)) == want
+    for n in range(n_n):
+        lo, hi = m_block_range(n, block_m, block_n, seqlen_q, seqlen_k, causal, (left, right))
+        assert list(range(lo, hi)) == blocks[:, n].nonzero().flatten().tolist()
+
+
+def test_tiled_handles_bf16_inputs_and_no_visible_key():
+    q = torch.randn(1, 70, 2, 64, dtype=torch.bfloat16)
+    k, v = torch.randn(1, 20, 2, 64, dtype=torch.bfloat16), torch.randn(1, 20, 2, 64, dtype=torch.bfloat16)
+    out, lse = attention_tiled_fwd(q, k, v, 32, 16, causal=True)
+    assert out.dtype == torch.float32
+    assert torch.equal(out[:, :50], torch.zeros_like(out[:, :50]))
+    assert torch.isneginf(lse[..., :50]).all() and torch.isfinite(lse[..., 50:]).all()
+    want, _ = attention_ref(q, k, v, causal=True)
+    assert_close32(out, want)
