@@ -21,7 +21,9 @@ _default = runtime.fwd_config
 
 def run(hdim, causal, seqlen, **override):
     def patched(*a, **k):
-        return dataclasses.replace(_default(*a, **k), **override)
+        cfg = dataclasses.replace(_default(*a, **k), **override)
+        object.__setattr__(cfg, "check", lambda: None)  # try configs the budget heuristic rejects
+        return cfg
     runtime.fwd_config = patched
     try:
         b, h = 16384 // seqlen, 2048 // hdim
@@ -38,13 +40,14 @@ def run(hdim, causal, seqlen, **override):
 
 
 VARIANTS = [
-    (128, False, 8192, {}), (128, False, 8192, {"tile_n": 176}), (128, False, 8192, {"tile_n": 160}),
-    (128, False, 8192, {"pingpong": False}), (128, False, 8192, {"intra_wg_overlap": False}),
-    (128, False, 8192, {"pingpong": False, "intra_wg_overlap": False}),
-    (128, True, 8192, {}), (128, True, 8192, {"tile_n": 176}), (128, True, 1024, {}),
-    (64, False, 8192, {}), (64, False, 8192, {"tile_n": 192}), (64, False, 8192, {"num_stages": 3}),
-    (256, False, 8192, {}), (256, False, 8192, {"tile_n": 64}), (256, False, 8192, {"pingpong": False}),
-    (256, True, 8192, {}),
+    (64, False, 8192, {}), (64, False, 8192, {"tile_m": 192, "num_consumer_wg": 3}),
+    (64, False, 8192, {"tile_m": 192, "num_consumer_wg": 3, "pingpong": False}),
+    (64, True, 8192, {}), (64, True, 8192, {"tile_m": 192, "num_consumer_wg": 3}),
+    (64, False, 1024, {}), (64, False, 1024, {"tile_m": 192, "num_consumer_wg": 3}),
+    (256, False, 1024, {}), (256, False, 1024, {"tile_n": 64}),
+    (256, False, 16384, {}), (256, False, 16384, {"tile_n": 64}),
+    (256, True, 8192, {}), (256, True, 8192, {"tile_n": 64}), (256, True, 8192, {"pingpong": False}),
+    (128, True, 1024, {}), (128, True, 1024, {"pingpong": False}),
 ]
 
 if __name__ == "__main__":
