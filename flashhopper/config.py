@@ -6,6 +6,7 @@ dispatch fits the hardware before any kernel is compiled.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
@@ -20,10 +21,13 @@ WARPGROUP_THREADS = 128
 # The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
 REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 
-# tile_n per hdim for bf16/fp16 with tile_m = 128 (two consumer warpgroups of 64 rows):
-# the largest that keeps Q + 2 stages of K and V inside shared memory and the O and S
-# accumulators inside the consumer register budget.
-_TILE_N = {64: 128, 96: 128, 128: 128, 192: 112, 256: 80}
+# (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
+# with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
+# gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 128 a wider
+# tile_n (160, 176) spills; at hdim 256, tile_n 64 and 80 measure the same. With causal/local
+# masking the 3-warpgroup hdim-64 kernel no longer fits 160 registers (spills), so it keeps 2.
+_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
+_TILES_MASKED = {**_TILES, 64: (128, 128)}
 
 
 @dataclass(frozen=True)
@@ -97,20 +101,23 @@ class FwdConfig:
         total = WARPGROUP_THREADS * (prod + cons * self.num_consumer_wg)
         if total > REGS_PER_SM:
             raise ValueError(f"register split {prod}/{cons} needs {total} > {REGS_PER_SM} registers")
-        # leave ~40 registers for addresses, softmax state and temporaries (ptxas has the last word:
-        # the compile tests require zero spills)
-        if self.accumulator_regs() + 40 > cons:
+        # leave ~32 registers for addresses, softmax state and temporaries. This only rejects the
+        # hopeless; ptxas has the last word (the compile tests require zero spills).
+        if self.accumulator_regs() + 32 > cons:
             raise ValueError(
                 f"accumulators need {self.accumulator_regs()} registers per thread, "
                 f"too many for {cons} consumer registers"
             )
 
 
+@functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False) -> FwdConfig:
-    if hdim not in _TILE_N:
+    """The dispatched forward configuration (cached: it is on every call's path)."""
+    if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
+    tile_m, tile_n = (_TILES_MASKED if causal or local else _TILES)[hdim]
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    tile_n=_TILE_N[hdim])
+                    tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64)
     cfg.check()
     return cfg

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from flashhopper.reference import attention_ref
@@ -55,14 +57,25 @@ def flash_attn_func(
         out = out.to(q.dtype)
     else:
         _require_hopper(q, backend)
-        out, lse = _HopperAttention.apply(q, k, v, scale, causal, window, softcap, deterministic)
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            out, lse = _HopperAttention.apply(q, k, v, scale, causal, window, softcap, deterministic)
+        else:  # inference: skip autograd's bookkeeping, it is a visible share of a small call
+            from flashhopper.hopper import forward
+
+            out, lse = forward(q, k, v, scale, causal, window, softcap)
     return (out, lse) if return_lse else out
+
+
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
 
 
 def _require_hopper(q: torch.Tensor, backend: str) -> None:
     where = str(q.device)
     if q.device.type == "cuda" and torch.cuda.is_available():
-        capability = torch.cuda.get_device_capability(q.device)
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        capability = _capability(index)
         if capability == HOPPER_CAPABILITY:
             return
         where += f" (compute capability {capability[0]}.{capability[1]})"
