@@ -7,7 +7,8 @@ never trigger a recompile. The same compile serves the no-GPU inspection path.
 
 from __future__ import annotations
 
-import math
+import contextlib
+import dataclasses
 import tempfile
 import threading
 import time
@@ -32,6 +33,22 @@ _NAME_TO_CUTE = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _cache: dict = {}
 _cache_lock = threading.Lock()
 compile_seconds: dict = {}
+_overrides: dict = {}
+
+
+@contextlib.contextmanager
+def config_overrides(**fields):
+    """Replace FwdConfig fields (e.g. pingpong=False) for the calls made inside the block.
+
+    For benchmarks and the ablation; each distinct configuration compiles once and is cached.
+    """
+    saved = dict(_overrides)
+    _overrides.update(fields)
+    try:
+        yield
+    finally:
+        _overrides.clear()
+        _overrides.update(saved)
 
 
 def _fake_qkvo(cfg: FwdConfig):
@@ -84,6 +101,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     local = window_left >= 0 or (window_right >= 0 and not causal)
     cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal and not local, local=local,
                      softcap=softcap > 0.0)
+    if _overrides:
+        cfg = dataclasses.replace(cfg, **_overrides)
     fn = _get_fwd(cfg)
     b, sq, h, _ = q.shape
     if out is None:
@@ -123,4 +142,4 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
     return CompiledArtifact(name="fwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
 
 
-__all__ = ["forward", "compile_fwd", "fwd_artifact", "compile_seconds", "math"]
+__all__ = ["forward", "compile_fwd", "config_overrides", "fwd_artifact", "compile_seconds"]
