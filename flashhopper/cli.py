@@ -1,4 +1,4 @@
-"""Command line: `flashhopper inspect | demo | bench`."""
+"""Command line: `flashhopper inspect | demo | bench | plot`."""
 
 from __future__ import annotations
 
@@ -74,6 +74,24 @@ def _cmd_bench(args) -> int:
     if not torch.cuda.is_available():
         print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
+    if args.ablation:
+        if args.plot:
+            print("flashhopper bench: --plot draws the grid; it does not apply to --ablation",
+                  file=sys.stderr)
+            return 2
+        from flashhopper.bench.ablation import run_ablation
+
+        run_ablation(dtype=args.dtype, json_path=args.json)
+        return 0
+    if args.plot:
+        # fail now, not after a grid that takes minutes
+        from flashhopper.bench.plot import MissingMatplotlib, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except MissingMatplotlib as exc:
+            print(f"flashhopper bench: {exc}", file=sys.stderr)
+            return 2
     from flashhopper.bench.grid import HDIMS, SEQLENS, quick_grid, standard_grid
     from flashhopper.bench.runner import run_bench
 
@@ -82,7 +100,25 @@ def _cmd_bench(args) -> int:
         points = [p for p in quick_grid() if p.causal in causal and (not args.hdim or p.hdim in args.hdim)]
     else:
         points = standard_grid(hdims=args.hdim or HDIMS, causal=causal, seqlens=args.seqlen or SEQLENS)
-    run_bench(points, dtype=args.dtype, json_path=args.json)
+    report = run_bench(points, dtype=args.dtype, json_path=args.json)
+    if args.plot:
+        from flashhopper.bench.plot import plot_report
+
+        print(f"wrote {plot_report(report, args.plot)}")
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from flashhopper.bench.plot import MissingMatplotlib, plot_file
+
+    try:
+        print(f"wrote {plot_file(args.grid_json, args.out_png, dpi=args.dpi)}")
+    except MissingMatplotlib as exc:
+        print(f"flashhopper plot: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError) as exc:  # missing file, bad JSON, not a grid report
+        print(f"flashhopper plot: cannot plot {args.grid_json}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -110,7 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seqlen", type=int, nargs="+", help="sequence lengths (default 512 .. 16384)")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--ablation", action="store_true",
+                   help="instead of the grid: hdim 128, seqlen 8k with each scheduling switch off")
+    p.add_argument("--plot", metavar="PNG", help="also draw the grid as a PNG (needs matplotlib)")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("plot", help="draw a `bench --json` result as TFLOP/s vs seqlen (needs matplotlib)")
+    p.add_argument("grid_json", metavar="GRID.json")
+    p.add_argument("out_png", metavar="OUT.png")
+    p.add_argument("--dpi", type=int, default=90)
+    p.set_defaults(func=_cmd_plot)
     return parser
 
 

@@ -44,6 +44,8 @@ class FwdConfig:
     # scheduling switches (each can be turned off alone for the ablation)
     intra_wg_overlap: bool = True
     pingpong: bool = True
+    # one CTA per SM looping over tiles (otherwise one CTA per tile)
+    persistent: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -65,13 +67,23 @@ class FwdConfig:
     def producer_regs(self) -> int:
         return REG_SPLIT[self.num_consumer_wg][1]
 
-    def smem_bytes(self) -> int:
-        """Dynamic shared memory: Q (reused for O), K and V rings, mbarriers, 1 KiB alignment."""
+    def _smem_bytes(self, o_buffer: bool) -> int:
         q = self.tile_m * self.hdim * self.elem_bytes
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
+        o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
         barriers = 8 * (2 + 4 * self.num_stages)
-        return q + k + v + 1024 + barriers
+        return 1024 + q + k + v + o + barriers  # + up to 1 KiB lost to the 1 KiB alignment
+
+    @property
+    def o_buffer(self) -> bool:
+        """O gets its own smem tile when it fits, so the next Q can load during the epilogue;
+        otherwise (hdim 192, 256) O is staged in Q's buffer once Q is no longer read."""
+        return self._smem_bytes(True) <= SMEM_CAPACITY
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: Q, K and V rings, O (own tile or Q's), mbarriers."""
+        return self._smem_bytes(self.o_buffer)
 
     def accumulator_regs(self) -> int:
         """fp32 registers per consumer thread for the S and O accumulators and P."""

@@ -49,6 +49,14 @@ VARIANTS = [
     (128, True, 8192, {"pingpong": False, "intra_wg_overlap": False}),
 ]
 
+# persistent scheduling on and off at the points where launch and prologue costs weigh most
+PERSISTENT = [
+    (hdim, causal, seqlen, over)
+    for hdim, causal, seqlen in [(128, False, 8192), (128, True, 8192), (128, True, 1024), (128, False, 512),
+                                 (64, False, 1024), (64, True, 512), (256, True, 2048), (256, False, 512)]
+    for over in ({}, {"persistent": True})
+]
+
 if __name__ == "__main__":
-    for hdim, causal, seqlen, override in VARIANTS:
+    for hdim, causal, seqlen, override in PERSISTENT if "persistent" in sys.argv else VARIANTS:
         run(hdim, causal, seqlen, **override)

@@ -134,3 +134,18 @@ def test_without_tvm_ffi(monkeypatch):
     monkeypatch.setattr(runtime, "_HAVE_TVM_FFI", False)
     monkeypatch.setattr(runtime, "_cache", {})
     run_case(2, 300, 517, 4, 2, 128, causal=True)
+
+
+@pytest.mark.parametrize("d,causal,window,softcap", [(128, False, (-1, -1), 0.0), (128, True, (-1, -1), 0.0),
+                                                     (64, False, (-1, -1), 0.0), (64, True, (-1, -1), 0.0),
+                                                     (256, True, (-1, -1), 0.0), (192, False, (-1, -1), 5.0),
+                                                     (96, False, (100, 20), 0.0)])
+def test_persistent(d, causal, window, softcap, monkeypatch):
+    """One CTA per SM looping over tiles: K/V/Q pipelines and ping-pong carry across tiles."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(persistent=True):
+        run_case(3, 1111, 1500, 8, 2, d, causal=causal, window=window, softcap=softcap)
+        run_case(1, 17, 4097, 4, 4, d, causal=causal, window=window, softcap=softcap)
+        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+        run_case(2, 700, 333, 4, 1, d, causal=causal, window=window, softcap=softcap)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from flashhopper.bench.grid import Point
+from flashhopper.bench.summary import format_summary, summarize
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # flashhopper is compared against the strongest of these at each point.
@@ -162,6 +163,9 @@ def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = 
         print(format_row(row, names), file=out, flush=True)
         for name, message in row["errors"].items():
             print(f"    {name}: {message}", file=out, flush=True)
+    report["summary"] = summarize(report)
+    for line in format_summary(report["summary"], BEST_PEERS):
+        print(line, file=out, flush=True)
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=2)

@@ -67,6 +67,8 @@ class FlashFwdSm90:
         softcap_pre: Float32,  # softmax scale / softcap (unused without softcap)
         window_left: Int32,
         window_right: Int32,
+        num_ctas: Int32,  # grid size: all tiles, or one CTA per SM when persistent
+        l2_section: Int32,  # (head, batch) pairs whose tiles are interleaved (see tile_coords)
         stream: cuda.CUstream,
     ):
         # tile coordinates first: (seqlen, dim, head, batch)
@@ -99,6 +101,10 @@ class FlashFwdSm90:
             ]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            # O's own tile when it fits (else O is staged in sQ); 8 elements is a placeholder
+            sO: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, cute.cosize(sO_layout) if self.cfg.o_buffer else 8], 1024
+            ]
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_layout, (self.tile_m, self.hdim))
@@ -112,15 +118,13 @@ class FlashFwdSm90:
             cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
         )
 
-        num_m_blocks = cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m)
-        grid = (num_m_blocks, cute.size(mQ.shape[2]), cute.size(mQ.shape[3]))
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
-            scale_log2, softcap_pre, window_left, window_right,
+            scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -139,6 +143,7 @@ class FlashFwdSm90:
         softcap_pre: Float32,
         window_left: Int32,
         window_right: Int32,
+        l2_section: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -157,7 +162,10 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        if cutlass.const_expr(self.cfg.o_buffer):
+            sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        else:
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
 
         # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per
         # consumer warp (the pipeline signals from lane 0 of each warp).
@@ -181,33 +189,80 @@ class FlashFwdSm90:
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
-        # causal: the longest query tiles (highest m) go first so the last wave is short
-        bidx, head, batch = cute.arch.block_idx()
-        m_block = bidx
-        if cutlass.const_expr(self.has_right):
-            m_block = cute.arch.grid_dim()[0] - 1 - bidx
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        n_min, n_max = M.n_block_range(
-            m_block, seqlen_q, seqlen_k, window_left, window_right,
-            self.tile_m, self.tile_n, self.has_left, self.has_right,
-        )
+        num_heads = mQ.shape[2]
+        num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+        num_pairs = num_heads * mQ.shape[3]
+        num_tiles = num_m_blocks * num_pairs
+        bidx, _, _ = cute.arch.block_idx()
+        grid_size = cute.arch.grid_dim()[0]
+        block_range = partial(M.n_block_range, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                              window_left=window_left, window_right=window_right, tile_m=self.tile_m,
+                              tile_n=self.tile_n, has_left=self.has_left, has_right=self.has_right)
+        coords = partial(self.tile_coords, num_m_blocks=num_m_blocks, num_pairs=num_pairs,
+                         num_heads=num_heads, l2_section=l2_section)
 
+        # Both roles walk the same static tile sequence (tile = blockIdx.x, += gridDim.x); the
+        # pipeline states carry over from tile to tile.
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                head_kv = head // (mQ.shape[2] // mK.shape[2])
-                self.produce(mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                             pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max)
+                head_ratio = num_heads // mK.shape[2]
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+                tile = bidx
+                while tile < num_tiles:
+                    m_block, head, batch = coords(tile)
+                    n_min, n_max = block_range(m_block)
+                    q_state, k_state, v_state = self.produce(
+                        mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                        pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
+                        q_state, k_state, v_state)
+                    tile += grid_size
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
-            self.consume(mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
-                         pipe_q, pipe_k, pipe_v, tidx - 128, m_block, head, batch, n_min, n_max,
-                         seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            tile = bidx
+            while tile < num_tiles:
+                m_block, head, batch = coords(tile)
+                n_min, n_max = block_range(m_block)
+                q_state, k_state, v_state = self.consume(
+                    mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                    pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
+                    scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
+                tile += grid_size
+            if tidx < 128 + 32:
+                # the last tile's O store must finish reading smem before the CTA exits
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def tile_coords(self, tile, num_m_blocks, num_pairs, num_heads, l2_section):
+        """tile index -> (m_block, head, batch).
+
+        (head, batch) pairs are taken `l2_section` at a time (sized on the host so that their K
+        and V fit in L2 together); inside a section the pair varies fastest. Without a right
+        bound (no causal/window) the section is 1 pair, i.e. m fastest. With one, m runs from
+        the last query block down: those tiles see the most keys, so the longest go first.
+        """
+        per_section = num_m_blocks * l2_section
+        section = tile // per_section
+        local = tile - section * per_section
+        pairs_here = cutlass.min(l2_section, num_pairs - section * l2_section)
+        m_idx = local // pairs_here
+        pair = section * l2_section + local - m_idx * pairs_here
+        m_block = m_idx
+        if cutlass.const_expr(self.has_right):
+            m_block = num_m_blocks - 1 - m_idx
+        return m_block, pair % num_heads, pair // num_heads
 
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
-                pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max):
+                pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
+                q_state, k_state, v_state):
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (None, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim_v), (None, 0))
@@ -219,14 +274,9 @@ class FlashFwdSm90:
         tVsV, tVgV = cpasync.tma_partition(
             tma_atom_V, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipe_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-
         # K of block n goes out before V of block n+1: the consumers need K(n) first (QK^T of
-        # block n is issued before P @ V of block n+1), so V never holds K back.
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        # block n is issued before P @ V of block n+1), so V never holds K back. The first K
+        # goes before Q: Q waits for the previous tile to free its buffer, K need not.
         load_k = partial(self.load_stage, tma_atom_K, tKgK, tKsK, pipe_k)
         load_v = partial(self.load_stage, tma_atom_V, tVgV, tVsV, pipe_v)
         # (states advance here, not inside load_stage: the tracer only threads loop-carried
@@ -234,12 +284,18 @@ class FlashFwdSm90:
         if n_max > n_min:
             load_k(n_max - 1, k_state)
             k_state.advance()
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        q_state.advance()
+        if n_max > n_min:
             for i in cutlass.range(n_max - n_min - 1, unroll=1):
                 load_k(n_max - 2 - i, k_state)
                 k_state.advance()
                 load_v(n_max - 1 - i, v_state)
                 v_state.advance()
             load_v(n_min, v_state)
+            v_state.advance()
+        return q_state, k_state, v_state
 
     @cute.jit
     def load_stage(self, tma_atom, tXgX, tXsX, pipe, n_block, state):
@@ -250,7 +306,8 @@ class FlashFwdSm90:
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
-                seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right):
+                seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
+                q_state, k_state, v_state):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
@@ -276,7 +333,6 @@ class FlashFwdSm90:
         row_sum.fill(0.0)
         acc_O.fill(0.0)
 
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_q.consumer_wait(q_state)
 
         to_probs = partial(
@@ -295,9 +351,6 @@ class FlashFwdSm90:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
                            tOrP_as_acc=tOrP_as_acc, row_scale=row_scale, wg=wg)
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
-
         # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
         # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
         # run alone, its P @ V is issued in the next step.
@@ -352,18 +405,27 @@ class FlashFwdSm90:
                 v_state.advance()
         self.pingpong_finish(wg, n_top > n_min)
 
+        if cutlass.const_expr(self.cfg.o_buffer):
+            # every QK^T of this tile is complete: the producer may bring the next tile's Q now,
+            # under the last P @ V and the epilogue
+            pipe_q.consumer_release(q_state)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             if num_blocks > 0:
                 pipe_v.consumer_wait(v_state)
                 issue_pv(v_state.index)
                 warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
+                v_state.advance()
 
         lse = cute.make_rmem_tensor(num_rows, Float32)
         S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
         S.rescale_rows(acc_O_rc, row_scale)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                       m_block, head, batch, seqlen_q)
+        if cutlass.const_expr(not self.cfg.o_buffer):
+            pipe_q.consumer_release(q_state)  # O has been read out of Q's buffer
+        q_state.advance()
+        return q_state, k_state, v_state
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
@@ -473,7 +535,11 @@ class FlashFwdSm90:
 
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        # sO aliases sQ: every consumer must be done with its QK^T before anyone overwrites it
+        if cutlass.const_expr(self.cfg.o_buffer):
+            if tidx < 32:  # the previous tile's O store must be done reading sO
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        # nobody writes sO before that, nor (when sO is Q's buffer) before every consumer is
+        # done with its QK^T
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
@@ -488,7 +554,11 @@ class FlashFwdSm90:
                                                cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(not self.cfg.o_buffer):
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if cutlass.const_expr(not self.cfg.o_buffer):
+            # Q's buffer is free for the next tile only once the store has read it
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
 
 
 def softmax_constants(softmax_scale: float, softcap: float) -> tuple[float, float]:

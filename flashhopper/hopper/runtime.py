@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import tempfile
 import threading
 import time
@@ -34,6 +35,8 @@ _cache: dict = {}
 _cache_lock = threading.Lock()
 compile_seconds: dict = {}
 _overrides: dict = {}
+# caps a persistent grid below the SM count, so that tests make every CTA loop over many tiles
+persistent_ctas_cap: int | None = None
 
 
 @contextlib.contextmanager
@@ -73,7 +76,7 @@ def compile_fwd(cfg: FwdConfig, options: str = "", tvm_ffi: bool | None = None):
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
-            cutlass.Int32(-1), stream)
+            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), stream)
     return cute.compile(FlashFwdSm90(cfg), *args, options=opts.strip())
 
 
@@ -88,6 +91,21 @@ def _get_fwd(cfg: FwdConfig):
                 compile_seconds[cfg] = time.perf_counter() - t0
                 _cache[cfg] = fn
     return fn
+
+
+@functools.cache
+def _sm_count(device_index) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# Causal / local tiles are visited (head, batch) section by section, longest first inside each;
+# a section's K and V should stay in L2 (50 MB on H100/H200) while its tiles run.
+_L2_BUDGET = 32 << 20
+
+
+def _l2_section(seqlen_k: int, cfg: FwdConfig, num_pairs: int) -> int:
+    kv_bytes = seqlen_k * (cfg.hdim + cfg.hdim_v) * cfg.elem_bytes
+    return max(1, min(num_pairs, _L2_BUDGET // kv_bytes))
 
 
 def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
@@ -114,8 +132,13 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     big = 1 << 30
     wl = window_left if window_left >= 0 else big
     wr = window_right if window_right >= 0 else big
+    num_tiles = -(-sq // cfg.tile_m) * h * b
+    num_ctas = num_tiles
+    if cfg.persistent:
+        num_ctas = min(num_tiles, persistent_ctas_cap or _sm_count(q.device.index))
+    section = _l2_section(k.shape[1], cfg, h * b) if cfg.causal or cfg.local else 1
     if _HAVE_TVM_FFI:
-        fn(q, k, v, out, lse, scale_log2, softcap_pre, wl, wr)
+        fn(q, k, v, out, lse, scale_log2, softcap_pre, wl, wr, num_ctas, section)
     else:  # pragma: no cover - fallback without TVM-FFI
         from cuda.bindings import driver
 
@@ -125,7 +148,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
 
         stream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
         fn(wrap(q), wrap(k), wrap(v), wrap(out), wrap(lse), cutlass.Float32(scale_log2),
-           cutlass.Float32(softcap_pre), cutlass.Int32(wl), cutlass.Int32(wr), stream)
+           cutlass.Float32(softcap_pre), cutlass.Int32(wl), cutlass.Int32(wr), cutlass.Int32(num_ctas),
+           cutlass.Int32(section), stream)
     return out, lse
 
 

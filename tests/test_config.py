@@ -1,0 +1,85 @@
+"""Every dispatched forward configuration fits the Hopper budgets; broken ones are refused by name."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from flashhopper import config
+from flashhopper.bench.ablation import ablation_switches
+from flashhopper.config import (
+    DTYPES,
+    REGS_PER_SM,
+    SMEM_CAPACITY,
+    SUPPORTED_HDIMS,
+    WARPGROUP_THREADS,
+    FwdConfig,
+    fwd_config,
+)
+
+# causal and local are never both set: the runtime folds a causal window into `local`
+MASKS = (
+    {"causal": False, "local": False},
+    {"causal": True, "local": False},
+    {"causal": False, "local": True},
+)
+DISPATCHED = [
+    (dtype, hdim, mask, softcap)
+    for dtype, hdim, mask, softcap in itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (False, True))
+]
+
+
+@pytest.mark.parametrize(("dtype", "hdim", "mask", "softcap"), DISPATCHED)
+def test_dispatched_config_fits(dtype, hdim, mask, softcap):
+    cfg = fwd_config(dtype, hdim, softcap=softcap, **mask)
+    cfg.check()
+    assert (cfg.dtype, cfg.hdim, cfg.causal, cfg.local, cfg.softcap) == (dtype, hdim, mask["causal"],
+                                                                           mask["local"], softcap)
+    # the budgets recomputed here rather than trusted to check()
+    assert cfg.smem_bytes() <= SMEM_CAPACITY
+    regs = WARPGROUP_THREADS * (cfg.producer_regs + cfg.consumer_regs * cfg.num_consumer_wg)
+    assert regs <= REGS_PER_SM
+    assert cfg.accumulator_regs() < cfg.consumer_regs
+    assert cfg.tile_m == 64 * cfg.num_consumer_wg and cfg.tile_n % 16 == 0
+    assert cfg.num_threads == WARPGROUP_THREADS * (1 + cfg.num_consumer_wg)
+
+
+def test_scheduling_switches_do_not_change_budgets():
+    # the ablation turns them on and off on dispatched configs; that must never make one invalid
+    switches = ablation_switches()
+    for dtype, hdim, mask, softcap in DISPATCHED:
+        base = fwd_config(dtype, hdim, softcap=softcap, **mask)
+        for values in itertools.product((False, True), repeat=len(switches)):
+            dataclasses.replace(base, **dict(zip(switches, values, strict=True))).check()
+
+
+def test_unsupported_hdim_is_refused():
+    with pytest.raises(ValueError, match="hdim 80 not supported"):
+        fwd_config("bf16", 80)
+
+
+@pytest.mark.parametrize(
+    ("fields", "budget"),
+    [
+        ({"tile_n": 120}, "multiple of 16"),
+        ({"tile_n": 8}, "multiple of 16"),
+        ({"hdim": 256, "tile_n": 128}, "shared memory"),
+        ({"tile_m": 128, "num_consumer_wg": 3}, "64 rows per consumer warpgroup"),
+        ({"tile_m": 192, "num_consumer_wg": 2}, "64 rows per consumer warpgroup"),
+        # fits shared memory with one stage, but S, P and O need more than 240 registers a thread
+        ({"hdim": 256, "tile_n": 160, "num_stages": 1}, "accumulators need"),
+        ({"dtype": "fp8"}, "dtype"),
+        ({"num_consumer_wg": 4, "tile_m": 256}, "num_consumer_wg"),
+    ],
+)
+def test_invalid_configs_name_the_budget(fields, budget):
+    cfg = FwdConfig(**{"dtype": "bf16", "hdim": 128, **fields})
+    with pytest.raises(ValueError, match=budget):
+        cfg.check()
+
+
+def test_register_split_over_the_register_file(monkeypatch):
+    # 128 * (24 + 2 * 248) = 66560 registers: more than one SM has
+    monkeypatch.setitem(config.REG_SPLIT, 2, (248, 24))
+    with pytest.raises(ValueError, match=r"register split 24/248 needs 66560 > 65536 registers"):
+        FwdConfig(dtype="bf16", hdim=64).check()
