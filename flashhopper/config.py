@@ -133,3 +133,56 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64)
     cfg.check()
     return cfg
+
+
+# Backward (first version): one CTA per 128-key block, two consumer warpgroups of 64 keys,
+# 64-query blocks; dK, dV, S^T, dP^T, dQ accumulators and P^T in registers, dS^T through smem.
+# hdim 64 compiles without spills; hdim 128 still spills ~20 registers (next: a leaner dQ path).
+BWD_HDIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    dtype: str
+    hdim: int
+    causal: bool = False
+    local: bool = False
+    softcap: bool = False
+    tile_m: int = 64
+    tile_n: int = 128
+    num_stages: int = 2
+    num_consumer_wg: int = 2
+
+    @property
+    def consumer_regs(self) -> int:
+        return REG_SPLIT[self.num_consumer_wg][0]
+
+    @property
+    def producer_regs(self) -> int:
+        return REG_SPLIT[self.num_consumer_wg][1]
+
+    def smem_bytes(self) -> int:
+        """K, V once; Q and dO rings; the dS^T tile; mbarriers; 1 KiB alignment."""
+        kv = 2 * self.tile_n * self.hdim * 2
+        q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
+        ds = self.tile_n * self.tile_m * 2
+        return 1024 + kv + q_do + ds + 8 * (2 + 4 * self.num_stages)
+
+    def check(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
+        if self.hdim not in BWD_HDIMS:
+            raise ValueError(f"backward hdim {self.hdim} not in {BWD_HDIMS} (first version)")
+        if self.tile_n != 64 * self.num_consumer_wg:
+            raise ValueError(f"tile_n {self.tile_n} must be 64 keys per consumer warpgroup")
+        if self.hdim % (8 * self.num_consumer_wg):
+            raise ValueError(f"hdim {self.hdim} must split into WGMMA N tiles across warpgroups for dQ")
+        if self.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+
+
+def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
+               softcap: bool = False) -> BwdConfig:
+    cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap)
+    cfg.check()
+    return cfg

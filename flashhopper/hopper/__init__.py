@@ -6,8 +6,9 @@ import os
 # would otherwise default to a non-Hopper arch and the sm_90 MMA builders refuse to trace.
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from flashhopper.hopper.runtime import forward, fwd_artifact  # noqa: E402
+from flashhopper.hopper.runtime import bwd_artifact, forward, fwd_artifact  # noqa: E402
 
-KERNELS = {"fwd": fwd_artifact}
+# "bwd" is compile-checked only: it has not been run on a GPU yet and nothing dispatches it.
+KERNELS = {"fwd": fwd_artifact, "bwd": bwd_artifact}
 
 __all__ = ["KERNELS", "forward"]

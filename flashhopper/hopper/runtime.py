@@ -18,7 +18,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from flashhopper.config import FwdConfig, fwd_config
+from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
 
 try:  # TVM-FFI lets the compiled kernel take torch tensors directly (low host overhead)
@@ -153,6 +153,68 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     return out, lse
 
 
+def _fake_bwd(cfg: BwdConfig):
+    dt = _NAME_TO_CUTE[cfg.dtype]
+    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+
+    def t4(s, heads, dtype=dt):
+        strides = tuple(cute.sym_int64(divisibility=16 // (dtype.width // 8)) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, cfg.hdim), strides, assumed_align=16)
+
+    def rows():
+        strides = (cute.sym_int64(), cute.sym_int64(), 1)
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq), strides, assumed_align=4)
+
+    return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), t4(sq, h, cutlass.Float32),
+            t4(sk, hk), t4(sk, hk))
+
+
+def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
+    """Trace and compile the backward kernel for `cfg` (no GPU needed). Not yet run on a GPU."""
+    from flashhopper.hopper.bwd import FlashBwdSm90
+
+    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
+    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    args = (*_fake_bwd(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Float32(1.0),
+            cutlass.Int32(-1), cutlass.Int32(-1), stream)
+    return cute.compile(FlashBwdSm90(cfg), *args, options=opts.strip())
+
+
+def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float):
+    """dq, dk, dv from the saved LSE (backward kernel, first version: NOT yet validated on a GPU;
+    flash_attn_func does not call it). D = rowsum(dO * O) and the dQ scaling run in torch."""
+    window_left, window_right = (int(w) for w in window_size)
+    if causal:
+        window_right = 0
+    local = window_left >= 0 or (window_right >= 0 and not causal)
+    cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal and not local, local=local,
+                     softcap=softcap > 0.0)
+    fn = _cache.get(cfg)
+    if fn is None:
+        fn = _cache[cfg] = compile_bwd(cfg)
+    d_rows = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
+    big = 1 << 30
+    wl = window_left if window_left >= 0 else big
+    wr = window_right if window_right >= 0 else big
+    fn(q, k, v, dout, lse, d_rows, dq_accum, dk, dv, scale_log2, softcap_pre, softmax_scale, wl, wr)
+    return (dq_accum * softmax_scale).to(q.dtype), dk, dv
+
+
+def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
+                 softcap: bool = False):
+    """The backward kernel's cubin for `flashhopper inspect bwd` (compiles without a GPU)."""
+    from flashhopper.compile import CompiledArtifact
+
+    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = compile_bwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False).__cubin__
+    return CompiledArtifact(name="bwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
+
+
 def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, local: bool = False,
                  softcap: bool = False):
     """Compile with the cubin kept, for `flashhopper inspect fwd` (works without a GPU)."""
@@ -166,4 +228,5 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
     return CompiledArtifact(name="fwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
 
 
-__all__ = ["forward", "compile_fwd", "config_overrides", "fwd_artifact", "compile_seconds"]
+__all__ = ["forward", "backward", "bwd_artifact", "compile_bwd", "compile_fwd", "config_overrides",
+           "fwd_artifact", "compile_seconds"]

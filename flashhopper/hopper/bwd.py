@@ -1,0 +1,376 @@
+"""FlashAttention backward for Hopper (sm_90a) — first version, compile-checked, NOT yet run.
+
+Status: this kernel compiles for sm_90a (see tests/test_bwd_compile.py) but has not been run on
+a GPU; it is not dispatched by `flash_attn_func` (whose backward still raises
+NotImplementedError). The next step is the GPU test against `attention_bwd_ref`.
+
+One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every query block
+(of every query head sharing that KV head, so GQA needs no dK/dV reduction) that can see it:
+
+  warpgroup 0 (producer, setmaxnreg.dec): one warp loads K and V once, then Q and dO of each
+      query block into a 2-stage ring (TMA, full/empty mbarriers).
+  warpgroups 1..2 (consumers, setmaxnreg.inc): 64 keys each. Per query block, with the
+      transposed products so that the key dimension is the WGMMA M:
+        S^T  = K Q^T        (SS)     P^T = exp2(S^T * scale_log2 - LSE_log2[q])
+        dP^T = V dO^T       (SS)     dS^T = P^T * (dP^T - D[q])
+        dV  += P^T dO       (RS: P^T stays in registers as the A operand)
+        dK  += dS^T Q       (RS)
+        dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 atomics to dQaccum
+  end: dK * softmax_scale and dV written to gmem. dQaccum is scaled and cast by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from flashhopper.config import BwdConfig
+from flashhopper.hopper import layout as L
+
+_BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+LOG2E = math.log2(math.e)
+
+
+class FlashBwdSm90:
+    def __init__(self, cfg: BwdConfig):
+        cfg.check()
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
+        self.num_stages = cfg.num_stages
+        self.num_consumer_wg = cfg.num_consumer_wg
+        self.num_consumer_threads = 128 * cfg.num_consumer_wg
+        self.has_right = cfg.causal or cfg.local
+        self.has_left = cfg.local
+        self.has_softcap = cfg.softcap
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, sq, h, d)
+        mK: cute.Tensor,  # (b, sk, hk, d)
+        mV: cute.Tensor,  # (b, sk, hk, d)
+        mdO: cute.Tensor,  # (b, sq, h, d)
+        mLSE: cute.Tensor,  # (b, h, sq) fp32, natural log
+        mD: cute.Tensor,  # (b, h, sq) fp32, rowsum(dO * O)
+        mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
+        mdK: cute.Tensor,  # (b, sk, hk, d)
+        mdV: cute.Tensor,  # (b, sk, hk, d)
+        scale_log2: Float32,
+        softcap_pre: Float32,
+        softmax_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        stream: cuda.CUstream,
+    ):
+        mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
+            L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
+        ]
+        mLSE, mD = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD)]
+        K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        atoms = (self.num_consumer_wg, 1, 1)
+        # keys are the M dimension of S^T, dP^T, dK, dV; the warpgroups split the keys
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_, K_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.tile_m))
+        tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.hdim),
+            a_source=warpgroup.OperandSource.RMEM)
+        # dK += dS^T Q reads dS^T from smem (it has to be there for dQ anyway): no register copy
+        tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.hdim))
+        # dQ (tile_m x d) = dS (tile_m x tile_n) K: the warpgroups split the head dim
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(1, self.num_consumer_wg, 1),
+            tiler_mn=(self.tile_m, self.hdim // self.num_consumer_wg))
+
+        sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
+        sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
+        sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_dO: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+
+        load_op = cpasync.CopyBulkTensorTileG2SOp()
+        one_stage = cute.select(sQ_layout, mode=[0, 1])
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, one_stage, (self.tile_m, self.hdim))
+        tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load_op, mdO, one_stage, (self.tile_m, self.hdim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, sK_layout, (self.tile_n, self.hdim))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, sK_layout, (self.tile_n, self.hdim))
+
+        num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+        grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_dO, mLSE, mD, mdQaccum, mdK, mdV,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
+            scale_log2, softcap_pre, softmax_scale, window_left, window_right,
+            sQ_layout, sK_layout, sdS_layout, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
+            SharedStorage,
+        ).launch(grid=grid, block=[128 * (1 + self.num_consumer_wg), 1, 1], stream=stream,
+                 min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV,
+               tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
+               tma_atom_dO: cute.CopyAtom, scale_log2: Float32, softcap_pre: Float32,
+               softmax_scale: Float32, window_left: Int32, window_right: Int32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sdS_layout: cute.ComposedLayout, tiled_mma_sdp: cute.TiledMma,
+               tiled_mma_dkv: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
+                cpasync.prefetch_descriptor(atom)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        kv_bytes = cute.size_in_bytes(self.dtype, sK_layout)
+        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            num_stages=1, producer_group=producer, consumer_group=consumers, tx_count=2 * kv_bytes,
+            barrier_storage=storage.mbar_KV.data_ptr(), defer_sync=True)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=q_bytes, barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=q_bytes, barrier_storage=storage.mbar_dO.data_ptr(), defer_sync=True)
+        pipeline.pipeline_init_arrive(is_relaxed=True)
+        pipeline.pipeline_init_wait()
+
+        n_block, head_kv, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        ratio = mQ.shape[2] // mK.shape[2]
+        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
+        num_m = cutlass.max(m_max - m_min, 0)
+        # (query head in the group, query block) pairs, query block fastest
+        num_steps = num_m * ratio
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+            if warp_idx == 0:
+                self.produce(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                             tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio,
+                             m_min, num_m, num_steps)
+        else:
+            cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
+            self.consume(mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdS, tiled_mma_sdp,
+                         tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx - 128,
+                         n_block,
+                         head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k,
+                         scale_log2, softcap_pre, softmax_scale, window_left, window_right)
+
+    @cute.jit
+    def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
+        """[m_min, m_max): query blocks with at least one query that sees a key of this block.
+
+        Key j is visible from query i iff j <= i + d + right and j >= i + d - left, with
+        d = seqlen_k - seqlen_q (causal: right = 0).
+        """
+        diag = seqlen_k - seqlen_q
+        m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
+        m_min = Int32(0)
+        if cutlass.const_expr(self.has_right):
+            first_q = n_block * self.tile_n - diag - window_right  # lowest query that sees key n*N
+            m_min = cutlass.max(m_min, first_q // self.tile_m if first_q > 0 else Int32(0))
+        if cutlass.const_expr(self.has_left):
+            last_q = (n_block + 1) * self.tile_n - 1 - diag + window_left  # highest query seeing the block
+            m_max = cutlass.min(m_max, (last_q // self.tile_m + 1) if last_q >= 0 else Int32(0))
+        return m_min, m_max
+
+    @cute.jit
+    def produce(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m,
+                num_steps):
+        one = cute.make_layout(1)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            pipe_q.producer_acquire(state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            pipe_do.producer_acquire(state)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            state.advance()
+
+    @cute.jit
+    def consume(self, mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdS, tiled_mma_sdp,
+                tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block, head_kv,
+                batch,
+                ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, scale_log2, softcap_pre,
+                softmax_scale, window_left, window_right):
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
+        wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
+        wg_dq = tiled_mma_dq.get_slice(wg * 128)
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_dkv = tiled_mma_dkv.get_slice(tidx)
+        thr_dq = tiled_mma_dq.get_slice(tidx)
+
+        # S^T = K Q^T and dP^T = V dO^T: A = K / V rows of this warpgroup, B = Q / dO (stage)
+        tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
+        tSrQ = wg_sdp.make_fragment_B(wg_sdp.partition_B(sQ))
+        tPrV = wg_sdp.make_fragment_A(wg_sdp.partition_A(sV))
+        tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
+        # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T views (head dim contiguous: MN-major)
+        tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_view(sdO)))
+        wg_dk = tiled_mma_dk.get_slice(wg * 128)
+        tKrdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
+        tKrQ = wg_dk.make_fragment_B(wg_dk.partition_B(L.transpose_view(sQ)))
+        # dQ = dS K: A = dS^T tile seen as (queries, keys), B = K^T (head dim, keys)
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(L.transpose_view(sdS)))
+        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sK)))
+
+        shape_sdp = (self.tile_n, self.tile_m)
+        acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
+        acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
+        acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.hdim)), Float32)
+        acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.hdim)), Float32)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.hdim)), Float32)
+        tPrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
+        tPrP_as_acc = cute.make_tensor(tPrP.iterator, acc_S.layout)
+        acc_S_rc = L.acc_rows_cols(acc_S)
+        acc_dP_rc = L.acc_rows_cols(acc_dP)
+        coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
+        dS_copy_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        dS_copy = cute.make_tiled_copy_C(dS_copy_atom, tiled_mma_sdp).get_slice(tidx)
+        tdSsdS = dS_copy.partition_D(sdS)
+        dq_coords = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))
+        if cutlass.const_expr(self.has_softcap):
+            dtanh = cute.make_rmem_tensor_like(acc_S, Float32)
+
+        issue = partial(self.issue_gemm)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        diag = seqlen_k - seqlen_q
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            pipe_q.consumer_wait(state)
+            issue(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
+            pipe_do.consumer_wait(state)
+            issue(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, state.index], zero_init=True)
+            warpgroup.wait_group(1)
+
+            # P^T = exp2(S^T * scale_log2 - LSE_log2[query]); padded or key-less queries give 0
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                q = m_block * self.tile_m + coord_rc[0, c][1]
+                # clamp before loading: a select evaluates both sides
+                lse = mLSE[cutlass.min(q, seqlen_q - 1), head, batch]
+                lse_log2 = Float32.inf if lse == -Float32.inf or q >= seqlen_q else lse * Float32(LOG2E)
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    s = acc_S_rc[r, c]
+                    if cutlass.const_expr(self.has_softcap):
+                        t = cute.math.tanh(s * softcap_pre, fastmath=True)
+                        dtanh_rc = L.acc_rows_cols(dtanh)
+                        dtanh_rc[r, c] = Float32(1.0) - t * t
+                        s = t
+                    key = n_block * self.tile_n + coord_rc[r, c][0]
+                    visible = key < seqlen_k
+                    if cutlass.const_expr(self.has_right):
+                        visible = visible and key <= q + diag + window_right
+                    if cutlass.const_expr(self.has_left):
+                        visible = visible and key >= q + diag - window_left
+                    p = cute.math.exp2(s * scale_log2 - lse_log2, fastmath=True)
+                    acc_S_rc[r, c] = p if visible else Float32(0.0)
+            warpgroup.wait_group(0)
+            # dS^T = P^T (dP^T - D[query]) (times the softcap derivative)
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                q = m_block * self.tile_m + coord_rc[0, c][1]
+                d_row = mD[cutlass.min(q, seqlen_q - 1), head, batch]
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    ds = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
+                    if cutlass.const_expr(self.has_softcap):
+                        ds = ds * L.acc_rows_cols(dtanh)[r, c]
+                    acc_dP_rc[r, c] = ds
+            tPrP_as_acc.store(acc_S.load().to(self.dtype))
+            issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
+            rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+            rdS.store(acc_dP.load().to(self.dtype))
+
+            # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys);
+            # the previous step's GEMMs have finished reading sdS once everybody is here
+            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+            cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+            issue(tiled_mma_dk, acc_dK, tKrdS, tKrQ[None, None, None, state.index], zero_init=False)
+            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
+            pipe_do.consumer_release(state)
+            state.advance()
+            # fp32 atomics into dQaccum; rows past seqlen_q are dropped
+            gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            tdQgdQ = thr_dq.partition_C(gdQ)
+            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                if m_block * self.tile_m + dq_coords[i][0] < seqlen_q:
+                    cute.arch.atomic_add(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i])
+
+        # dK, dV (dK carries the softmax scale: dS is the gradient of the scaled scores)
+        gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        tdKgdK = thr_dkv.partition_C(gdK)
+        tdVgdV = thr_dkv.partition_C(gdV)
+        kv_coords = thr_dkv.partition_C(cute.make_identity_tensor((self.tile_n, self.hdim)))
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            if n_block * self.tile_n + kv_coords[i][0] < seqlen_k:
+                tdKgdK[i] = (acc_dK[i] * softmax_scale).to(self.dtype)
+                tdVgdV[i] = acc_dV[i].to(self.dtype)
+
+    @cute.jit
+    def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
