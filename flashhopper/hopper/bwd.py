@@ -347,12 +347,15 @@ class FlashBwdSm90:
             pipe_q.consumer_release(state)
             pipe_do.consumer_release(state)
             state.advance()
-            # fp32 atomics into dQaccum; rows past seqlen_q are dropped
-            gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-            tdQgdQ = thr_dq.partition_C(gdQ)
+            # fp32 atomics into dQaccum; rows past seqlen_q are dropped. Addresses are formed from
+            # the tile base and 32-bit (row, col) offsets: precomputed 64-bit addresses for every
+            # element would be hoisted out of the loop and spill.
+            base = mdQaccum[None, None, head, batch].iterator
+            row_stride = Int32(mdQaccum.layout.stride[0])
             for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                if m_block * self.tile_m + dq_coords[i][0] < seqlen_q:
-                    cute.arch.atomic_add(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i])
+                row = m_block * self.tile_m + dq_coords[i][0]
+                if row < seqlen_q:
+                    cute.arch.atomic_add(base + (row * row_stride + dq_coords[i][1]), acc_dQ[i])
 
         # dK, dV (dK carries the softmax scale: dS is the gradient of the scaled scores)
         gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
