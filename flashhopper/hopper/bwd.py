@@ -59,8 +59,8 @@ class FlashBwdSm90:
         mK: cute.Tensor,  # (b, sk, hk, d)
         mV: cute.Tensor,  # (b, sk, hk, d)
         mdO: cute.Tensor,  # (b, sq, h, d)
-        mLSE: cute.Tensor,  # (b, h, sq) fp32, natural log
-        mD: cute.Tensor,  # (b, h, sq) fp32, rowsum(dO * O)
+        mLSE: cute.Tensor,  # (b, h, sq_pad) fp32: LSE * log2(e); +inf for padded / key-less rows
+        mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
         mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
         mdK: cute.Tensor,  # (b, sk, hk, d)
         mdV: cute.Tensor,  # (b, sk, hk, d)
@@ -282,8 +282,6 @@ class FlashBwdSm90:
         dS_copy = cute.make_tiled_copy_C(dS_copy_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = dS_copy.partition_D(sdS)
         dq_coords = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))
-        if cutlass.const_expr(self.has_softcap):
-            dtanh = cute.make_rmem_tensor_like(acc_S, Float32)
 
         issue = partial(self.issue_gemm)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -299,37 +297,34 @@ class FlashBwdSm90:
             issue(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, state.index], zero_init=True)
             warpgroup.wait_group(1)
 
-            # P^T = exp2(S^T * scale_log2 - LSE_log2[query]); padded or key-less queries give 0
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                q = m_block * self.tile_m + coord_rc[0, c][1]
-                # clamp before loading: a select evaluates both sides
-                lse = mLSE[cutlass.min(q, seqlen_q - 1), head, batch]
-                lse_log2 = Float32.inf if lse == -Float32.inf or q >= seqlen_q else lse * Float32(LOG2E)
-                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                    s = acc_S_rc[r, c]
-                    if cutlass.const_expr(self.has_softcap):
-                        t = cute.math.tanh(s * softcap_pre, fastmath=True)
-                        dtanh_rc = L.acc_rows_cols(dtanh)
-                        dtanh_rc[r, c] = Float32(1.0) - t * t
-                        s = t
-                    key = n_block * self.tile_n + coord_rc[r, c][0]
-                    visible = key < seqlen_k
-                    if cutlass.const_expr(self.has_right):
-                        visible = visible and key <= q + diag + window_right
-                    if cutlass.const_expr(self.has_left):
-                        visible = visible and key >= q + diag - window_left
-                    p = cute.math.exp2(s * scale_log2 - lse_log2, fastmath=True)
-                    acc_S_rc[r, c] = p if visible else Float32(0.0)
-            warpgroup.wait_group(0)
-            # dS^T = P^T (dP^T - D[query]) (times the softcap derivative)
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                q = m_block * self.tile_m + coord_rc[0, c][1]
-                d_row = mD[cutlass.min(q, seqlen_q - 1), head, batch]
-                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                    ds = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
-                    if cutlass.const_expr(self.has_softcap):
-                        ds = ds * L.acc_rows_cols(dtanh)[r, c]
-                    acc_dP_rc[r, c] = ds
+            to_probs = partial(self.scores_to_probs, acc_S_rc=acc_S_rc, coord_rc=coord_rc, mLSE=mLSE,
+                               m_block=m_block, n_block=n_block, head=head, batch=batch, diag=diag,
+                               seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
+                               scale_log2=scale_log2)
+            if cutlass.const_expr(self.has_softcap):
+                # only tanh here, under the dP GEMM: keeping (1 - tanh^2) in registers until
+                # dS would spill, so P and dS are both formed after the wait from tanh
+                for j in cutlass.range(cute.size(acc_S), unroll_full=True):
+                    acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+                warpgroup.wait_group(0)
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    d_row = mD[m_block * self.tile_m + coord_rc[0, c][1], head, batch]
+                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                        t = acc_S_rc[r, c]
+                        p = to_probs(r=r, c=c, s=t)
+                        acc_S_rc[r, c] = p
+                        acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row) * (Float32(1.0) - t * t)
+            else:
+                # P^T = exp2(S^T * scale_log2 - LSE_log2[query]) under the dP GEMM
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                        acc_S_rc[r, c] = to_probs(r=r, c=c, s=acc_S_rc[r, c])
+                warpgroup.wait_group(0)
+                # dS^T = P^T (dP^T - D[query])
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    d_row = mD[m_block * self.tile_m + coord_rc[0, c][1], head, batch]
+                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                        acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
             tPrP_as_acc.store(acc_S.load().to(self.dtype))
             issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
@@ -367,6 +362,25 @@ class FlashBwdSm90:
             if n_block * self.tile_n + kv_coords[i][0] < seqlen_k:
                 tdKgdK[i] = (acc_dK[i] * softmax_scale).to(self.dtype)
                 tdVgdV[i] = acc_dV[i].to(self.dtype)
+
+    @cute.jit
+    def scores_to_probs(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], s, acc_S_rc, coord_rc,
+                        mLSE, m_block, n_block, head, batch, diag, seqlen_k, window_left, window_right,
+                        scale_log2):
+        """P^T[r, c] from its (softcapped) score; 0 where the key is invisible to the query.
+
+        LSE is padded to whole query blocks on the host (+inf where P must be 0: padding, and
+        rows that saw no key), so the load needs no bounds test and its addresses are one base
+        plus constant offsets (per-element clamping made them spill)."""
+        q = m_block * self.tile_m + coord_rc[0, c][1]
+        key = n_block * self.tile_n + coord_rc[r, c][0]
+        visible = key < seqlen_k
+        if cutlass.const_expr(self.has_right):
+            visible = visible and key <= q + diag + window_right
+        if cutlass.const_expr(self.has_left):
+            visible = visible and key >= q + diag - window_left
+        p = cute.math.exp2(s * scale_log2 - mLSE[q, head, batch], fastmath=True)
+        return p if visible else Float32(0.0)
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import tempfile
 import threading
 import time
@@ -161,9 +162,11 @@ def _fake_bwd(cfg: BwdConfig):
         strides = tuple(cute.sym_int64(divisibility=16 // (dtype.width // 8)) for _ in range(3)) + (1,)
         return cute.runtime.make_fake_tensor(dtype, (b, s, heads, cfg.hdim), strides, assumed_align=16)
 
+    sq_pad = cute.sym_int()
+
     def rows():
         strides = (cute.sym_int64(), cute.sym_int64(), 1)
-        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq), strides, assumed_align=4)
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq_pad), strides, assumed_align=4)
 
     return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), t4(sq, h, cutlass.Float32),
             t4(sk, hk), t4(sk, hk))
@@ -193,14 +196,21 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
-    d_rows = (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
+    # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
+    b, sq, h, _ = q.shape
+    sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
+    lse_log2 = torch.full((b, h, sq_pad), float("inf"), dtype=torch.float32, device=q.device)
+    lse_log2[:, :, :sq] = torch.where(torch.isinf(lse), float("inf"), lse * math.log2(math.e))
+    d_rows = torch.zeros((b, h, sq_pad), dtype=torch.float32, device=q.device)
+    d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     big = 1 << 30
     wl = window_left if window_left >= 0 else big
     wr = window_right if window_right >= 0 else big
-    fn(q, k, v, dout, lse, d_rows, dq_accum, dk, dv, scale_log2, softcap_pre, softmax_scale, wl, wr)
+    fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dk, dv, scale_log2, softcap_pre, softmax_scale, wl, wr)
     return (dq_accum * softmax_scale).to(q.dtype), dk, dv
 
 
