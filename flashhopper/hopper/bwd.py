@@ -33,6 +33,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.mma import issue_gemm
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -283,7 +284,7 @@ class FlashBwdSm90:
         tdSsdS = dS_copy.partition_D(sdS)
         dq_coords = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))
 
-        issue = partial(self.issue_gemm)
+        issue = issue_gemm
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
@@ -381,13 +382,3 @@ class FlashBwdSm90:
             visible = visible and key >= q + diag - window_left
         p = cute.math.exp2(s * scale_log2 - mLSE[q, head, batch], fastmath=True)
         return p if visible else Float32(0.0)
-
-    @cute.jit
-    def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
