@@ -31,12 +31,26 @@ _TILES_MASKED = {**_TILES, 64: (128, 128)}
 
 
 @dataclass(frozen=True)
-class FwdConfig:
+class _KernelConfig:
+    """What every kernel is specialized on: dtype, head dim and the mask kind."""
+
     dtype: str
     hdim: int
     causal: bool = False
     local: bool = False
     softcap: bool = False
+
+    @property
+    def consumer_regs(self) -> int:
+        return REG_SPLIT[self.num_consumer_wg][0]
+
+    @property
+    def producer_regs(self) -> int:
+        return REG_SPLIT[self.num_consumer_wg][1]
+
+
+@dataclass(frozen=True)
+class FwdConfig(_KernelConfig):
     tile_m: int = 128
     tile_n: int = 128
     num_stages: int = 2
@@ -58,14 +72,6 @@ class FwdConfig:
     @property
     def num_threads(self) -> int:
         return WARPGROUP_THREADS * (1 + self.num_consumer_wg)
-
-    @property
-    def consumer_regs(self) -> int:
-        return REG_SPLIT[self.num_consumer_wg][0]
-
-    @property
-    def producer_regs(self) -> int:
-        return REG_SPLIT[self.num_consumer_wg][1]
 
     def _smem_bytes(self, o_buffer: bool) -> int:
         q = self.tile_m * self.hdim * self.elem_bytes
@@ -143,24 +149,11 @@ BWD_HDIMS = (64, 128)
 
 
 @dataclass(frozen=True)
-class BwdConfig:
-    dtype: str
-    hdim: int
-    causal: bool = False
-    local: bool = False
-    softcap: bool = False
+class BwdConfig(_KernelConfig):
     tile_m: int = 64
     tile_n: int = 128
     num_stages: int = 2
     num_consumer_wg: int = 2
-
-    @property
-    def consumer_regs(self) -> int:
-        return REG_SPLIT[self.num_consumer_wg][0]
-
-    @property
-    def producer_regs(self) -> int:
-        return REG_SPLIT[self.num_consumer_wg][1]
 
     def smem_bytes(self) -> int:
         """K, V once; Q and dO rings; the dS^T tile; mbarriers; 1 KiB alignment."""
