@@ -62,7 +62,7 @@ def _inspect_kernels() -> int:
     ensure_arch_env()
     print("== Kernels compiled for sm_90a (bf16, hdim 128, non-causal) ==", flush=True)
     try:
-        from flashhopper.hopper import KERNELS
+        from flashhopper.hopper import KERNELS, NOT_YET_VALIDATED
     except ImportError as exc:
         print(f"  flashhopper.hopper is not available yet ({exc}); nothing to inspect.", flush=True)
         return 0
@@ -81,7 +81,8 @@ def _inspect_kernels() -> int:
             f"spill {r['spill_bytes']} B, smem {r['smem_bytes'] / 1024:.1f} KiB, "
             f"HGMMA {s['HGMMA']}, UTMALDG {s['UTMALDG']}, UTMASTG {s['UTMASTG']}, "
             f"MUFU.EX2 {s['MUFU.EX2']}, LDL/STL {s['LDL']}/{s['STL']} "
-            f"({time.perf_counter() - start:.1f} s)",
+            f"({time.perf_counter() - start:.1f} s)"
+            + (" [first version: not yet run on a GPU, not dispatched]" if name in NOT_YET_VALIDATED else ""),
             flush=True,
         )
     return failures

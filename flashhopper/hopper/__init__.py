@@ -10,5 +10,6 @@ from flashhopper.hopper.runtime import bwd_artifact, forward, fwd_artifact  # no
 
 # "bwd" is compile-checked only: it has not been run on a GPU yet and nothing dispatches it.
 KERNELS = {"fwd": fwd_artifact, "bwd": bwd_artifact}
+NOT_YET_VALIDATED = frozenset({"bwd"})
 
-__all__ = ["KERNELS", "forward"]
+__all__ = ["KERNELS", "NOT_YET_VALIDATED", "forward"]
