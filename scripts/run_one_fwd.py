@@ -1,0 +1,33 @@
+"""Run one forward configuration a few times (for ncu / nsys), e.g.
+
+    python3 scripts/run_one_fwd.py --hdim 128 --seqlen 8192 --set pingpong=false
+"""
+import argparse
+import math
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from flashhopper.hopper import runtime  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--hdim", type=int, default=128)
+parser.add_argument("--seqlen", type=int, default=8192)
+parser.add_argument("--causal", action="store_true")
+parser.add_argument("--iters", type=int, default=3)
+parser.add_argument("--set", action="append", default=[], metavar="FIELD=BOOL",
+                    help="FwdConfig override, e.g. pingpong=false (repeatable)")
+args = parser.parse_args()
+overrides = {}
+for item in args.set:
+    key, _, value = item.partition("=")
+    overrides[key] = value.lower() in ("1", "true", "yes", "on")
+
+b, h = 16384 // args.seqlen, 2048 // args.hdim
+q, k, v = (torch.randn(b, args.seqlen, h, args.hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+with runtime.config_overrides(**overrides):
+    for _ in range(args.iters):
+        runtime.forward(q, k, v, 1 / math.sqrt(args.hdim), args.causal, (-1, -1), 0.0)
+torch.cuda.synchronize()
+print(f"ran hdim {args.hdim} seqlen {args.seqlen} causal {args.causal} {overrides} x{args.iters}")
