@@ -83,3 +83,14 @@ def test_register_split_over_the_register_file(monkeypatch):
     monkeypatch.setitem(config.REG_SPLIT, 2, (248, 24))
     with pytest.raises(ValueError, match=r"register split 24/248 needs 66560 > 65536 registers"):
         FwdConfig(dtype="bf16", hdim=64).check()
+
+
+def test_mask_kind_matches_the_reference_semantics():
+    pytest.importorskip("cutlass")
+    from flashhopper.hopper.runtime import _UNBOUNDED, _mask_kind
+
+    assert _mask_kind(False, (-1, -1)) == (False, False, _UNBOUNDED, _UNBOUNDED)
+    assert _mask_kind(True, (-1, -1)) == (True, False, _UNBOUNDED, 0)
+    assert _mask_kind(True, (-1, 5)) == (True, False, _UNBOUNDED, 0)  # causal wins on the right
+    assert _mask_kind(True, (64, -1)) == (False, True, 64, 0)
+    assert _mask_kind(False, (-1, 7)) == (False, True, _UNBOUNDED, 7)

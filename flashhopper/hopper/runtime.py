@@ -94,6 +94,23 @@ def _get_fwd(cfg: FwdConfig):
     return fn
 
 
+# an unbounded window side is passed as a huge window so the kernels' arithmetic stays uniform
+_UNBOUNDED = 1 << 30
+
+
+def _mask_kind(causal: bool, window_size) -> tuple[bool, bool, int, int]:
+    """(causal kernel, local kernel, window_left, window_right) as the kernels take them.
+
+    Causal is a right window of 0; with any other bound the kernel is the local one."""
+    window_left, window_right = int(window_size[0]), int(window_size[1])
+    if causal:
+        window_right = 0
+    local = window_left >= 0 or (window_right >= 0 and not causal)
+    wl = window_left if window_left >= 0 else _UNBOUNDED
+    wr = window_right if window_right >= 0 else _UNBOUNDED
+    return causal and not local, local, wl, wr
+
+
 @functools.cache
 def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -114,12 +131,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
 
     `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements).
     """
-    window_left, window_right = (int(w) for w in window_size)
-    if causal:
-        window_right = 0 if window_right < 0 else min(window_right, 0)
-    local = window_left >= 0 or (window_right >= 0 and not causal)
-    cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal and not local, local=local,
-                     softcap=softcap > 0.0)
+    causal, local, wl, wr = _mask_kind(causal, window_size)
+    cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0)
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     fn = _get_fwd(cfg)
@@ -129,10 +142,6 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if lse is None:
         lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    # an unbounded side is passed as a huge window so the kernel's arithmetic stays uniform
-    big = 1 << 30
-    wl = window_left if window_left >= 0 else big
-    wr = window_right if window_right >= 0 else big
     num_tiles = -(-sq // cfg.tile_m) * h * b
     num_ctas = num_tiles
     if cfg.persistent:
@@ -187,12 +196,8 @@ def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float):
     """dq, dk, dv from the saved LSE (backward kernel, first version: NOT yet validated on a GPU;
     flash_attn_func does not call it). D = rowsum(dO * O) and the dQ scaling run in torch."""
-    window_left, window_right = (int(w) for w in window_size)
-    if causal:
-        window_right = 0
-    local = window_left >= 0 or (window_right >= 0 and not causal)
-    cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal and not local, local=local,
-                     softcap=softcap > 0.0)
+    causal, local, wl, wr = _mask_kind(causal, window_size)
+    cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
@@ -207,9 +212,6 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    big = 1 << 30
-    wl = window_left if window_left >= 0 else big
-    wr = window_right if window_right >= 0 else big
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dk, dv, scale_log2, softcap_pre, softmax_scale, wl, wr)
     return (dq_accum * softmax_scale).to(q.dtype), dk, dv
 
