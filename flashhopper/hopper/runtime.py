@@ -193,7 +193,8 @@ def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
     return cute.compile(FlashBwdSm90(cfg), *args, options=opts.strip())
 
 
-def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float):
+def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
+             dk=None, dv=None):
     """dq, dk, dv from the saved LSE (backward kernel, first version: NOT yet validated on a GPU;
     flash_attn_func does not call it). D = rowsum(dO * O) and the dQ scaling run in torch."""
     causal, local, wl, wr = _mask_kind(causal, window_size)
@@ -210,7 +211,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     d_rows = torch.zeros((b, h, sq_pad), dtype=torch.float32, device=q.device)
     d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dk, dv, scale_log2, softcap_pre, softmax_scale, wl, wr)
     return (dq_accum * softmax_scale).to(q.dtype), dk, dv

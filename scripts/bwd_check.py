@@ -1,0 +1,159 @@
+"""Backward kernel on the GPU: errors against the float64 reference, then timings against peers.
+
+    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/bwd_check.py [--no-bench] [--hdims 64,128]
+
+Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
+2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import traceback
+
+import torch
+
+sys.path.insert(0, ".")
+from flashhopper.bench.grid import attention_flops, make_point  # noqa: E402
+from flashhopper.bench.runner import time_ms  # noqa: E402
+from flashhopper.reference import attention_bwd_ref, visible_mask  # noqa: E402
+
+CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
+    (2, 128, 128, 2, 2, 64, False, (-1, -1), 0.0),
+    (2, 300, 517, 4, 2, 64, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, 64, True, (-1, -1), 0.0),
+    (2, 517, 300, 2, 2, 64, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, 64, False, (100, 20), 0.0),
+    (1, 333, 333, 2, 2, 64, False, (-1, -1), 10.0),
+    (1, 1, 17, 2, 2, 64, False, (-1, -1), 0.0),
+    (2, 256, 256, 2, 2, 128, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 4, 1, 128, True, (-1, -1), 0.0),
+    (1, 17, 1000, 2, 2, 128, False, (-1, -1), 0.0),
+    (1, 500, 500, 2, 2, 128, False, (64, 64), 5.0),
+]
+
+
+def torch_grads(q, k, v, dout, scale, causal, window, softcap):
+    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    kk = ks.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    vv = vs.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qs.float(), kk.float()) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), vv.float()).to(q.dtype)
+    o.backward(dout)
+    return qs.grad, ks.grad, vs.grad
+
+
+def check(case, dtype=torch.bfloat16):
+    from flashhopper.hopper import forward, runtime
+
+    b, sq, sk, hq, hk, d, causal, window, softcap = case
+    torch.manual_seed(sq * 7 + sk + d)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    dout = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
+    scale = 1 / math.sqrt(d)
+    out, lse = forward(q, k, v, scale, causal, window, softcap)
+    dk = torch.full_like(k, float("nan"))
+    dv = torch.full_like(v, float("nan"))
+    dq, dk, dv = runtime.backward(q, k, v, out, dout, lse, scale, causal, window, softcap, dk=dk, dv=dv)
+    torch.cuda.synchronize()
+    ref = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
+    yard = torch_grads(q, k, v, dout, scale, causal, window, softcap)
+    ok, parts = True, []
+    for name, mine, exact, pt in zip("qkv", (dq, dk, dv), ref, yard, strict=True):
+        nan = mine.isnan().sum().item()
+        err = (mine.double() - exact).abs().max().item()
+        err_pt = (pt.double() - exact).abs().max().item()
+        good = nan == 0 and err <= 2 * err_pt + 1e-3
+        ok &= good
+        parts.append(f"d{name} {err:.2e}/{err_pt:.2e}{'' if good else ' FAIL'}{f' nan={nan}' if nan else ''}")
+    return ok, "  ".join(parts)
+
+
+def _grad_fn(o, inputs, dout):
+    return lambda: torch.autograd.grad(o, inputs, dout, retain_graph=True)
+
+
+def bench_point(d, s, causal, fa4):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashhopper.hopper import forward, runtime
+
+    p = make_point(s, d, causal)
+    flops = attention_flops(p.batch, p.heads, s, s, d, causal, backward=True)
+    q, k, v, do = (torch.randn(p.batch, s, p.heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    scale = 1 / math.sqrt(d)
+    res = {}
+    try:
+        out, lse = forward(q, k, v, scale, causal, (-1, -1), 0.0)
+        res["fh"] = time_ms(lambda: runtime.backward(q, k, v, out, do, lse, scale, causal, (-1, -1), 0.0))
+    except Exception as exc:
+        print("fh failed:", str(exc)[:200])
+    for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(be):
+                o = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            res[name] = time_ms(_grad_fn(o, (qt, kt, vt), do.transpose(1, 2)))
+        except Exception as exc:
+            print(name, "failed:", str(exc)[:200])
+    if fa4 is not None:
+        try:
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+            o = fa4(qq, kk, vv, causal=causal)
+            o = o[0] if isinstance(o, tuple) else o
+            res["fa4"] = time_ms(_grad_fn(o, (qq, kk, vv), do))
+        except Exception as exc:
+            print("fa4 failed:", str(exc)[:200])
+    tf = {n: flops / ms / 1e9 for n, ms in res.items()}
+    peers = [tf[n] for n in ("cudnn", "fa4") if n in tf]
+    ratio = tf["fh"] / max(peers) if "fh" in tf and peers else float("nan")
+    cells = " ".join(f"{tf.get(n, float('nan')):8.1f}" for n in ("fh", "fa2", "cudnn", "fa4"))
+    print(f"{d:>4} {'yes' if causal else 'no':>6} {s:>6} {cells} {ratio:6.2f}", flush=True)
+
+
+def bench(hdims, seqlens):
+    try:
+        from flash_attn.cute import flash_attn_func as fa4
+    except Exception as exc:
+        print("no FA4:", exc)
+        fa4 = None
+    names = " ".join(f"{n:>8}" for n in ("fh", "fa2", "cudnn", "fa4"))
+    print("backward TFLOP/s (2.5x forward FLOPs)")
+    print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {names} {'ratio':>6}")
+    for d in hdims:
+        for causal in (False, True):
+            for s in seqlens:
+                bench_point(d, s, causal, fa4)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--hdims", default="64,128")
+    ap.add_argument("--seqlens", default="1024,4096,16384")
+    ap.add_argument("--fp16", action="store_true")
+    args = ap.parse_args()
+    failures = 0
+    for case in CASES:
+        try:
+            ok, text = check(case, torch.float16 if args.fp16 else torch.bfloat16)
+        except Exception:
+            ok, text = False, traceback.format_exc(limit=3)[-600:]
+        failures += not ok
+        print(f"{'ok  ' if ok else 'FAIL'} {case}: {text}", flush=True)
+    print(f"{failures} of {len(CASES)} cases failed", flush=True)
+    if not args.no_bench:
+        bench([int(x) for x in args.hdims.split(",")], [int(x) for x in args.seqlens.split(",")])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
