@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 TARGET_ARCH = "sm_90a"
 # Opcode families counted in SASS. A line counts for NAME when its opcode is NAME or NAME.<modifiers>.
-SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH", "LDL", "STL")
+SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH",
+                "LDL", "STL")
 INSTALL_HINT = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
 

@@ -154,13 +154,17 @@ class BwdConfig(_KernelConfig):
     tile_n: int = 128
     num_stages: int = 2
     num_consumer_wg: int = 2
+    # dQ tiles of one query block are added in key-block order: bitwise reproducible dQ
+    deterministic: bool = False
 
     def smem_bytes(self) -> int:
-        """K, V once; Q and dO rings; the dS^T tile; mbarriers; 1 KiB alignment."""
+        """K, V once; Q and dO rings (with their LSE / D rows); dS^T; the fp32 dQ tile; mbarriers."""
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
         ds = self.tile_n * self.tile_m * 2
-        return 1024 + kv + q_do + ds + 8 * (2 + 4 * self.num_stages)
+        dq = self.tile_m * self.hdim * 4
+        lse_d = 2 * self.num_stages * self.tile_m * 4
+        return 1024 + kv + q_do + ds + dq + lse_d + 8 * (2 + 4 * self.num_stages)
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -176,7 +180,8 @@ class BwdConfig(_KernelConfig):
 
 
 def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False) -> BwdConfig:
-    cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap)
+               softcap: bool = False, deterministic: bool = False) -> BwdConfig:
+    cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
+                    deterministic=deterministic)
     cfg.check()
     return cfg

@@ -99,4 +99,18 @@ class _HopperAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        raise NotImplementedError("flashhopper backward kernel is not implemented yet (issue: backward pass)")
+        from flashhopper.hopper import backward
+
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, causal, window, softcap, deterministic = ctx.config
+        dq, dk, dv = backward(q, k, v, out, _tma_ready(dout), lse, scale, causal, window, softcap,
+                              deterministic=deterministic)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read through TMA: unit stride in the head dim, 16-byte aligned base and strides.
+    Gradients handed to backward (expanded, sliced) need not be; copy those."""
+    elem = t.element_size()
+    aligned = t.data_ptr() % 16 == 0 and all(st * elem % 16 == 0 for st in t.stride()[:-1])
+    return t if t.stride(-1) == 1 and aligned else t.contiguous()

@@ -74,10 +74,3 @@ def test_non_contiguous_heads_view():
     qkv = rand(2, 300, 3, 4, 128)  # packed QKV: each of q, k, v is a strided view
     q, k, v = qkv.unbind(dim=2)
     check(q, k, v, causal=True)
-
-
-def test_backward_not_implemented_yet():
-    q, k, v = (rand(1, 64, 2, 128).requires_grad_() for _ in range(3))
-    out = flash_attn_func(q, k, v)
-    with pytest.raises(NotImplementedError):
-        out.sum().backward()

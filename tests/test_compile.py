@@ -123,7 +123,7 @@ def test_parse_sass_lines():
     ins = parse_sass(text)
     assert [op for op, _ in ins][:3] == ["USETMAXREG.TRY_ALLOC.CTAPOOL", "BRA", "BAR.SYNC.DEFER_BLOCKING"]
     counts = count_opcodes(ins)
-    assert counts == {"HGMMA": 1, "QGMMA": 0, "UTMALDG": 1, "UTMASTG": 0, "SYNCS": 1, "BAR": 2,
+    assert counts == {"HGMMA": 1, "QGMMA": 0, "UTMALDG": 1, "UTMASTG": 0, "UTMAREDG": 0, "SYNCS": 1, "BAR": 2,
                       "MUFU.EX2": 1, "MUFU.TANH": 0, "LDL": 1, "STL": 0}
     assert setmaxnreg_values(ins) == [{"kind": "TRY_ALLOC.CTAPOOL", "regs": 240},
                                       {"kind": "DEALLOC.CTAPOOL", "regs": 24}]

@@ -151,19 +151,29 @@ def fake_kernels(monkeypatch):
         out, lse = attention_ref(q, k, v, softmax_scale, causal, window_size, softcap)
         return out.to(q.dtype), lse
 
-    monkeypatch.setitem(sys.modules, "flashhopper.hopper", types.SimpleNamespace(forward=forward))
+    def backward(q, k, v, out, dout, lse, softmax_scale, causal, window_size, softcap, deterministic=False):
+        calls.append(("bwd", softmax_scale, causal, window_size, softcap, deterministic, dout.stride(-1)))
+        return attention_bwd_ref(q, k, v, dout, softmax_scale, causal, window_size, softcap)
+
+    monkeypatch.setitem(sys.modules, "flashhopper.hopper",
+                        types.SimpleNamespace(forward=forward, backward=backward))
     monkeypatch.setattr(flashhopper.interface, "_require_hopper", lambda q, backend: None)
     return calls
 
 
-def test_kernel_path_contract_and_missing_backward(fake_kernels):
+def test_kernel_path_contract(fake_kernels):
     q, k, v = (t.requires_grad_() for t in qkv(hdim=128))
-    out, lse = flash_attn_func(q, k, v, causal=True, window_size=[4, -1], softcap=2.0, return_lse=True)
+    out, lse = flash_attn_func(q, k, v, causal=True, window_size=[4, -1], softcap=2.0, return_lse=True,
+                               deterministic=True)
     assert fake_kernels == [(1 / math.sqrt(128), True, (4, -1), 2.0)]
     assert type(fake_kernels[0][2]) is tuple and lse.requires_grad is False
     assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward kernel is not implemented yet"):
-        out.float().sum().backward()
+    # the gradient of a sum is an expanded (stride 0) tensor: the kernel must get a TMA-able copy
+    out.float().sum().backward()
+    assert fake_kernels[1] == ("bwd", 1 / math.sqrt(128), True, (4, -1), 2.0, True, 1)
+    want = attention_bwd_ref(q, k, v, torch.ones_like(out), 1 / math.sqrt(128), True, (4, -1), 2.0)
+    for got, exact in zip((q.grad, k.grad, v.grad), want, strict=True):
+        torch.testing.assert_close(got.double(), exact, atol=1e-2, rtol=1e-2)  # grads come back in bf16
 
 
 def test_package_import_does_not_load_cutlass():

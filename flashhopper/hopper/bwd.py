@@ -15,7 +15,10 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
         dP^T = V dO^T       (SS)     dS^T = P^T * (dP^T - D[q])
         dV  += P^T dO       (RS: P^T stays in registers as the A operand)
         dK  += dS^T Q       (RS)
-        dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 atomics to dQaccum
+        dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
+  warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
+      only pay a shared-memory store; with `deterministic` it adds the tiles of one query
+      block in key-block order (a per-query-block semaphore), so dQ is bitwise reproducible.
   end: dK * softmax_scale and dV written to gmem. dQaccum is scaled and cast by the caller.
 """
 
@@ -36,6 +39,8 @@ from flashhopper.hopper import layout as L
 from flashhopper.hopper.mma import issue_gemm
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
+_BAR_DQ_EMPTY = 2  # dQ writer -> consumers: the smem dQ tile may be overwritten
+_BAR_DQ_FULL = 3  # consumers -> dQ writer: the smem dQ tile holds this step's dQ
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 LOG2E = math.log2(math.e)
 
@@ -63,6 +68,7 @@ class FlashBwdSm90:
         mLSE: cute.Tensor,  # (b, h, sq_pad) fp32: LSE * log2(e); +inf for padded / key-less rows
         mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
         mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
+        mdQsem: cute.Tensor,  # (b, h, m_blocks) int32 zeros (deterministic), else any int32 tensor
         mdK: cute.Tensor,  # (b, sk, hk, d)
         mdV: cute.Tensor,  # (b, sk, hk, d)
         scale_log2: Float32,
@@ -75,7 +81,7 @@ class FlashBwdSm90:
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
             L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
         ]
-        mLSE, mD = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD)]
+        mLSE, mD, mdQsem = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD, mdQsem)]
         K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         atoms = (self.num_consumer_wg, 1, 1)
         # keys are the M dimension of S^T, dP^T, dK, dV; the warpgroups split the keys
@@ -95,6 +101,9 @@ class FlashBwdSm90:
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
         sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m)
+        sdQ_layout = L.smem_layout_row_major(Float32, self.tile_m, self.hdim)
+        # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
+        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
 
         @cute.struct
         class SharedStorage:
@@ -106,6 +115,9 @@ class FlashBwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sdQ_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.select(sQ_layout, mode=[0, 1])
@@ -113,31 +125,45 @@ class FlashBwdSm90:
         tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load_op, mdO, one_stage, (self.tile_m, self.hdim))
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, sK_layout, (self.tile_n, self.hdim))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, sK_layout, (self.tile_n, self.hdim))
+        row_tile = cute.make_layout(self.tile_m)
+        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(load_op, mLSE, row_tile, (self.tile_m,))
+        tma_atom_D, tma_D = cpasync.make_tiled_tma_atom(load_op, mD, row_tile, (self.tile_m,))
+        store_op = cpasync.CopyBulkTensorTileS2GOp()
+        tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(store_op, mdK, sK_layout, (self.tile_n, self.hdim))
+        tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(store_op, mdV, sK_layout, (self.tile_n, self.hdim))
+        tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQ_layout, (self.tile_m, self.hdim))
 
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, mLSE, mD, mdQaccum, mdK, mdV,
-            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, tma_dQ, mdQsem, tma_dK, tma_dV,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dQ,
+            tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
-            sQ_layout, sK_layout, sdS_layout, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
+            sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout,
+            tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
             SharedStorage,
         ).launch(grid=grid, block=[128 * (1 + self.num_consumer_wg), 1, 1], stream=stream,
                  min_blocks_per_mp=1)
 
     @cute.kernel
-    def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV,
+    def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV,
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
-               tma_atom_dO: cute.CopyAtom, scale_log2: Float32, softcap_pre: Float32,
-               softmax_scale: Float32, window_left: Int32, window_right: Int32,
+               tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_D: cute.CopyAtom,
+               tma_atom_dQ: cute.CopyAtom, tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom,
+               scale_log2: Float32,
+               softcap_pre: Float32, softmax_scale: Float32, window_left: Int32, window_right: Int32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sdS_layout: cute.ComposedLayout, tiled_mma_sdp: cute.TiledMma,
+               sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
+               tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
-            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
+                         tma_atom_dQ, tma_atom_dK, tma_atom_dV):
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -145,11 +171,14 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sLSE = storage.sLSE.get_tensor(sRow_layout)
+        sD = storage.sD.get_tensor(sRow_layout)
 
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
         kv_bytes = cute.size_in_bytes(self.dtype, sK_layout)
-        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
+        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
         pipe_kv = pipeline.PipelineTmaAsync.create(
             num_stages=1, producer_group=producer, consumer_group=consumers, tx_count=2 * kv_bytes,
             barrier_storage=storage.mbar_KV.data_ptr(), defer_sync=True)
@@ -174,16 +203,18 @@ class FlashBwdSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                self.produce(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
-                             tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio,
-                             m_min, num_m, num_steps)
+                self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
+                             tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
+                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
+            if warp_idx == 1:
+                self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
+                              m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
-            self.consume(mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdS, tiled_mma_sdp,
-                         tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx - 128,
-                         n_block,
-                         head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k,
-                         scale_log2, softcap_pre, softmax_scale, window_left, window_right)
+            self.consume(sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
+                         tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
+                         tidx - 128, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q,
+                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
@@ -204,9 +235,9 @@ class FlashBwdSm90:
         return m_min, m_max
 
     @cute.jit
-    def produce(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
-                tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m,
-                num_steps):
+    def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
+                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
+                head_kv, batch, ratio, m_min, num_m, num_steps):
         one = cute.make_layout(1)
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
@@ -229,27 +260,78 @@ class FlashBwdSm90:
                                                cute.group_modes(gQ, 0, 2))
             tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
                                                    cute.group_modes(gdO, 0, 2))
+            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
+                                               cute.group_modes(gD, 0, 1))
             pipe_q.producer_acquire(state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
             pipe_do.producer_acquire(state)
             cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
                       tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            cute.copy(tma_atom_D, tDgD, tDsD[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
             state.advance()
 
     @cute.jit
-    def consume(self, mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sdS, tiled_mma_sdp,
-                tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block, head_kv,
-                batch,
-                ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, scale_log2, softcap_pre,
-                softmax_scale, window_left, window_right):
+    def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
+                 num_m, num_steps, seqlen_q, seqlen_k, window_left):
+        """One warp: add each step's smem dQ tile into dQaccum with a TMA reduce (rows past
+        seqlen_q are clipped by the TMA unit)."""
+        lane = cute.arch.lane_idx()
+        dq_threads = self.num_consumer_threads + 32
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
+            cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
+            if lane == 0:
+                gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hdim),
+                                      (m_block, 0))
+                tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                       cute.group_modes(sdQ, 0, 2),
+                                                       cute.group_modes(gdQ, 0, 2))
+                if cutlass.const_expr(self.cfg.deterministic):
+                    sem = mdQsem[None, head, batch].iterator + m_block
+                    turn = n_block - self.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
+                    while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
+                        pass
+                cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+                cute.arch.cp_async_bulk_commit_group()
+                if cutlass.const_expr(self.cfg.deterministic):
+                    # the next key block's CTA may add only once this tile has landed in gmem
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_acq_rel_gpu()
+                    cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                else:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+
+    @cute.jit
+    def first_n_block(self, m_block, seqlen_q, seqlen_k, window_left):
+        """Lowest key block whose CTA visits query block `m_block` (consistent with
+        m_block_range): only a left window cuts key blocks off below."""
+        n_first = Int32(0)
+        if cutlass.const_expr(self.has_left):
+            lowest_key = m_block * self.tile_m + seqlen_k - seqlen_q - window_left
+            n_first = lowest_key // self.tile_n if lowest_key > 0 else Int32(0)
+        return n_first
+
+    @cute.jit
+    def consume(self, sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx,
+                n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, scale_log2,
+                softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
         wg_dq = tiled_mma_dq.get_slice(wg * 128)
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
-        thr_dkv = tiled_mma_dkv.get_slice(tidx)
-        thr_dq = tiled_mma_dq.get_slice(tidx)
 
         # S^T = K Q^T and dP^T = V dO^T: A = K / V rows of this warpgroup, B = Q / dO (stage)
         tSrK = wg_sdp.make_fragment_A(wg_sdp.partition_A(sK))
@@ -282,7 +364,12 @@ class FlashBwdSm90:
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         dS_copy = cute.make_tiled_copy_C(dS_copy_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = dS_copy.partition_D(sdS)
-        dq_coords = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))
+        # dQ fragments to smem as 8-byte stores: the WGMMA C layout gives each thread column pairs
+        dQ_copy = cute.make_tiled_copy_C(
+            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
+            tiled_mma_dq).get_slice(tidx)
+        tdQsdQ = dQ_copy.partition_D(sdQ)
+        dq_threads = self.num_consumer_threads + 32
 
         issue = issue_gemm
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -290,7 +377,6 @@ class FlashBwdSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         diag = seqlen_k - seqlen_q
         for step in cutlass.range(num_steps, unroll=1):
-            head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             pipe_q.consumer_wait(state)
             issue(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
@@ -298,8 +384,8 @@ class FlashBwdSm90:
             issue(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, state.index], zero_init=True)
             warpgroup.wait_group(1)
 
-            to_probs = partial(self.scores_to_probs, acc_S_rc=acc_S_rc, coord_rc=coord_rc, mLSE=mLSE,
-                               m_block=m_block, n_block=n_block, head=head, batch=batch, diag=diag,
+            to_probs = partial(self.scores_to_probs, acc_S_rc=acc_S_rc, coord_rc=coord_rc,
+                               sLSE=sLSE[None, state.index], m_block=m_block, n_block=n_block, diag=diag,
                                seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
                                scale_log2=scale_log2)
             if cutlass.const_expr(self.has_softcap):
@@ -309,7 +395,7 @@ class FlashBwdSm90:
                     acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
                 warpgroup.wait_group(0)
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    d_row = mD[m_block * self.tile_m + coord_rc[0, c][1], head, batch]
+                    d_row = sD[coord_rc[0, c][1], state.index]
                     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
                         t = acc_S_rc[r, c]
                         p = to_probs(r=r, c=c, s=t)
@@ -323,7 +409,7 @@ class FlashBwdSm90:
                 warpgroup.wait_group(0)
                 # dS^T = P^T (dP^T - D[query])
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    d_row = mD[m_block * self.tile_m + coord_rc[0, c][1], head, batch]
+                    d_row = sD[coord_rc[0, c][1], state.index]
                     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
                         acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
             tPrP_as_acc.store(acc_S.load().to(self.dtype))
@@ -337,42 +423,51 @@ class FlashBwdSm90:
             cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-            issue(tiled_mma_dk, acc_dK, tKrdS, tKrQ[None, None, None, state.index], zero_init=False)
             issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
+            issue(tiled_mma_dk, acc_dK, tKrdS, tKrQ[None, None, None, state.index], zero_init=False)
+            warpgroup.wait_group(1)  # dQ done; dK still running
+            # hand dQ to the writer warp once it has finished reading the previous tile
+            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
+            cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             pipe_do.consumer_release(state)
             state.advance()
-            # fp32 atomics into dQaccum; rows past seqlen_q are dropped. Addresses are formed from
-            # the tile base and 32-bit (row, col) offsets: precomputed 64-bit addresses for every
-            # element would be hoisted out of the loop and spill.
-            base = mdQaccum[None, None, head, batch].iterator
-            row_stride = Int32(mdQaccum.layout.stride[0])
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                row = m_block * self.tile_m + dq_coords[i][0]
-                if row < seqlen_q:
-                    cute.arch.atomic_add(base + (row * row_stride + dq_coords[i][1]), acc_dQ[i])
 
-        # dK, dV (dK carries the softmax scale: dS is the gradient of the scaled scores)
-        gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        tdKgdK = thr_dkv.partition_C(gdK)
-        tdVgdV = thr_dkv.partition_C(gdV)
-        kv_coords = thr_dkv.partition_C(cute.make_identity_tensor((self.tile_n, self.hdim)))
-        for i in cutlass.range_constexpr(cute.size(acc_dK)):
-            if n_block * self.tile_n + kv_coords[i][0] < seqlen_k:
-                tdKgdK[i] = (acc_dK[i] * softmax_scale).to(self.dtype)
-                tdVgdV[i] = acc_dV[i].to(self.dtype)
+        # dK, dV through smem (K and V's buffers, free once every warpgroup's last dQ GEMM is
+        # done) and TMA stores, which also drop the rows past seqlen_k. dK carries the softmax
+        # scale: dS is the gradient of the scaled scores.
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+        st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                      self.dtype)
+        st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_dkv).get_slice(tidx)
+        cute.copy(st_atom, st_copy.retile(rdK), st_copy.partition_D(sK))
+        cute.copy(st_atom, st_copy.retile(rdV), st_copy.partition_D(sV))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+        if tidx < 32:
+            for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
+                gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+                tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                                 cute.group_modes(gX, 0, 2))
+                cute.copy(atom, tsX, tgX)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def scores_to_probs(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], s, acc_S_rc, coord_rc,
-                        mLSE, m_block, n_block, head, batch, diag, seqlen_k, window_left, window_right,
+                        sLSE, m_block, n_block, diag, seqlen_k, window_left, window_right,
                         scale_log2):
         """P^T[r, c] from its (softcapped) score; 0 where the key is invisible to the query.
 
         LSE is padded to whole query blocks on the host (+inf where P must be 0: padding, and
-        rows that saw no key), so the load needs no bounds test and its addresses are one base
-        plus constant offsets (per-element clamping made them spill)."""
+        rows that saw no key), so the TMA'd smem row needs no bounds test."""
         q = m_block * self.tile_m + coord_rc[0, c][1]
         key = n_block * self.tile_n + coord_rc[r, c][0]
         visible = key < seqlen_k
@@ -380,5 +475,5 @@ class FlashBwdSm90:
             visible = visible and key <= q + diag + window_right
         if cutlass.const_expr(self.has_left):
             visible = visible and key >= q + diag - window_left
-        p = cute.math.exp2(s * scale_log2 - mLSE[q, head, batch], fastmath=True)
+        p = cute.math.exp2(s * scale_log2 - sLSE[coord_rc[0, c][1]], fastmath=True)
         return p if visible else Float32(0.0)

@@ -174,15 +174,17 @@ def _fake_bwd(cfg: BwdConfig):
     sq_pad = cute.sym_int()
 
     def rows():
-        strides = (cute.sym_int64(), cute.sym_int64(), 1)
-        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq_pad), strides, assumed_align=4)
+        strides = (cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1)  # TMA: 16 B strides
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq_pad), strides, assumed_align=16)
 
+    sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+                                        (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), t4(sq, h, cutlass.Float32),
-            t4(sk, hk), t4(sk, hk))
+            sem, t4(sk, hk), t4(sk, hk))
 
 
 def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
-    """Trace and compile the backward kernel for `cfg` (no GPU needed). Not yet run on a GPU."""
+    """Trace and compile the backward kernel for `cfg` (no GPU needed)."""
     from flashhopper.hopper.bwd import FlashBwdSm90
 
     tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
@@ -194,11 +196,11 @@ def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
 
 
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
-             dk=None, dv=None):
-    """dq, dk, dv from the saved LSE (backward kernel, first version: NOT yet validated on a GPU;
-    flash_attn_func does not call it). D = rowsum(dO * O) and the dQ scaling run in torch."""
+             deterministic: bool = False, dk=None, dv=None):
+    """dq, dk, dv from the saved LSE. D = rowsum(dO * O) and the dQ scaling run in torch."""
     causal, local, wl, wr = _mask_kind(causal, window_size)
-    cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0)
+    cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
+                     deterministic=deterministic)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
@@ -211,19 +213,22 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     d_rows = torch.zeros((b, h, sq_pad), dtype=torch.float32, device=q.device)
     d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    sem_shape = (b, h, sq_pad // cfg.tile_m) if deterministic else (1, 1, 1)
+    dq_sem = torch.zeros(sem_shape, dtype=torch.int32, device=q.device)
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dk, dv, scale_log2, softcap_pre, softmax_scale, wl, wr)
+    fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre, softmax_scale,
+       wl, wr)
     return (dq_accum * softmax_scale).to(q.dtype), dk, dv
 
 
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
-                 softcap: bool = False):
+                 softcap: bool = False, deterministic: bool = False):
     """The backward kernel's cubin for `flashhopper inspect bwd` (compiles without a GPU)."""
     from flashhopper.compile import CompiledArtifact
 
-    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap)
+    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, deterministic=deterministic)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = compile_bwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False).__cubin__
     return CompiledArtifact(name="bwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
