@@ -290,26 +290,27 @@ class FlashBwdSm90:
             m_block = m_min + step % num_m
             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
             cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
-            if lane == 0:
-                gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hdim),
-                                      (m_block, 0))
-                tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                                       cute.group_modes(sdQ, 0, 2),
-                                                       cute.group_modes(gdQ, 0, 2))
-                if cutlass.const_expr(self.cfg.deterministic):
-                    sem = mdQsem[None, head, batch].iterator + m_block
-                    turn = n_block - self.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
-                    while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
-                        pass
-                cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
-                cute.arch.cp_async_bulk_commit_group()
-                if cutlass.const_expr(self.cfg.deterministic):
-                    # the next key block's CTA may add only once this tile has landed in gmem
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    cute.arch.fence_acq_rel_gpu()
+            # the whole warp runs the copy (it elects its issuing lane itself: calling it from one
+            # lane leaves the election waiting for the other 31 forever)
+            gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                   cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
+            if cutlass.const_expr(self.cfg.deterministic):
+                sem = mdQsem[None, head, batch].iterator + m_block
+                turn = n_block - self.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
+                while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
+                    pass
+            cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+            cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.cfg.deterministic):
+                # the next key block's CTA may add only once this tile has landed in gmem
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.sync_warp()
+                if lane == 0:
                     cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
-                else:
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            else:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
 
     @cute.jit
