@@ -1,4 +1,4 @@
-"""Time flashhopper against its peers on one GPU and print TFLOP/s.
+"""Time flashhopper against its peers on one GPU and print TFLOP/s, forward or backward.
 
 Every number is from the same process and the same inputs, because absolute TFLOP/s drift 5-15%
 between runs and machines: the ratio to the best peer is the figure that means something.
@@ -57,16 +57,20 @@ def _short(exc: Exception) -> str:
     return text[:200]
 
 
-def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda") -> dict:
+def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda",
+              backward: bool = False) -> dict:
+    """TFLOP/s of each provider at one point: the forward, or with `backward` the backward alone."""
     shape = (point.batch, point.seqlen, point.heads, point.hdim)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    dout = torch.randn(shape, device=device, dtype=dtype) if backward else None
+    flops = point.bwd_flops if backward else point.flops
     tflops, errors = {}, {}
     for provider in providers:
         try:
             with provider.context():
-                fn = provider.make(q, k, v, point.causal)
+                fn = provider.timed_call(q, k, v, point.causal, dout)
                 fn()  # first call compiles / picks a kernel; keep it out of the timing
-                tflops[provider.name] = point.flops / time_ms(fn) / 1e9
+                tflops[provider.name] = flops / time_ms(fn) / 1e9
         except Exception as exc:  # one provider failing must not lose the rest of the row
             tflops[provider.name] = None
             errors[provider.name] = _short(exc)
@@ -75,7 +79,7 @@ def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, dev
     ratio = mine / max(peers) if mine and peers else None
     return {
         "hdim": point.hdim, "causal": point.causal, "seqlen": point.seqlen, "batch": point.batch,
-        "heads": point.heads, "flops": point.flops, "tflops": tflops, "ratio": ratio, "errors": errors,
+        "heads": point.heads, "flops": flops, "tflops": tflops, "ratio": ratio, "errors": errors,
     }
 
 
@@ -97,26 +101,30 @@ def format_row(row: dict, names) -> str:
 
 
 def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = None,
-              providers: list[Provider] | None = None, out=sys.stdout) -> dict:
+              providers: list[Provider] | None = None, out=sys.stdout, backward: bool = False) -> dict:
+    """Time every provider at every point (with `backward`, the backward alone); print the table."""
     providers = providers if providers is not None else default_providers()
     names = [p.name for p in providers]
     ceiling = matmul_tflops()
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
-        "matmul_tflops": ceiling, "providers": names, "results": [],
+        "direction": "bwd" if backward else "fwd", "matmul_tflops": ceiling, "providers": names,
+        "results": [],
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
           file=out, flush=True)
-    print("forward TFLOP/s; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
+    what = "backward TFLOP/s (FLOPs = 2.5 x forward, backward alone)" if backward else "forward TFLOP/s"
+    print(f"{what}; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
     print(format_header(names), file=out, flush=True)
     for point in points:
-        row = run_point(point, providers, DTYPES[dtype])
+        row = run_point(point, providers, DTYPES[dtype], backward=backward)
         report["results"].append(row)
         print(format_row(row, names), file=out, flush=True)
         for name, message in row["errors"].items():
             print(f"    {name}: {message}", file=out, flush=True)
     report["summary"] = summarize(report)
-    for line in format_summary(report["summary"], BEST_PEERS):
+    # the targets in summary.py are the forward's (issue 4); the backward has none yet
+    for line in format_summary(report["summary"], BEST_PEERS, targets=not backward):
         print(line, file=out, flush=True)
     if json_path:
         with open(json_path, "w") as f:
