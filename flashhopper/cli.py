@@ -71,14 +71,15 @@ def _cmd_demo(args) -> int:
 def _cmd_bench(args) -> int:
     import torch
 
+    for flag, given in (("--plot", args.plot), ("--bwd", args.bwd)):
+        if args.ablation and given:  # checked first: a wrong command line needs no GPU to tell
+            print(f"flashhopper bench: {flag} applies to the grid, not to --ablation (forward only)",
+                  file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
     if args.ablation:
-        if args.plot:
-            print("flashhopper bench: --plot draws the grid; it does not apply to --ablation",
-                  file=sys.stderr)
-            return 2
         from flashhopper.bench.ablation import run_ablation
 
         run_ablation(dtype=args.dtype, json_path=args.json)
@@ -100,7 +101,7 @@ def _cmd_bench(args) -> int:
         points = [p for p in quick_grid() if p.causal in causal and (not args.hdim or p.hdim in args.hdim)]
     else:
         points = standard_grid(hdims=args.hdim or HDIMS, causal=causal, seqlens=args.seqlen or SEQLENS)
-    report = run_bench(points, dtype=args.dtype, json_path=args.json)
+    report = run_bench(points, dtype=args.dtype, json_path=args.json, backward=args.bwd)
     if args.plot:
         from flashhopper.bench.plot import plot_report
 
@@ -139,13 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the kernels on Hopper; elsewhere inspect them")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("bench", help="forward TFLOP/s against SDPA (FA2, cuDNN) and FA4")
+    p = sub.add_parser("bench", help="forward (or --bwd backward) TFLOP/s against SDPA (FA2, cuDNN) and FA4")
     p.add_argument("--quick", action="store_true", help="8 points: hdim 128/64, seqlen 1k/8k, causal or not")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--hdim", type=int, nargs="+", help="headdims (default 64 128 256)")
     p.add_argument("--seqlen", type=int, nargs="+", help="sequence lengths (default 512 .. 16384)")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--bwd", action="store_true",
+                   help="time the backward alone (forward run once, outside the timing); FLOPs 2.5 x forward")
     p.add_argument("--ablation", action="store_true",
                    help="instead of the grid: hdim 128, seqlen 8k with each scheduling switch off")
     p.add_argument("--plot", metavar="PNG", help="also draw the grid as a PNG (needs matplotlib)")

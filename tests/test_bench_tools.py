@@ -82,14 +82,20 @@ def test_run_bench_prints_and_stores_the_summary(monkeypatch, tmp_path):
     rows = {(r["hdim"], r["causal"], r["seqlen"]): r for r in SYNTHETIC["results"]}
     monkeypatch.setattr(runner, "matmul_tflops", lambda: 800.0)
     monkeypatch.setattr(runner.torch.cuda, "get_device_name", lambda: "fake GPU")
-    monkeypatch.setattr(runner, "run_point", lambda p, providers, dtype: {
-        **rows[(p.hdim, p.causal, p.seqlen)], "batch": p.batch, "heads": p.heads, "errors": {}})
+
+    def fake_run_point(p, providers, dtype, backward):
+        assert backward is False
+        return {**rows[(p.hdim, p.causal, p.seqlen)], "batch": p.batch, "heads": p.heads, "errors": {}}
+
+    monkeypatch.setattr(runner, "run_point", fake_run_point)
     points = [make_point(r["seqlen"], r["hdim"], r["causal"]) for r in SYNTHETIC["results"]]
     providers = [runner.Provider(n, None) for n in ("flashhopper", "cudnn", "fa4")]
     out, path = io.StringIO(), tmp_path / "grid.json"
     runner.run_bench(points, json_path=str(path), providers=providers, out=out)
     text = out.getvalue()
     assert "geomean flashhopper / max(cudnn, fa4): 0.965" in text and "= 0.900 of bf16 matmul" in text
+    assert "forward TFLOP/s" in text and "backward" not in text
+    assert json.loads(path.read_text())["direction"] == "fwd"
     stored = json.loads(path.read_text())["summary"]
     assert stored["min_ratio"] == pytest.approx(0.75)
     assert stored["matmul_fraction"]["fraction"] == pytest.approx(0.9)

@@ -35,6 +35,11 @@ class Point:
         return attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.hdim, self.causal)
 
     @property
+    def bwd_flops(self) -> float:
+        return attention_flops(self.batch, self.heads, self.seqlen, self.seqlen, self.hdim, self.causal,
+                               backward=True)
+
+    @property
     def label(self) -> str:
         mode = "causal" if self.causal else "full"
         return f"hdim {self.hdim} {mode} seqlen {self.seqlen} (b={self.batch}, h={self.heads})"

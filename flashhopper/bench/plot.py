@@ -1,4 +1,4 @@
-"""Draw a grid report (the JSON `flashhopper bench --json` writes) as TFLOP/s against seqlen.
+"""Draw a grid report (the JSON `flashhopper bench [--bwd] --json` writes) as TFLOP/s against seqlen.
 
 matplotlib is an optional dependency (`pip install 'flashhopper[plot]'`): it is imported only
 here, only when a plot is asked for.
@@ -89,7 +89,9 @@ def plot_report(report: dict, out_path: str, dpi: int = 90) -> str:
 
 def _title(report: dict) -> str:
     summary = report.get("summary") or summarize(report)
-    head = f"{report.get('device', 'unknown GPU')}, {report.get('dtype', 'bf16')} forward"
+    # reports from before the backward benchmark have no direction: they are forward
+    direction = "backward" if report.get("direction") == "bwd" else "forward"
+    head = f"{report.get('device', 'unknown GPU')}, {report.get('dtype', 'bf16')} {direction}"
     if summary["geomean_ratio"] is None:
         return head
     return (f"{head}: flashhopper / max(cuDNN, FA4) geomean {summary['geomean_ratio']:.2f}, "

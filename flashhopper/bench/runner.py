@@ -1,4 +1,4 @@
-"""Time flashhopper against its peers on one GPU and print TFLOP/s.
+"""Time flashhopper against its peers on one GPU and print TFLOP/s, forward or backward.
 
 Every number is from the same process and the same inputs, because absolute TFLOP/s drift 5-15%
 between runs and machines: the ratio to the best peer is the figure that means something.
@@ -6,29 +6,19 @@ between runs and machines: the ratio to the best peer is the figure that means s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import statistics
 import sys
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
 from flashhopper.bench.grid import Point
+from flashhopper.bench.providers import Provider, default_providers
 from flashhopper.bench.summary import format_summary, summarize
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # flashhopper is compared against the strongest of these at each point.
 BEST_PEERS = ("cudnn", "fa4")
-
-
-@dataclass
-class Provider:
-    name: str
-    make: Callable  # (q, k, v, causal) -> zero-argument callable that runs one forward
-    context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
 
 
 def time_ms(fn) -> float:
@@ -62,59 +52,25 @@ def matmul_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
     return 2.0 * n**3 / time_ms(lambda: torch.matmul(a, b)) / 1e9
 
 
-def _sdpa(name: str, backend_name: str) -> Provider:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = getattr(SDPBackend, backend_name)
-
-    def make(q, k, v, causal):
-        # SDPA wants (b, h, s, d); transposed views keep the same storage.
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        return lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-
-    return Provider(name, make, lambda: sdpa_kernel(backend))
-
-
-def default_providers() -> list[Provider]:
-    from flashhopper.interface import flash_attn_func
-
-    providers = [
-        Provider("flashhopper", lambda q, k, v, c: lambda: flash_attn_func(q, k, v, causal=c)),
-        _sdpa("fa2", "FLASH_ATTENTION"),
-        _sdpa("cudnn", "CUDNN_ATTENTION"),
-    ]
-    try:
-        from flash_attn.cute import flash_attn_func as fa4
-    except Exception as exc:  # absent, or present but broken: either way not a peer in this run
-        print(f"(FA4 not measured: flash_attn.cute unavailable: {exc})", flush=True)
-    else:
-        providers.append(Provider("fa4", lambda q, k, v, c: lambda: fa4(q, k, v, causal=c), _quiet))
-    return providers
-
-
-@contextlib.contextmanager
-def _quiet():
-    """FA4 warns on every compile about an argument it cannot convert; it is noise in our table."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        yield
-
-
 def _short(exc: Exception) -> str:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return text[:200]
 
 
-def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda") -> dict:
+def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda",
+              backward: bool = False) -> dict:
+    """TFLOP/s of each provider at one point: the forward, or with `backward` the backward alone."""
     shape = (point.batch, point.seqlen, point.heads, point.hdim)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+    dout = torch.randn(shape, device=device, dtype=dtype) if backward else None
+    flops = point.bwd_flops if backward else point.flops
     tflops, errors = {}, {}
     for provider in providers:
         try:
             with provider.context():
-                fn = provider.make(q, k, v, point.causal)
+                fn = provider.timed_call(q, k, v, point.causal, dout)
                 fn()  # first call compiles / picks a kernel; keep it out of the timing
-                tflops[provider.name] = point.flops / time_ms(fn) / 1e9
+                tflops[provider.name] = flops / time_ms(fn) / 1e9
         except Exception as exc:  # one provider failing must not lose the rest of the row
             tflops[provider.name] = None
             errors[provider.name] = _short(exc)
@@ -123,7 +79,7 @@ def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, dev
     ratio = mine / max(peers) if mine and peers else None
     return {
         "hdim": point.hdim, "causal": point.causal, "seqlen": point.seqlen, "batch": point.batch,
-        "heads": point.heads, "flops": point.flops, "tflops": tflops, "ratio": ratio, "errors": errors,
+        "heads": point.heads, "flops": flops, "tflops": tflops, "ratio": ratio, "errors": errors,
     }
 
 
@@ -145,26 +101,30 @@ def format_row(row: dict, names) -> str:
 
 
 def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = None,
-              providers: list[Provider] | None = None, out=sys.stdout) -> dict:
+              providers: list[Provider] | None = None, out=sys.stdout, backward: bool = False) -> dict:
+    """Time every provider at every point (with `backward`, the backward alone); print the table."""
     providers = providers if providers is not None else default_providers()
     names = [p.name for p in providers]
     ceiling = matmul_tflops()
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
-        "matmul_tflops": ceiling, "providers": names, "results": [],
+        "direction": "bwd" if backward else "fwd", "matmul_tflops": ceiling, "providers": names,
+        "results": [],
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
           file=out, flush=True)
-    print("forward TFLOP/s; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
+    what = "backward TFLOP/s (FLOPs = 2.5 x forward, backward alone)" if backward else "forward TFLOP/s"
+    print(f"{what}; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
     print(format_header(names), file=out, flush=True)
     for point in points:
-        row = run_point(point, providers, DTYPES[dtype])
+        row = run_point(point, providers, DTYPES[dtype], backward=backward)
         report["results"].append(row)
         print(format_row(row, names), file=out, flush=True)
         for name, message in row["errors"].items():
             print(f"    {name}: {message}", file=out, flush=True)
     report["summary"] = summarize(report)
-    for line in format_summary(report["summary"], BEST_PEERS):
+    # the targets in summary.py are the forward's (issue 4); the backward has none yet
+    for line in format_summary(report["summary"], BEST_PEERS, targets=not backward):
         print(line, file=out, flush=True)
     if json_path:
         with open(json_path, "w") as f:

@@ -47,28 +47,31 @@ def summarize(report: dict) -> dict:
     return summary
 
 
-def _verdict(value: float, target: float) -> str:
-    return f"target >= {target:g}: {'met' if value >= target else 'not met'}"
+def _verdict(value: float, target: float, targets: bool = True) -> str:
+    if not targets:
+        return ""
+    return f" (target >= {target:g}: {'met' if value >= target else 'not met'})"
 
 
 def describe(where: dict) -> str:
     return f"hdim {where['hdim']} {'causal' if where['causal'] else 'non-causal'} seqlen {where['seqlen']}"
 
 
-def format_summary(summary: dict, peers=("cudnn", "fa4")) -> list[str]:
+def format_summary(summary: dict, peers=("cudnn", "fa4"), targets: bool = True) -> list[str]:
+    """The summary as text lines; `targets` adds the forward targets' verdicts (met / not met)."""
     if summary["geomean_ratio"] is None:
         lines = [f"no point has a flashhopper / max({', '.join(peers)}) ratio (peers not measured)"]
     else:
         n, total = summary["points_with_ratio"], summary["points"]
         lines = [
             f"geomean flashhopper / max({', '.join(peers)}): {summary['geomean_ratio']:.3f} over {n} of "
-            f"{total} points ({_verdict(summary['geomean_ratio'], GEOMEAN_TARGET)})",
-            f"lowest: {summary['min_ratio']:.3f} at {describe(summary['min_point'])} "
-            f"({_verdict(summary['min_ratio'], MIN_RATIO_TARGET)})",
+            f"{total} points{_verdict(summary['geomean_ratio'], GEOMEAN_TARGET, targets)}",
+            f"lowest: {summary['min_ratio']:.3f} at {describe(summary['min_point'])}"
+            f"{_verdict(summary['min_ratio'], MIN_RATIO_TARGET, targets)}",
         ]
     frac = summary["matmul_fraction"]
     if frac:
-        verdict = _verdict(frac["fraction"], MATMUL_FRACTION_TARGET)
+        verdict = _verdict(frac["fraction"], MATMUL_FRACTION_TARGET, targets)
         lines.append(f"{describe(frac)}: {frac['tflops']:.0f} TFLOP/s = {frac['fraction']:.3f} of bf16 "
-                     f"matmul {frac['matmul_tflops']:.0f} ({verdict})")
+                     f"matmul {frac['matmul_tflops']:.0f}{verdict}")
     return lines
