@@ -96,7 +96,7 @@ class FlashBwdSm90:
         # dQ (tile_m x d) = dS (tile_m x tile_n) K: the warpgroups split the head dim
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(1, self.num_consumer_wg, 1),
-            tiler_mn=(self.tile_m, self.hdim // self.num_consumer_wg))
+            tiler_mn=(64, self.hdim // self.num_consumer_wg))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)

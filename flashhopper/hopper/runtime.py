@@ -40,6 +40,21 @@ _overrides: dict = {}
 persistent_ctas_cap: int | None = None
 
 
+_bwd_overrides: dict = {}
+
+
+@contextlib.contextmanager
+def bwd_config_overrides(**fields):
+    """Replace BwdConfig fields (e.g. tile_m=64) for the backward calls made inside the block."""
+    saved = dict(_bwd_overrides)
+    _bwd_overrides.update(fields)
+    try:
+        yield
+    finally:
+        _bwd_overrides.clear()
+        _bwd_overrides.update(saved)
+
+
 @contextlib.contextmanager
 def config_overrides(**fields):
     """Replace FwdConfig fields (e.g. pingpong=False) for the calls made inside the block.
@@ -200,7 +215,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     """dq, dk, dv from the saved LSE. D = rowsum(dO * O) and the dQ scaling run in torch."""
     causal, local, wl, wr = _mask_kind(causal, window_size)
     cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
-                     deterministic=deterministic)
+                     deterministic=deterministic, **_bwd_overrides)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
@@ -247,5 +262,5 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
     return CompiledArtifact(name="fwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
 
 
-__all__ = ["forward", "backward", "bwd_artifact", "compile_bwd", "compile_fwd", "config_overrides",
-           "fwd_artifact", "compile_seconds"]
+__all__ = ["forward", "backward", "bwd_artifact", "bwd_config_overrides", "compile_bwd", "compile_fwd",
+           "config_overrides", "fwd_artifact", "compile_seconds"]
