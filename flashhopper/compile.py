@@ -184,6 +184,9 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
     sass = count_opcodes(instructions)
     setmaxnreg = setmaxnreg_values(instructions)
     sass["USETMAXREG"] = sorted({e["regs"] for e in setmaxnreg})
+    # WGMMAs that wait for the warpgroup's previous ones (gsb0): one per commit group when ptxas
+    # keeps the async pipeline, every one of them when it has serialized the kernel's WGMMAs
+    sass["HGMMA_WAITS"] = sum(1 for op, args in instructions if op.startswith("HGMMA") and "gsb0" in args)
     return {
         "function": name,
         "registers": main.get("REG", 0),

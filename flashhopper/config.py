@@ -180,16 +180,15 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
 
 
-# query rows per backward step by hdim: at hdim 64 the accumulators leave room for 128 query rows,
-# halving the steps per key block and doubling the N of the S^T / dP^T GEMMs
-# (softcap keeps 64 at hdim 64: its tanh values push the 128-row tile into spills)
-_BWD_TILE_M = {64: 128, 128: 64}
+# query rows per backward step. 128 at hdim 64 (FA3's choice) compiles spill-free but ptxas then
+# serializes every WGMMA (each HGMMA waits on the previous one: gsb0 on all 40), so 64 everywhere.
+_BWD_TILE_M: dict[int, int] = {}
 
 
 def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, deterministic: bool = False, **overrides) -> BwdConfig:
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    deterministic=deterministic, tile_m=64 if softcap else _BWD_TILE_M.get(hdim, 64))
+                    deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64))
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
     cfg.check()

@@ -17,6 +17,7 @@ def test_backward_compiles_without_spills(dtype, hdim, mask):
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
     sass = report["sass"]
     assert sass["HGMMA"] >= 24  # per query block: S^T, dP^T, dV, dK and dQ WGMMAs
+    assert sass["HGMMA_WAITS"] <= 6, "ptxas serialized the WGMMAs"  # one per commit group
     assert sass["UTMALDG"] >= 6  # K, V, Q, dO, LSE, D
     assert sass["UTMAREDG"] >= 1  # dQ tiles added into the fp32 accumulator by TMA
     assert sass["UTMASTG"] >= 2  # dK, dV
@@ -31,3 +32,10 @@ def test_backward_compiles_without_spills(dtype, hdim, mask):
 def test_deterministic_backward_compiles(hdim):
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, local=True, deterministic=True)
     assert report["spill_bytes"] == 0 and report["sass"]["UTMAREDG"] >= 1
+
+
+@pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
+def test_backward_preprocess_compiles(hdim):
+    from flashhopper.hopper.runtime import compile_bwd_pre
+
+    assert compile_bwd_pre("bf16", hdim, tvm_ffi=False) is not None

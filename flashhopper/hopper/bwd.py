@@ -19,7 +19,8 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
   warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
       only pay a shared-memory store; with `deterministic` it adds the tiles of one query
       block in key-block order (a per-query-block semaphore), so dQ is bitwise reproducible.
-  end: dK * softmax_scale and dV written to gmem. dQaccum is scaled and cast by the caller.
+  end: dK * softmax_scale and dV written to gmem (TMA). dQ tiles carry the scale; the caller
+  casts dQaccum.
 """
 
 from __future__ import annotations
@@ -429,6 +430,7 @@ class FlashBwdSm90:
             warpgroup.wait_group(1)  # dQ done; dK still running
             # hand dQ to the writer warp once it has finished reading the previous tile
             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
+            acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
             cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)

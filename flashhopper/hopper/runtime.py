@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import math
 import tempfile
 import threading
 import time
@@ -210,23 +209,51 @@ def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
     return cute.compile(FlashBwdSm90(cfg), *args, options=opts.strip())
 
 
+def _fake_pre(dtype: str, hdim: int):
+    dt = _NAME_TO_CUTE[dtype]
+    b, sq, h, sq_pad = (cute.sym_int() for _ in range(4))
+
+    def t4():
+        strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dt, (b, sq, h, hdim), strides, assumed_align=dt.width // 8)
+
+    def rows(n):
+        strides = (cute.sym_int64(), cute.sym_int64(), 1)
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, n), strides, assumed_align=4)
+
+    return t4(), t4(), rows(sq), rows(sq_pad), rows(sq_pad)
+
+
+def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None):
+    """The backward preprocess (D and log2-LSE rows), compiled without a GPU."""
+    from flashhopper.hopper.bwd_pre import BwdPreprocess
+
+    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
+    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream, options=opts.strip())
+
+
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
              deterministic: bool = False, dk=None, dv=None):
-    """dq, dk, dv from the saved LSE. D = rowsum(dO * O) and the dQ scaling run in torch."""
+    """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
     causal, local, wl, wr = _mask_kind(causal, window_size)
     cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
                      deterministic=deterministic, **_bwd_overrides)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
+    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim)
+    pre = _cache.get(pre_key)
+    if pre is None:
+        pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
-    lse_log2 = torch.full((b, h, sq_pad), float("inf"), dtype=torch.float32, device=q.device)
-    lse_log2[:, :, :sq] = torch.where(torch.isinf(lse), float("inf"), lse * math.log2(math.e))
-    d_rows = torch.zeros((b, h, sq_pad), dtype=torch.float32, device=q.device)
-    d_rows[:, :, :sq] = (dout.float() * out.float()).sum(-1).transpose(1, 2)
+    lse_log2 = torch.empty((b, h, sq_pad), dtype=torch.float32, device=q.device)
+    d_rows = torch.empty((b, h, sq_pad), dtype=torch.float32, device=q.device)
+    pre(out, dout, lse, lse_log2, d_rows)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     sem_shape = (b, h, sq_pad // cfg.tile_m) if deterministic else (1, 1, 1)
     dq_sem = torch.zeros(sem_shape, dtype=torch.int32, device=q.device)
@@ -235,15 +262,16 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre, softmax_scale,
        wl, wr)
-    return (dq_accum * softmax_scale).to(q.dtype), dk, dv
+    return dq_accum.to(q.dtype), dk, dv  # the kernel already applied the softmax scale
 
 
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
-                 softcap: bool = False, deterministic: bool = False):
+                 softcap: bool = False, deterministic: bool = False, **overrides):
     """The backward kernel's cubin for `flashhopper inspect bwd` (compiles without a GPU)."""
     from flashhopper.compile import CompiledArtifact
 
-    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, deterministic=deterministic)
+    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, deterministic=deterministic,
+                     **overrides)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = compile_bwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False).__cubin__
     return CompiledArtifact(name="bwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
