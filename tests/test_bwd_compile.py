@@ -35,3 +35,26 @@ def test_backward_hdim128_compiles(mask):
     assert report["sass"]["HGMMA"] >= 24
     if mask in ("causal", "local"):
         assert report["spill_bytes"] == 0
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("hdim", [192, 256])
+def test_backward_wide_hdim_compiles_without_spills(hdim, dtype, mask):
+    # dK/dV split by head dim (hopper/bwd_wide.py): 3 consumer warpgroups at 192, 2 at 256
+    from flashhopper.config import bwd_config
+
+    cfg = bwd_config(dtype, hdim, **MASKS[mask])
+    assert cfg.kv_split == "hdim"
+    report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
+    sass = report["sass"]
+    # per query block and warpgroup: S and dP (hdim/16 k-blocks each), dV^T and dK^T (64-row M tiles
+    # x 4 k-blocks each), dQ (tile_n/16 k-blocks)
+    m_tiles = hdim // cfg.num_consumer_wg // 64
+    assert sass["HGMMA"] == 2 * (hdim // 16) + 2 * 4 * m_tiles + cfg.tile_n // 16
+    assert sass["UTMALDG"] >= 4  # K, V, Q, dO
+    assert sass["SYNCS"] > 0
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
+    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
