@@ -145,7 +145,9 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
 # 64-query blocks; dK, dV, S^T, dP^T, dQ accumulators and P^T in registers, dS^T through smem.
 # hdim 64 compiles without spills; hdim 128 without spills under causal/local masks and with 24-32
 # bytes otherwise (a few loop-invariant smem addresses reloaded per query block).
-BWD_HDIMS = (64, 128, 192, 256)
+# hdim 96 keeps K in SW32 so dQ's 48 columns per warpgroup are whole swizzle atoms
+# (hopper/bwd_layout.py); spill-free except softcap (8 bytes).
+BWD_HDIMS = (64, 96, 128, 192, 256)
 # hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
 # would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
 # each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):

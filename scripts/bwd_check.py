@@ -33,6 +33,11 @@ CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
     (1, 1000, 1000, 4, 1, 128, True, (-1, -1), 0.0),
     (1, 17, 1000, 2, 2, 128, False, (-1, -1), 0.0),
     (1, 500, 500, 2, 2, 128, False, (64, 64), 5.0),
+    # hdim 96: the 64-keys-per-warpgroup kernel with K in SW32 (hopper/bwd_layout.py)
+    (2, 300, 517, 4, 2, 96, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, 96, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, 96, False, (100, 20), 0.0),
+    (1, 333, 333, 2, 2, 96, False, (-1, -1), 10.0),
     # hdim 192 / 256: dK/dV split by head dim (hopper/bwd_wide.py; 3 and 2 consumer warpgroups)
     (2, 192, 192, 2, 2, 192, False, (-1, -1), 0.0),
     (2, 300, 517, 6, 2, 192, False, (-1, -1), 0.0),

@@ -39,6 +39,18 @@ def test_backward_hdim128_compiles(mask):
 
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_hdim96_compiles(dtype, mask):
+    # the 64-keys-per-warpgroup kernel; K in SW32 so dQ's 48 head-dim columns per warpgroup are
+    # whole swizzle atoms (hopper/bwd_layout.py). Softcap spills 8 bytes (1 value, 2 LDL/STL).
+    report = inspect_kernel("bwd", dtype=dtype, hdim=96, **MASKS[mask])
+    sass = report["sass"]
+    assert sass["HGMMA"] >= 24
+    assert report["smem_bytes"] <= SMEM_CAPACITY
+    assert report["spill_bytes"] <= (8 if mask == "softcap" else 0)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("hdim", [192, 256])
 def test_backward_wide_hdim_compiles_without_spills(hdim, dtype, mask):
     # dK/dV split by head dim (hopper/bwd_wide.py): 3 consumer warpgroups at 192, 2 at 256

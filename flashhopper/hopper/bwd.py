@@ -33,6 +33,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
@@ -93,7 +94,7 @@ class FlashBwdSm90:
             tiler_mn=(self.tile_m, self.hdim // self.num_consumer_wg))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
-        sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
+        sK_layout = k_smem_layout(self.dtype, self.tile_n, self.hdim, self.num_consumer_wg)
         sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m)
 
         @cute.struct
