@@ -146,7 +146,14 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
 # 64-query blocks; dK, dV, S^T, dP^T, dQ accumulators and P^T in registers, dS^T through smem.
 # hdim 64 compiles without spills; hdim 128 without spills under causal/local masks and with 24-32
 # bytes otherwise (a few loop-invariant smem addresses reloaded per query block).
-BWD_HDIMS = (64, 128)
+# hdim 96 keeps K in SW32 so dQ's 48 columns per warpgroup are whole swizzle atoms
+# (hopper/bwd_layout.py); spill-free except softcap (8 bytes).
+BWD_HDIMS = (64, 96, 128, 192, 256)
+# hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
+# would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
+# each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):
+# 32 keys of S and dP per warpgroup.
+BWD_WIDE = {192: (96, 3), 256: (64, 2)}
 
 
 @dataclass(frozen=True)
@@ -157,27 +164,56 @@ class BwdConfig(_KernelConfig):
     num_consumer_wg: int = 2
     # dQ tiles of one query block are added in key-block order: bitwise reproducible dQ
     deterministic: bool = False
+    # "keys": each consumer warpgroup owns 64 keys of dK and dV (hopper/bwd.py); "hdim": each owns
+    # hdim / num_consumer_wg head-dim rows of dK^T and dV^T (hopper/bwd_wide.py)
+    kv_split: str = "keys"
 
     def smem_bytes(self) -> int:
-        """K, V once; Q and dO rings (with their LSE / D rows); dS^T; the fp32 dQ tile; mbarriers."""
+        """K, V once; Q and dO rings; dS^T (and P for "hdim"); mbarriers; 1 KiB alignment; for
+        "keys" also the LSE / D rows of each stage and the fp32 dQ tile."""
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
-        ds = self.tile_n * self.tile_m * 2
-        dq = self.tile_m * self.hdim * 4
-        lse_d = 2 * self.num_stages * self.tile_m * 4
-        return 1024 + kv + q_do + ds + dq + lse_d + 8 * (2 + 4 * self.num_stages)
+        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1)
+        extra = 0
+        if self.kv_split == "keys":
+            extra = self.tile_m * self.hdim * 4 + 2 * self.num_stages * self.tile_m * 4
+        return 1024 + kv + q_do + ds + extra + 8 * (2 + 4 * self.num_stages)
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
         if self.hdim not in BWD_HDIMS:
             raise ValueError(f"backward hdim {self.hdim} not in {BWD_HDIMS} (first version)")
-        if self.tile_n != 64 * self.num_consumer_wg:
+        if self.kv_split == "hdim":
+            self._check_hdim_split()
+        elif self.kv_split != "keys":
+            raise ValueError(f"kv_split {self.kv_split!r} not in ('keys', 'hdim')")
+        elif self.tile_n != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_n {self.tile_n} must be 64 keys per consumer warpgroup")
         if self.hdim % (8 * self.num_consumer_wg):
             raise ValueError(f"hdim {self.hdim} must split into WGMMA N tiles across warpgroups for dQ")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+
+    def _check_hdim_split(self) -> None:
+        wg = self.num_consumer_wg
+        if wg not in REG_SPLIT:
+            raise ValueError(f"num_consumer_wg {wg} not in {sorted(REG_SPLIT)}")
+        if self.tile_m != 64:
+            raise ValueError(f"tile_m {self.tile_m} must be 64 (one WGMMA M for S and dP)")
+        if self.hdim % (64 * wg):
+            raise ValueError(f"hdim {self.hdim} must split into 64-row WGMMA M tiles across {wg} "
+                             "warpgroups for dK^T and dV^T")
+        if self.tile_n % (16 * wg) or self.tile_n % 32:
+            raise ValueError(f"tile_n {self.tile_n} must give each warpgroup a multiple of 16 keys "
+                             "and be a multiple of 32 (P and dS swizzle atoms)")
+        # dK^T + dV^T, plus the larger of S + dP and dQ (never live together), plus ~32 for the rest
+        dkv = 2 * (self.hdim // wg) * self.tile_n // WARPGROUP_THREADS
+        sdp = 2 * self.tile_m * (self.tile_n // wg) // WARPGROUP_THREADS
+        dq = self.tile_m * (self.hdim // wg) // WARPGROUP_THREADS
+        if dkv + max(sdp, dq) + 32 > self.consumer_regs:
+            raise ValueError(f"accumulators need {dkv + max(sdp, dq)} registers per thread, too many "
+                             f"for {self.consumer_regs} consumer registers")
 
 
 # query rows per backward step. 128 at hdim 64 (FA3's choice) compiles spill-free but ptxas then
@@ -187,8 +223,14 @@ _BWD_TILE_M: dict[int, int] = {}
 
 def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, deterministic: bool = False, **overrides) -> BwdConfig:
+    wide = {}
+    if hdim in BWD_WIDE:
+        if deterministic:
+            raise NotImplementedError(f"deterministic backward is not available for hdim {hdim} yet "
+                                      f"(hdim {sorted(set(BWD_HDIMS) - set(BWD_WIDE))} have it)")
+        wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim")
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64))
+                    deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64), **wide)
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
     cfg.check()

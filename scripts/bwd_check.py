@@ -1,6 +1,7 @@
 """Backward kernel on the GPU: errors against the float64 reference, then timings against peers.
 
     source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/bwd_check.py [--no-bench] [--hdims 64,128]
+        [--case-hdims 192,256] [--fp16]
 
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
@@ -32,6 +33,27 @@ CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
     (1, 1000, 1000, 4, 1, 128, True, (-1, -1), 0.0),
     (1, 17, 1000, 2, 2, 128, False, (-1, -1), 0.0),
     (1, 500, 500, 2, 2, 128, False, (64, 64), 5.0),
+    # hdim 96: the 64-keys-per-warpgroup kernel with K in SW32 (hopper/bwd_layout.py)
+    (2, 300, 517, 4, 2, 96, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, 96, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, 96, False, (100, 20), 0.0),
+    (1, 333, 333, 2, 2, 96, False, (-1, -1), 10.0),
+    # hdim 192 / 256: dK/dV split by head dim (hopper/bwd_wide.py; 3 and 2 consumer warpgroups)
+    (2, 192, 192, 2, 2, 192, False, (-1, -1), 0.0),
+    (2, 300, 517, 6, 2, 192, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 3, 1, 192, True, (-1, -1), 0.0),
+    (2, 517, 300, 2, 2, 192, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, 192, False, (100, 20), 0.0),
+    (1, 333, 333, 2, 2, 192, False, (-1, -1), 10.0),
+    (1, 1, 17, 2, 2, 192, False, (-1, -1), 0.0),
+    (2, 128, 128, 2, 2, 256, False, (-1, -1), 0.0),
+    (2, 300, 517, 4, 2, 256, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 4, 1, 256, True, (-1, -1), 0.0),
+    (2, 517, 300, 4, 2, 256, True, (-1, -1), 0.0),
+    (1, 17, 1000, 2, 2, 256, False, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, 256, False, (100, 20), 0.0),
+    (1, 500, 500, 2, 2, 256, False, (64, 64), 5.0),
+    (1, 333, 333, 2, 2, 256, False, (-1, -1), 10.0),
 ]
 
 
@@ -142,17 +164,21 @@ def main():
     ap.add_argument("--hdims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--case-hdims", default="", help="correctness cases of these hdims only, e.g. 192,256")
     args = ap.parse_args()
     failures = 0
-    for case in [] if args.no_cases else CASES:
+    cases = [] if args.no_cases else CASES
+    if args.case_hdims:
+        cases = [c for c in cases if c[5] in {int(x) for x in args.case_hdims.split(",")}]
+    for case in cases:
         try:
             ok, text = check(case, torch.float16 if args.fp16 else torch.bfloat16)
         except Exception:
             ok, text = False, traceback.format_exc(limit=3)[-600:]
         failures += not ok
         print(f"{'ok  ' if ok else 'FAIL'} {case}: {text}", flush=True)
-    if not args.no_cases:
-        print(f"{failures} of {len(CASES)} cases failed", flush=True)
+    if cases:
+        print(f"{failures} of {len(cases)} cases failed", flush=True)
     if not args.no_bench:
         bench([int(x) for x in args.hdims.split(",")], [int(x) for x in args.seqlens.split(",")])
     return 1 if failures else 0

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 
 from flashhopper.compile import inspect_kernel
-from flashhopper.config import BWD_HDIMS, SMEM_CAPACITY
+from flashhopper.config import BWD_HDIMS, BWD_WIDE, SMEM_CAPACITY
 
 MASKS = {"none": {}, "causal": {"causal": True}, "local": {"local": True}, "softcap": {"softcap": True}}
+KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (64 keys per warpgroup)
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize("hdim", BWD_HDIMS)
+@pytest.mark.parametrize("hdim", KEYS_HDIMS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_compiles_without_spills(dtype, hdim, mask):
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
@@ -28,7 +29,7 @@ def test_backward_compiles_without_spills(dtype, hdim, mask):
     assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
 
 
-@pytest.mark.parametrize("hdim", BWD_HDIMS)
+@pytest.mark.parametrize("hdim", KEYS_HDIMS)
 def test_deterministic_backward_compiles(hdim):
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, local=True, deterministic=True)
     assert report["spill_bytes"] == 0 and report["sass"]["UTMAREDG"] >= 1
@@ -39,3 +40,26 @@ def test_backward_preprocess_compiles(hdim):
     from flashhopper.hopper.runtime import compile_bwd_pre
 
     assert compile_bwd_pre("bf16", hdim, tvm_ffi=False) is not None
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("hdim", [192, 256])
+def test_backward_wide_hdim_compiles_without_spills(hdim, dtype, mask):
+    # dK/dV split by head dim (hopper/bwd_wide.py): 3 consumer warpgroups at 192, 2 at 256
+    from flashhopper.config import bwd_config
+
+    cfg = bwd_config(dtype, hdim, **MASKS[mask])
+    assert cfg.kv_split == "hdim"
+    report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
+    sass = report["sass"]
+    # per query block and warpgroup: S and dP (hdim/16 k-blocks each), dV^T and dK^T (64-row M tiles
+    # x 4 k-blocks each), dQ (tile_n/16 k-blocks)
+    m_tiles = hdim // cfg.num_consumer_wg // 64
+    assert sass["HGMMA"] == 2 * (hdim // 16) + 2 * 4 * m_tiles + cfg.tile_n // 16
+    assert sass["UTMALDG"] >= 4  # K, V, Q, dO
+    assert sass["SYNCS"] > 0
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
+    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")

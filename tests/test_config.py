@@ -94,3 +94,43 @@ def test_mask_kind_matches_the_reference_semantics():
     assert _mask_kind(True, (-1, 5)) == (True, False, _UNBOUNDED, 0)  # causal wins on the right
     assert _mask_kind(True, (64, -1)) == (False, True, 64, 0)
     assert _mask_kind(False, (-1, 7)) == (False, True, _UNBOUNDED, 7)
+
+
+@pytest.mark.parametrize("hdim", config.BWD_HDIMS)
+@pytest.mark.parametrize("mask", MASKS)
+def test_backward_configs_fit(hdim, mask):
+    cfg = config.bwd_config("bf16", hdim, **mask)
+    cfg.check()
+    assert cfg.smem_bytes() <= SMEM_CAPACITY
+    regs = WARPGROUP_THREADS * (cfg.producer_regs + cfg.consumer_regs * cfg.num_consumer_wg)
+    assert regs <= REGS_PER_SM
+    if hdim in config.BWD_WIDE:
+        # head-dim split: whole 64-row WGMMA M tiles per warpgroup, P and dS tiles in smem
+        assert cfg.kv_split == "hdim"
+        assert (cfg.hdim // cfg.num_consumer_wg) % 64 == 0
+        assert cfg.tile_m == 64
+        kv = 2 * cfg.tile_n * hdim * 2
+        q_do = 2 * cfg.num_stages * cfg.tile_m * hdim * 2
+        p_ds = 2 * cfg.tile_m * cfg.tile_n * 2
+        assert cfg.smem_bytes() >= kv + q_do + p_ds
+    else:
+        assert cfg.kv_split == "keys"
+
+
+@pytest.mark.parametrize(
+    ("fields", "budget"),
+    [
+        ({"hdim": 192, "num_consumer_wg": 2, "tile_n": 64}, "64-row WGMMA M tiles"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 80}, "multiple of 32"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 64, "tile_m": 128}, "tile_m 128 must be 64"),
+        # 2 * 128 * 128 / 128 fp32 of dK^T + dV^T and 64 of dQ: no room left in 240
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 128}, "accumulators need"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 64, "kv_split": "rows"}, "kv_split"),
+        # the key-split kernel's tiles at hdim 256 (K, V of 128 keys, 2-stage Q and dO) overflow smem
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 128, "kv_split": "keys"}, "shared memory"),
+    ],
+)
+def test_invalid_backward_configs_name_the_budget(fields, budget):
+    cfg = config.BwdConfig(**{"dtype": "bf16", "hdim": 256, "kv_split": "hdim", **fields})
+    with pytest.raises(ValueError, match=budget):
+        cfg.check()

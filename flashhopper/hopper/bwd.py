@@ -37,6 +37,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
@@ -100,9 +101,10 @@ class FlashBwdSm90:
             tiler_mn=(64, self.hdim // self.num_consumer_wg))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
-        sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
+        sK_layout = k_smem_layout(self.dtype, self.tile_n, self.hdim, self.num_consumer_wg)
         sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m)
-        sdQ_layout = L.smem_layout_row_major(Float32, self.tile_m, self.hdim)
+        # the warpgroups store dQ by head-dim halves: those must be whole swizzle atoms too
+        sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_consumer_wg)
         # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
 

@@ -200,13 +200,15 @@ def _fake_bwd(cfg: BwdConfig):
 def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
     """Trace and compile the backward kernel for `cfg` (no GPU needed)."""
     from flashhopper.hopper.bwd import FlashBwdSm90
+    from flashhopper.hopper.bwd_wide import FlashBwdWideSm90
 
+    kernel_cls = FlashBwdWideSm90 if cfg.kv_split == "hdim" else FlashBwdSm90
     tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     args = (*_fake_bwd(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Float32(1.0),
             cutlass.Int32(-1), cutlass.Int32(-1), stream)
-    return cute.compile(FlashBwdSm90(cfg), *args, options=opts.strip())
+    return cute.compile(kernel_cls(cfg), *args, options=opts.strip())
 
 
 def _fake_pre(dtype: str, hdim: int):

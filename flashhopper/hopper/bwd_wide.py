@@ -1,0 +1,421 @@
+"""FlashAttention backward for Hopper (sm_90a), head dims 192 and 256: dK/dV split by head dim.
+
+Compile-checked (tests/test_bwd_compile.py); not yet run on a GPU.
+
+Why not hopper/bwd.py: there each consumer warpgroup owns 64 keys and keeps 64 x hdim fp32 of
+both dK and dV in registers, hdim registers per thread, which at hdim 192/256 leaves nothing of
+the 240 (160 with three warpgroups) for S, dP and dQ. Here the products that accumulate over
+query blocks are computed transposed, with the head dim as the WGMMA M dimension:
+
+    dV^T (hdim x keys) += dO^T P        dK^T (hdim x keys) += Q^T dS
+
+and the warpgroups split those rows, hdim / W each (64 or 128: a whole number of WGMMA M tiles,
+so 192 takes W = 3, 256 W = 2). Per thread that is 2 * (hdim / W) * tile_n / 128 registers.
+Both operands of these GEMMs come from shared memory (only A can live in registers, and here
+it is dO^T / Q^T), so P and dS are written to smem, as dS already is in bwd.py for dQ.
+
+One CTA owns `tile_n` keys of one (batch, KV head) and walks every query block of every query
+head sharing that KV head (GQA needs no dK/dV reduction):
+
+  warpgroup 0 (producer, setmaxnreg.dec): one warp loads K and V once, then Q and dO of each
+      query block into a 2-stage ring (TMA, full/empty mbarriers).
+  warpgroups 1..W (consumers, setmaxnreg.inc). Warpgroup w, per query block of 64 queries:
+      S  = Q K_w^T, dP = dO V_w^T      (SS; M = queries, N = its tile_n / W keys, K = hdim)
+      P  = exp2(S * scale_log2 - LSE_log2[q]) (masked), dS = P (dP - D[q])     (registers)
+      P, dS -> smem (bf16); all consumers sync: every warpgroup reads all keys' P and dS
+      dQ[:, cols_w] = dS K[:, cols_w]  (SS; N = its hdim / W columns) -> fp32 atomics to dQaccum
+      dV^T[rows_w] += dO^T[rows_w] P,  dK^T[rows_w] += Q^T[rows_w] dS   (SS, under the atomics)
+  end: dK * softmax_scale and dV written to gmem. dQ is added with the scale; the caller casts.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, pipeline
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from flashhopper.config import BwdConfig
+from flashhopper.hopper import layout as L
+from flashhopper.hopper.mma import issue_gemm
+
+# Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
+_BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
+_BAR_PDS_FULL = 3  # this query block's P and dS are in smem
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+
+class FlashBwdWideSm90:
+    def __init__(self, cfg: BwdConfig):
+        cfg.check()
+        if cfg.kv_split != "hdim":
+            raise ValueError(f"FlashBwdWideSm90 takes kv_split='hdim' configs, got {cfg.kv_split!r}")
+        self.cfg = cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
+        self.num_stages = cfg.num_stages
+        self.num_consumer_wg = cfg.num_consumer_wg
+        self.num_consumer_threads = 128 * cfg.num_consumer_wg
+        self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
+        self.hdim_per_wg = cfg.hdim // cfg.num_consumer_wg
+        self.has_right = cfg.causal or cfg.local
+        self.has_left = cfg.local
+        self.has_softcap = cfg.softcap
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (b, sq, h, d)
+        mK: cute.Tensor,  # (b, sk, hk, d)
+        mV: cute.Tensor,  # (b, sk, hk, d)
+        mdO: cute.Tensor,  # (b, sq, h, d)
+        mLSE: cute.Tensor,  # (b, h, sq_pad) fp32: LSE * log2(e); +inf for padded / key-less rows
+        mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
+        mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
+        mdQsem: cute.Tensor,  # unused: the runtime's contract with hopper/bwd.py (deterministic mode)
+        mdK: cute.Tensor,  # (b, sk, hk, d)
+        mdV: cute.Tensor,  # (b, sk, hk, d)
+        scale_log2: Float32,
+        softcap_pre: Float32,
+        softmax_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        stream: cuda.CUstream,
+    ):
+        mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
+            L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
+        ]
+        mLSE, mD = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD)]
+        K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
+        wgs = self.num_consumer_wg
+        # S = Q K^T, dP = dO V^T: one WGMMA M (the 64 queries); the warpgroups split the keys (N)
+        tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_, K_, Float32, atom_layout_mnk=(1, wgs, 1),
+            tiler_mn=(64, self.keys_per_wg))
+        # dV^T = dO^T P, dK^T = Q^T dS: M = head dim (split across warpgroups), N = keys, K = queries.
+        # A = dO^T / Q^T and B = P^T / dS^T views whose contiguous dim is M / N: both MN-major.
+        tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(wgs, 1, 1),
+            tiler_mn=(64, self.tile_n))
+        # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major)
+        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
+            tiler_mn=(self.tile_m, self.hdim_per_wg))
+
+        sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
+        sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
+        sP_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_dO: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
+
+        load_op = cpasync.CopyBulkTensorTileG2SOp()
+        one_stage = cute.select(sQ_layout, mode=[0, 1])
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, one_stage, (self.tile_m, self.hdim))
+        tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load_op, mdO, one_stage, (self.tile_m, self.hdim))
+        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, sK_layout, (self.tile_n, self.hdim))
+        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, sK_layout, (self.tile_n, self.hdim))
+
+        num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+        grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        self.kernel(
+            tma_Q, tma_K, tma_V, tma_dO, mLSE, mD, mdQaccum, mdK, mdV,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
+            scale_log2, softcap_pre, softmax_scale, window_left, window_right,
+            sQ_layout, sK_layout, sP_layout, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            SharedStorage,
+        ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV,
+               tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
+               tma_atom_dO: cute.CopyAtom, scale_log2: Float32, softcap_pre: Float32,
+               softmax_scale: Float32, window_left: Int32, window_right: Int32,
+               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sP_layout: cute.ComposedLayout, tiled_mma_sdp: cute.TiledMma,
+               tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
+               SharedStorage: cutlass.Constexpr):
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        if warp_idx == 0:
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
+                cpasync.prefetch_descriptor(atom)
+        storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+        sdS = storage.sdS.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+
+        # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per consumer warp.
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        kv_bytes = cute.size_in_bytes(self.dtype, sK_layout)
+        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            num_stages=1, producer_group=producer, consumer_group=consumers, tx_count=2 * kv_bytes,
+            barrier_storage=storage.mbar_KV.data_ptr(), defer_sync=True)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=q_bytes, barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=q_bytes, barrier_storage=storage.mbar_dO.data_ptr(), defer_sync=True)
+        pipeline.pipeline_init_arrive(is_relaxed=True)
+        pipeline.pipeline_init_wait()
+
+        n_block, head_kv, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        ratio = mQ.shape[2] // mK.shape[2]
+        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
+        num_m = cutlass.max(m_max - m_min, 0)
+        # (query head in the group, query block) pairs, query block fastest
+        num_steps = num_m * ratio
+
+        if warp_idx < 4:
+            cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+            if warp_idx == 0:
+                self.produce(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                             tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio,
+                             m_min, num_m, num_steps)
+        else:
+            cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
+            self.consume(mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sP, sdS, tiled_mma_sdp,
+                         tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx - 128, n_block,
+                         head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k,
+                         scale_log2, softcap_pre, softmax_scale, window_left, window_right)
+
+    @cute.jit
+    def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
+        """[m_min, m_max): query blocks with at least one query that sees a key of this block.
+
+        Key j is visible from query i iff j <= i + d + right and j >= i + d - left, with
+        d = seqlen_k - seqlen_q (causal: right = 0).
+        """
+        diag = seqlen_k - seqlen_q
+        m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
+        m_min = Int32(0)
+        if cutlass.const_expr(self.has_right):
+            first_q = n_block * self.tile_n - diag - window_right  # lowest query that sees key n*N
+            m_min = cutlass.max(m_min, first_q // self.tile_m if first_q > 0 else Int32(0))
+        if cutlass.const_expr(self.has_left):
+            last_q = (n_block + 1) * self.tile_n - 1 - diag + window_left  # highest query seeing the block
+            m_max = cutlass.min(m_max, (last_q // self.tile_m + 1) if last_q >= 0 else Int32(0))
+        return m_min, m_max
+
+    @cute.jit
+    def produce(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
+                tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m,
+                num_steps):
+        one = cute.make_layout(1)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            pipe_q.producer_acquire(state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            pipe_do.producer_acquire(state)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            state.advance()
+
+    @cute.jit
+    def consume(self, mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sP, sdS, tiled_mma_sdp,
+                tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block, head_kv, batch,
+                ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2, softcap_pre,
+                softmax_scale, window_left, window_right):
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        # smem descriptors depend only on the warpgroup; register partitions on the thread
+        wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
+        wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
+        wg_dq = tiled_mma_dq.get_slice(wg * 128)
+        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_dkv = tiled_mma_dkv.get_slice(tidx)
+        thr_dq = tiled_mma_dq.get_slice(tidx)
+
+        # S = Q K^T, dP = dO V^T: A = Q / dO (stage), B = this warpgroup's rows of K / V
+        tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
+        tSrK = wg_sdp.make_fragment_B(wg_sdp.partition_B(sK))
+        tPrdO = wg_sdp.make_fragment_A(wg_sdp.partition_A(sdO))
+        tPrV = wg_sdp.make_fragment_B(wg_sdp.partition_B(sV))
+        # dV^T += dO^T P, dK^T += Q^T dS: A = (hdim, queries) views of dO / Q (stage),
+        # B = (keys, queries) views of P / dS
+        tVrdO = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_view(sdO)))
+        tVrP = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_view(sP)))
+        tKrQ = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_view(sQ)))
+        tKrdS = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_view(sdS)))
+        # dQ = dS K: A = dS (queries, keys), B = K^T (hdim, keys): this warpgroup's head-dim columns
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sK)))
+
+        shape_sdp = (self.tile_m, self.tile_n)
+        acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
+        acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
+        acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
+        acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.hdim)), Float32)
+        acc_S_rc = L.acc_rows_cols(acc_S)
+        acc_dP_rc = L.acc_rows_cols(acc_dP)
+        # (query, key) of each S / dP register, within the tile
+        coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
+        dq_coords = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
+        st_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(tidx)
+        tPsP = st_copy.partition_D(sP)
+        tdSsdS = st_copy.partition_D(sdS)
+
+        issue = issue_gemm
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        diag = seqlen_k - seqlen_q
+        num_rows = cute.size(acc_S_rc, mode=[0])
+        num_cols = cute.size(acc_S_rc, mode=[1])
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            pipe_q.consumer_wait(state)
+            issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+            pipe_do.consumer_wait(state)
+            issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, state.index], tPrV, zero_init=True)
+
+            # A thread's S registers cover two query rows: their LSE and D are loaded once, and
+            # visibility is a key range [lo, hi) per row (offsets from this key block's start).
+            # The host pads LSE/D to whole query blocks (+inf / 0), so rows need no bounds test.
+            lse = cute.make_rmem_tensor(num_rows, Float32)
+            d_row = cute.make_rmem_tensor(num_rows, Float32)
+            lo = cute.make_rmem_tensor(num_rows, Int32)
+            hi = cute.make_rmem_tensor(num_rows, Int32)
+            for r in cutlass.range_constexpr(num_rows):
+                q = m_block * self.tile_m + coord_rc[r, 0][0]
+                lse[r] = mLSE[q, head, batch]
+                d_row[r] = mD[q, head, batch]
+                hi[r] = seqlen_k - n_block * self.tile_n
+                lo[r] = Int32(0)
+                if cutlass.const_expr(self.has_right):
+                    hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
+                if cutlass.const_expr(self.has_left):
+                    lo[r] = q + diag - window_left - n_block * self.tile_n
+
+            warpgroup.wait_group(1)
+            if cutlass.const_expr(self.has_softcap):
+                # only tanh before the dP wait: P and the tanh derivative are formed from it after,
+                # so (1 - tanh^2) never has to be held next to P
+                for j in cutlass.range(cute.size(acc_S), unroll_full=True):
+                    acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+                warpgroup.wait_group(0)
+                for r in cutlass.range_constexpr(num_rows):
+                    for c in cutlass.range_constexpr(num_cols):
+                        t = acc_S_rc[r, c]
+                        p = self.prob(t, coord_rc[r, c][1], lse[r], lo[r], hi[r], scale_log2)
+                        acc_S_rc[r, c] = p
+                        acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row[r]) * (Float32(1.0) - t * t)
+            else:
+                # P under the dP GEMM, dS once it lands
+                for r in cutlass.range_constexpr(num_rows):
+                    for c in cutlass.range_constexpr(num_cols):
+                        acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord_rc[r, c][1], lse[r], lo[r],
+                                                   hi[r], scale_log2)
+                warpgroup.wait_group(0)
+                for r in cutlass.range_constexpr(num_rows):
+                    for c in cutlass.range_constexpr(num_cols):
+                        acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row[r])
+            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+            rdS.store(acc_dP.load().to(self.dtype))
+
+            # Every warpgroup reads every warpgroup's P and dS columns: overwrite them only once
+            # all GEMMs of the previous query block are done (each warpgroup waited for its own
+            # before coming here), and issue the GEMMs only once all of them are written.
+            cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+            cute.copy(st_atom, st_copy.retile(rP), tPsP)
+            cute.copy(st_atom, st_copy.retile(rdS), tdSsdS)
+            # generic-proxy smem writes, read next by WGMMA (async proxy)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+            # dQ first, so its atomics run under dV and dK
+            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
+            issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, state.index], tVrP, zero_init=False)
+            issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS, zero_init=False)
+            warpgroup.wait_group(2)
+            self.add_dq(acc_dQ, dq_coords, mdQaccum, m_block, head, batch, seqlen_q, softmax_scale)
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
+            pipe_do.consumer_release(state)
+            state.advance()
+
+        # dK^T, dV^T (dK carries the softmax scale: dS is the gradient of the scaled scores).
+        # (hdim, keys) views of this key block's gmem rows.
+        gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        tdKgdK = thr_dkv.partition_C(L.select_modes(gdK, [1, 0]))
+        tdVgdV = thr_dkv.partition_C(L.select_modes(gdV, [1, 0]))
+        kv_coords = thr_dkv.partition_C(cute.make_identity_tensor((self.hdim, self.tile_n)))
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            if n_block * self.tile_n + kv_coords[i][1] < seqlen_k:
+                tdKgdK[i] = (acc_dK[i] * softmax_scale).to(self.dtype)
+                tdVgdV[i] = acc_dV[i].to(self.dtype)
+
+    @cute.jit
+    def prob(self, s, key, lse, lo, hi, scale_log2):
+        """P from a (softcapped) score; 0 where the key (offset in the block) is outside [lo, hi).
+
+        A select, not a branch: a traced `if` would thread the accumulator through every test."""
+        p = cute.math.exp2(s * scale_log2 - lse, fastmath=True)
+        return Float32(0.0) if key >= hi or key < lo else p
+
+    @cute.jit
+    def add_dq(self, acc_dQ, dq_coords, mdQaccum, m_block, head, batch, seqlen_q, softmax_scale):
+        """fp32 atomics of this warpgroup's dQ columns into dQaccum; rows past seqlen_q dropped.
+
+        A thread holds two rows, each as pairs of adjacent columns: one bounds test and one
+        64-bit row address per row, then one 8-byte vector atomic per pair at a constant offset
+        (per-element 64-bit addresses were recomputed around every atomic)."""
+        base = mdQaccum[None, None, head, batch].iterator
+        row_stride = Int32(mdQaccum.layout.stride[0])
+        acc_rc = L.acc_rows_cols(acc_dQ)
+        crd_rc = L.acc_rows_cols(dq_coords)
+        pair = cute.make_rmem_tensor(2, Float32)
+        for r in cutlass.range_constexpr(cute.size(acc_rc, mode=[0])):
+            row = m_block * self.tile_m + crd_rc[r, 0][0]
+            if row < seqlen_q:
+                row_ptr = base + row * row_stride
+                for c in cutlass.range_constexpr(0, cute.size(acc_rc, mode=[1]), 2):
+                    pair[0] = acc_rc[r, c] * softmax_scale  # so the host only casts dQaccum
+                    pair[1] = acc_rc[r, c + 1] * softmax_scale
+                    cute.arch.atomic_add(row_ptr + crd_rc[r, c][1], pair.load())
