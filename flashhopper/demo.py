@@ -79,7 +79,7 @@ def _inspect_kernels() -> int:
         print(
             f"  {name}: {r['registers']} regs (setmaxnreg {s['USETMAXREG'] or '-'}), "
             f"spill {r['spill_bytes']} B, smem {r['smem_bytes'] / 1024:.1f} KiB, "
-            f"HGMMA {s['HGMMA']}, UTMALDG {s['UTMALDG']}, UTMASTG {s['UTMASTG']}, "
+            f"HGMMA {s['HGMMA']}, UTMALDG {s['UTMALDG']}, UTMASTG {s['UTMASTG']}, UTMAREDG {s['UTMAREDG']}, "
             f"MUFU.EX2 {s['MUFU.EX2']}, LDL/STL {s['LDL']}/{s['STL']} "
             f"({time.perf_counter() - start:.1f} s)"
             + (" [first version: not yet run on a GPU, not dispatched]" if name in NOT_YET_VALIDATED else ""),

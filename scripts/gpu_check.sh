@@ -28,11 +28,16 @@ echo "== Quick benchmark =="
 python3 -m flashhopper.cli bench --quick --json "$OUT_DIR/bench_quick.json" 2>&1 | tee "$OUT_DIR/bench_quick.log"
 bench_rc=${PIPESTATUS[0]}
 
+echo "== Quick backward benchmark =="
+python3 -m flashhopper.cli bench --bwd --quick --json "$OUT_DIR/bench_bwd_quick.json" 2>&1 | tee "$OUT_DIR/bench_bwd_quick.log"
+bwd_rc=${PIPESTATUS[0]}
+
 echo
 echo "== Summary =="
 printf '%-10s %s\n' "GPU" "$gpu" "cutlass" "$cutlass_version"
 printf '%-10s %s (exit %s)\n' "tests" "$(grep -E '(passed|failed|error|skipped|no tests ran)' "$OUT_DIR/pytest_gpu.log" | tail -n 1)" "$test_rc"
 printf '%-10s exit %s\n' "bench" "$bench_rc"
+printf '%-10s exit %s (backward table: %s)\n' "bench bwd" "$bwd_rc" "$OUT_DIR/bench_bwd_quick.log"
 python3 - "$OUT_DIR/bench_quick.json" <<'PY'
 import json
 import sys
