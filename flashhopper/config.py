@@ -221,6 +221,7 @@ class BwdConfig(_KernelConfig):
 _BWD_TILE_M: dict[int, int] = {}
 
 
+@functools.cache  # on every backward call; BwdConfig is frozen
 def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, deterministic: bool = False, **overrides) -> BwdConfig:
     wide = {}

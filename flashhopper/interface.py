@@ -11,6 +11,7 @@ from flashhopper.validation import (
     check_backend,
     check_flag,
     check_tensors,
+    layout_problem,
     normalize_scale,
     normalize_softcap,
     normalize_window,
@@ -109,8 +110,6 @@ class _HopperAttention(torch.autograd.Function):
 
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """The kernels read through TMA: unit stride in the head dim, 16-byte aligned base and strides.
-    Gradients handed to backward (expanded, sliced) need not be; copy those."""
-    elem = t.element_size()
-    aligned = t.data_ptr() % 16 == 0 and all(st * elem % 16 == 0 for st in t.stride()[:-1])
-    return t if t.stride(-1) == 1 and aligned else t.contiguous()
+    """The kernels read through TMA (the layout the inputs are validated for). Gradients handed to
+    backward (expanded, sliced) need not have it; copy those."""
+    return t if layout_problem("dout", t) is None else t.contiguous()

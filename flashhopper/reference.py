@@ -79,6 +79,22 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     return out, lse.to(torch.float32)
 
 
+
+def attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap):
+    """(dq, dk, dv) by PyTorch autograd in the input dtype (fp32 math, P rounded to the dtype
+    before P @ V): the yardstick for how much gradient error the dtype itself costs (GPU tests)."""
+    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    kk = ks.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    vv = vs.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", qs.float(), kk.float()) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), vv.float()).to(q.dtype)
+    o.backward(dout)
+    return qs.grad, ks.grad, vs.grad
+
 def attention_bwd_ref(q, k, v, dout, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
     """Exact (dq, dk, dv) in float64; dk/dv are summed over the query heads sharing a KV head."""
     with torch.enable_grad():

@@ -76,20 +76,25 @@ def _check_shapes(q, k, v) -> None:
         )
 
 
-def _check_layout(name: str, t: torch.Tensor) -> None:
+def layout_problem(name: str, t: torch.Tensor) -> str | None:
+    """Why TMA cannot read `t` as it is laid out (a message naming `name`), or None if it can."""
     if t.stride(-1) != 1:
-        raise ValueError(
-            f"{name} has stride {t.stride(-1)} in its last dimension; accepted: 1 (contiguous headdim)"
-        )
+        return f"{name} has stride {t.stride(-1)} in its last dimension; accepted: 1 (contiguous headdim)"
     step = ALIGN_BYTES // t.element_size()
-    bad = [s for s in t.stride()[:-1] if s % step]
-    if bad:
-        raise ValueError(
+    if any(s % step for s in t.stride()[:-1]):
+        return (
             f"{name} has strides {tuple(t.stride())}; accepted: every stride but the last a multiple of "
             f"{step} elements ({ALIGN_BYTES}-byte aligned rows)"
         )
     if t.data_ptr() % ALIGN_BYTES:
-        raise ValueError(f"{name}.data_ptr() is not {ALIGN_BYTES}-byte aligned; accepted: aligned storage")
+        return f"{name}.data_ptr() is not {ALIGN_BYTES}-byte aligned; accepted: aligned storage"
+    return None
+
+
+def _check_layout(name: str, t: torch.Tensor) -> None:
+    problem = layout_problem(name, t)
+    if problem:
+        raise ValueError(problem)
 
 
 def normalize_window(window_size) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, ".")
 from flashhopper.bench.grid import attention_flops, make_point  # noqa: E402
 from flashhopper.bench.runner import time_ms  # noqa: E402
-from flashhopper.reference import attention_bwd_ref, visible_mask  # noqa: E402
+from flashhopper.reference import attention_bwd_ref, attention_grads_in_dtype  # noqa: E402
 
 CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
     (2, 128, 128, 2, 2, 64, False, (-1, -1), 0.0),
@@ -57,19 +57,6 @@ CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
 ]
 
 
-def torch_grads(q, k, v, dout, scale, causal, window, softcap):
-    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    kk = ks.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    vv = vs.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", qs.float(), kk.float()) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
-    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-    o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), vv.float()).to(q.dtype)
-    o.backward(dout)
-    return qs.grad, ks.grad, vs.grad
-
 
 def check(case, dtype=torch.bfloat16, deterministic=False):
     from flashhopper.hopper import forward, runtime
@@ -88,7 +75,7 @@ def check(case, dtype=torch.bfloat16, deterministic=False):
                                   deterministic=deterministic)
     torch.cuda.synchronize()
     ref = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
-    yard = torch_grads(q, k, v, dout, scale, causal, window, softcap)
+    yard = attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap)
     ok, parts = True, []
     for name, mine, exact, pt in zip("qkv", (dq, dk, dv), ref, yard, strict=True):
         nan = mine.isnan().sum().item()

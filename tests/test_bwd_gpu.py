@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from flashhopper.reference import attention_bwd_ref, attention_ref, visible_mask
+from flashhopper.reference import attention_bwd_ref, attention_grads_in_dtype, attention_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -25,20 +25,6 @@ from flashhopper.hopper import runtime  # noqa: E402
 
 DEV = "cuda"
 
-
-def torch_grads(q, k, v, dout, scale, causal, window, softcap):
-    """PyTorch autograd in the input dtype (fp32 math): the yardstick for the dtype's own error."""
-    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-    kk = ks.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    vv = vs.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", qs.float(), kk.float()) * scale
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
-    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
-    o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), vv.float()).to(q.dtype)
-    o.backward(dout)
-    return qs.grad, ks.grad, vs.grad
 
 
 def make_inputs(b, sq, sk, hq, hk, d, dtype, layout, seed):
@@ -68,7 +54,7 @@ def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-
     dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
     torch.cuda.synchronize()
     ref = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
-    yard = torch_grads(q, k, v, dout, scale, causal, window, softcap)
+    yard = attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap)
     for name, mine, exact, pt in zip("qkv", (dq, dk, dv), ref, yard, strict=True):
         assert mine.shape == exact.shape and mine.dtype == dtype
         assert not mine.isnan().any(), f"d{name} has NaN"
@@ -159,7 +145,7 @@ def test_deterministic_is_bitwise_reproducible(d, causal, window):
         for a, b in zip(grads[0], other, strict=True):
             assert torch.equal(a, b)
     ref = attention_bwd_ref(q, k, v, dout, 1 / math.sqrt(d), causal, window)
-    yard = torch_grads(q, k, v, dout, 1 / math.sqrt(d), causal, window, 0.0)
+    yard = attention_grads_in_dtype(q, k, v, dout, 1 / math.sqrt(d), causal, window, 0.0)
     for mine, exact, pt in zip(grads[0], ref, yard, strict=True):
         assert (mine.double() - exact).abs().max() <= 2 * (pt.double() - exact).abs().max() + 1e-3
 

@@ -138,3 +138,17 @@ def test_backward_gradcheck_with_gqa(kwargs):
     dk_wide, dv_wide = torch.autograd.grad(out, (k_wide, v_wide), dout)
     torch.testing.assert_close(dk, dk_wide.view(1, 6, 2, 2, 8).sum(dim=3))
     torch.testing.assert_close(dv, dv_wide.view(1, 6, 2, 2, 8).sum(dim=3))
+
+
+def test_grads_in_dtype_yardstick_is_close_to_exact():
+    """The GPU tests' yardstick (PyTorch autograd in the input dtype) agrees with float64."""
+    from flashhopper.reference import attention_grads_in_dtype
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, dout = (torch.randn(1, 19, 4, 32, generator=gen).to(torch.bfloat16) for _ in range(4))
+    k, v = k[:, :, :2], v[:, :, :2]
+    exact = attention_bwd_ref(q, k, v, dout, 0.2, True, (-1, -1), 3.0)
+    yard = attention_grads_in_dtype(q, k, v, dout, 0.2, True, (-1, -1), 3.0)
+    for got, want in zip(yard, exact, strict=True):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, atol=5e-2, rtol=5e-2)

@@ -236,6 +236,11 @@ def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | No
     return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream, options=opts.strip())
 
 
+@functools.cache
+def _unused_int32(device) -> torch.Tensor:
+    return torch.zeros((1, 1, 1), dtype=torch.int32, device=device)
+
+
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
@@ -257,8 +262,10 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     d_rows = torch.empty((b, h, sq_pad), dtype=torch.float32, device=q.device)
     pre(out, dout, lse, lse_log2, d_rows)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    sem_shape = (b, h, sq_pad // cfg.tile_m) if deterministic else (1, 1, 1)
-    dq_sem = torch.zeros(sem_shape, dtype=torch.int32, device=q.device)
+    if deterministic:
+        dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
+    else:  # never read: a cached placeholder saves an allocation and a memset per call
+        dq_sem = _unused_int32(q.device)
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
