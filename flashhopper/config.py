@@ -169,6 +169,9 @@ class BwdConfig(_KernelConfig):
     # "keys": each consumer warpgroup owns 64 keys of dK and dV (hopper/bwd.py); "hdim": each owns
     # hdim / num_consumer_wg head-dim rows of dK^T and dV^T (hopper/bwd_wide.py)
     kv_split: str = "keys"
+    # dS^T smem buffers for kv_split "keys": with 2, step i writes buffer i % 2 and the consumer
+    # warpgroups sync once per step instead of twice
+    ds_stages: int = 1
 
     @property
     def ds_before_dv(self) -> bool:
@@ -181,7 +184,7 @@ class BwdConfig(_KernelConfig):
         "keys" also the LSE / D rows of each stage and the fp32 dQ tile."""
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
-        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1)
+        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else self.ds_stages)
         extra = 0
         if self.kv_split == "keys":
             extra = self.tile_m * self.hdim * 4 + 2 * self.num_stages * self.tile_m * 4
@@ -206,6 +209,8 @@ class BwdConfig(_KernelConfig):
             self._check_key_split()
 
     def _check_key_split(self) -> None:
+        if self.ds_stages not in (1, 2):
+            raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
         if self.tile_m % 64:
             raise ValueError(f"tile_m {self.tile_m} must be a multiple of 64 (WGMMA M of dQ)")
         # per thread: S^T + dP^T (64 keys x tile_m, twice) and dK + dV (64 keys x hdim, twice) are
@@ -239,9 +244,9 @@ class BwdConfig(_KernelConfig):
 
 
 # query rows per backward step (kv_split "keys"). 128 at hdim 64 as in FA3: S^T / dP^T GEMMs with
-# N = 128, half the steps per key block. It fits with the WGMMAs kept asynchronous (5 waits per
+# N = 128, half the steps per key block. It fits with the WGMMAs kept asynchronous (6 waits per
 # step, no spills, every dtype and mask) only in the ds_before_dv order of hopper/bwd.py (dS^T to
-# smem k-block by k-block, then dV); with the tile_m-64 order ptxas serialized all 40 WGMMAs
+# smem k-block by k-block, dV in two halves); with the tile_m-64 order ptxas serialized all 40 WGMMAs
 # (C7512). hdim 96 and 128 keep 64 (_BWD_KEYS_ACC_REGS).
 _BWD_TILE_M: dict[int, int] = {64: 128}
 

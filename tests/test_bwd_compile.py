@@ -20,7 +20,8 @@ def _keys_hgmma(cfg) -> int:
 def _check_keys_report(report, cfg, mask):
     sass = report["sass"]
     assert sass["HGMMA"] == _keys_hgmma(cfg)
-    assert sass["HGMMA_WAITS"] <= 6, "ptxas serialized the WGMMAs"  # one per commit group
+    # one wait per commit group: S^T, dP^T, dV (two halves with ds_before_dv), dQ, dK
+    assert sass["HGMMA_WAITS"] == (6 if cfg.ds_before_dv else 5), "ptxas serialized the WGMMAs"
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
     assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
@@ -49,6 +50,15 @@ def test_backward_hdim64_tile_m64_compiles(mask):
     cfg = bwd_config("bf16", 64, tile_m=64, **MASKS[mask])
     assert not cfg.ds_before_dv
     _check_keys_report(inspect_kernel("bwd", dtype="bf16", hdim=64, tile_m=64, **MASKS[mask]), cfg, mask)
+
+
+@pytest.mark.parametrize(("hdim", "tile_m", "mask"), [
+    (64, 128, "none"), (64, 128, "softcap"), (64, 64, "local"), (128, 64, "causal")])
+def test_backward_double_buffered_ds_compiles(hdim, tile_m, mask):
+    # ds_stages=2: one consumer barrier per step instead of two
+    cfg = bwd_config("bf16", hdim, tile_m=tile_m, ds_stages=2, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, tile_m=tile_m, ds_stages=2, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
 
 
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)

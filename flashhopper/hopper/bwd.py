@@ -49,6 +49,18 @@ _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 LOG2E = math.log2(math.e)
 
 
+@cute.jit
+def issue_k_blocks(tiled_mma, acc, tCrA, tCrB, k_begin: cutlass.Constexpr[int],
+                   k_end: cutlass.Constexpr[int]):
+    """Issue k-blocks [k_begin, k_end) of a GEMM accumulating into `acc` as one commit group."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, True)
+    for k in cutlass.range_constexpr(k_begin, k_end):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    warpgroup.commit_group()
+
+
 class FlashBwdSm90:
     def __init__(self, cfg: BwdConfig):
         cfg.check()
@@ -104,7 +116,9 @@ class FlashBwdSm90:
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sK_layout = k_smem_layout(self.dtype, self.tile_n, self.hdim, self.num_consumer_wg)
-        sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m)
+        # with 2 dS^T buffers, step i writes buffer i % 2 (see consume)
+        sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m,
+                                             self.cfg.ds_stages if self.cfg.ds_stages > 1 else None)
         # the warpgroups store dQ by head-dim halves: those must be whole swizzle atoms too
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_consumer_wg)
         # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
@@ -393,6 +407,12 @@ class FlashBwdSm90:
         diag = seqlen_k - seqlen_q
         for step in cutlass.range(num_steps, unroll=1):
             m_block = m_min + step % num_m
+            tdSsdS_i, tKrdS_i, tQrdS_i = tdSsdS, tKrdS, tQrdS
+            if cutlass.const_expr(self.cfg.ds_stages > 1):
+                ds_buf = step % self.cfg.ds_stages
+                tdSsdS_i = tdSsdS[None, None, None, ds_buf]
+                tKrdS_i = tKrdS[None, None, None, ds_buf]
+                tQrdS_i = tQrdS[None, None, None, ds_buf]
             pipe_q.consumer_wait(state)
             issue(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
             pipe_do.consumer_wait(state)
@@ -417,11 +437,12 @@ class FlashBwdSm90:
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.cfg.ds_before_dv):
                 # 128 queries: S^T and dP^T take 64 + 64 fp32 registers, too many to also hold
-                # the bf16 P^T and dS^T while the dV GEMM runs. So, in FA3's order, dS^T goes to
-                # smem first, one 16-query k-block at a time (dS^T, P^T and dS^T in bf16 from the
-                # fp32 values; each k-block's fp32 P^T and dS^T die at once), and dV is issued
-                # after. The previous step's GEMMs have finished reading sdS once everybody is here.
-                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+                # the bf16 P^T and dS^T while the whole dV GEMM runs. So, as in FA3, dS^T goes to
+                # smem first, one 16-query k-block at a time (dS^T, then that k-block of P^T and
+                # dS^T in bf16 from the fp32 values, so both die at once), and the dV GEMM
+                # follows in two halves: k-blocks 0-3 under the second half of the dS^T work.
+                self.ds_free_barrier()
+                tVrdO_i = tVrdO[None, None, None, state.index]
                 for k in cutlass.range_constexpr(num_chunks):
                     for c in cutlass.range_constexpr(k * chunk_cols, (k + 1) * chunk_cols):
                         d_row = sD[coord_rc[0, c][1], state.index]
@@ -430,9 +451,11 @@ class FlashBwdSm90:
                     tPrP[None, None, k].store(acc_S_as_a[None, None, k].load().to(self.dtype))
                     rdS_k = tdSrdS[(None, k), None, None]
                     rdS_k.store(tdSrdP[(None, k), None, None].load().to(self.dtype))
-                    cute.copy(dS_copy_atom, rdS_k, tdSsdS[(None, k), None, None])
+                    cute.copy(dS_copy_atom, rdS_k, tdSsdS_i[(None, k), None, None])
+                    if cutlass.const_expr(k == num_chunks // 2 - 1):
+                        issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, 0, num_chunks // 2)
                 cute.arch.fence_view_async_shared()
-                issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
+                issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
             else:
                 # dS^T = P^T (dP^T - D[query])
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
@@ -444,14 +467,13 @@ class FlashBwdSm90:
                 rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
-                # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys);
-                # the previous step's GEMMs have finished reading sdS once everybody is here
-                cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-                cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS)
+                # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys)
+                self.ds_free_barrier()
+                cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
                 cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
-            issue(tiled_mma_dk, acc_dK, tKrdS, tKrQ[None, None, None, state.index], zero_init=False)
+            issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
+            issue(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
             warpgroup.wait_group(1)  # dQ done; dK still running
             # hand dQ to the writer warp once it has finished reading the previous tile
             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
@@ -487,6 +509,16 @@ class FlashBwdSm90:
                 cute.copy(atom, tsX, tgX)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def ds_free_barrier(self):
+        """Wait until the dS^T buffer this step writes is no longer read. With one buffer: the
+        previous step's dQ / dK GEMMs of both warpgroups have finished once everybody is here. With
+        two, the buffer's last readers are two steps back: each warpgroup waited for its GEMMs
+        (wait_group 0) before arriving at the previous step's "written" barrier, which this
+        warpgroup has passed, so no barrier is needed."""
+        if cutlass.const_expr(self.cfg.ds_stages == 1):
+            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
 
     @staticmethod
     def check_chunks(rc_layout, a_layout, st_layout, num_chunks: int, chunk_cols: int):
