@@ -143,17 +143,19 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
 
 
 # Backward (first version): one CTA per 128-key block, two consumer warpgroups of 64 keys,
-# 64-query blocks; dK, dV, S^T, dP^T, dQ accumulators and P^T in registers, dS^T through smem.
-# hdim 64 compiles without spills; hdim 128 without spills under causal/local masks and with 24-32
-# bytes otherwise (a few loop-invariant smem addresses reloaded per query block).
+# 64-query blocks (128 at hdim 64: _BWD_TILE_M); dK, dV, S^T, dP^T, dQ accumulators and P^T in
+# registers, dS^T through smem. Every dtype and mask at hdim 64, 96, 128 compiles without spills.
 # hdim 96 keeps K in SW32 so dQ's 48 columns per warpgroup are whole swizzle atoms
-# (hopper/bwd_layout.py); spill-free except softcap (8 bytes).
+# (hopper/bwd_layout.py).
 BWD_HDIMS = (64, 96, 128, 192, 256)
 # hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
 # would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
 # each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):
 # 32 keys of S and dP per warpgroup.
 BWD_WIDE = {192: (96, 3), 256: (64, 2)}
+# kv_split "keys": most fp32 accumulator registers per consumer thread for S^T + dP^T + dK + dV
+# (tile_m + hdim), see BwdConfig._check_key_split
+_BWD_KEYS_ACC_REGS = 192
 
 
 @dataclass(frozen=True)
@@ -167,13 +169,22 @@ class BwdConfig(_KernelConfig):
     # "keys": each consumer warpgroup owns 64 keys of dK and dV (hopper/bwd.py); "hdim": each owns
     # hdim / num_consumer_wg head-dim rows of dK^T and dV^T (hopper/bwd_wide.py)
     kv_split: str = "keys"
+    # dS^T smem buffers for kv_split "keys": with 2, step i writes buffer i % 2 and the consumer
+    # warpgroups sync once per step instead of twice
+    ds_stages: int = 1
+
+    @property
+    def ds_before_dv(self) -> bool:
+        """hopper/bwd.py's per-step order at 128 queries: dS^T to smem (k-block by k-block from
+        the fp32 accumulator) before the dV GEMM is issued, instead of after."""
+        return self.kv_split == "keys" and self.tile_m > 64
 
     def smem_bytes(self) -> int:
         """K, V once; Q and dO rings; dS^T (and P for "hdim"); mbarriers; 1 KiB alignment; for
         "keys" also the LSE / D rows of each stage and the fp32 dQ tile."""
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
-        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1)
+        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else self.ds_stages)
         extra = 0
         if self.kv_split == "keys":
             extra = self.tile_m * self.hdim * 4 + 2 * self.num_stages * self.tile_m * 4
@@ -194,6 +205,22 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"hdim {self.hdim} must split into WGMMA N tiles across warpgroups for dQ")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+        if self.kv_split == "keys":
+            self._check_key_split()
+
+    def _check_key_split(self) -> None:
+        if self.ds_stages not in (1, 2):
+            raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
+        if self.tile_m % 64:
+            raise ValueError(f"tile_m {self.tile_m} must be a multiple of 64 (WGMMA M of dQ)")
+        # per thread: S^T + dP^T (64 keys x tile_m, twice) and dK + dV (64 keys x hdim, twice) are
+        # tile_m + hdim fp32 registers, all live while the S^T / dP^T GEMMs run. hdim 64 at
+        # tile_m 128 (192) is the most that ptxas fits in 240 with the WGMMAs kept asynchronous
+        # (hopper/bwd.py, ds_before_dv); beyond that it serializes them or spills.
+        if self.tile_m + self.hdim > _BWD_KEYS_ACC_REGS:
+            raise ValueError(f"accumulators need {self.tile_m + self.hdim} registers per thread "
+                             f"(S^T, dP^T, dK, dV), more than {_BWD_KEYS_ACC_REGS} of "
+                             f"{self.consumer_regs}")
 
     def _check_hdim_split(self) -> None:
         wg = self.num_consumer_wg
@@ -216,9 +243,12 @@ class BwdConfig(_KernelConfig):
                              f"for {self.consumer_regs} consumer registers")
 
 
-# query rows per backward step. 128 at hdim 64 (FA3's choice) compiles spill-free but ptxas then
-# serializes every WGMMA (each HGMMA waits on the previous one: gsb0 on all 40), so 64 everywhere.
-_BWD_TILE_M: dict[int, int] = {}
+# query rows per backward step (kv_split "keys"). 128 at hdim 64 as in FA3: S^T / dP^T GEMMs with
+# N = 128, half the steps per key block. It fits with the WGMMAs kept asynchronous (6 waits per
+# step, no spills, every dtype and mask) only in the ds_before_dv order of hopper/bwd.py (dS^T to
+# smem k-block by k-block, dV in two halves); with the tile_m-64 order ptxas serialized all 40 WGMMAs
+# (C7512). hdim 96 and 128 keep 64 (_BWD_KEYS_ACC_REGS).
+_BWD_TILE_M: dict[int, int] = {64: 128}
 
 
 @functools.cache  # on every backward call; BwdConfig is frozen

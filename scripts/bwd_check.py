@@ -1,7 +1,10 @@
 """Backward kernel on the GPU: errors against the float64 reference, then timings against peers.
 
     source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/bwd_check.py [--no-bench] [--hdims 64,128]
-        [--case-hdims 192,256] [--fp16]
+        [--case-hdims 192,256] [--fp16] [--bwd-config tile_m=64,ds_stages=2]
+
+--bwd-config replaces BwdConfig fields for every backward call (runtime.bwd_config_overrides), e.g.
+`--case-hdims 64 --hdims 64 --bwd-config tile_m=64` for the 64-row kernel at hdim 64.
 
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
@@ -152,7 +155,18 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--case-hdims", default="", help="correctness cases of these hdims only, e.g. 192,256")
+    ap.add_argument("--bwd-config", default="", help="BwdConfig overrides, e.g. tile_m=64,ds_stages=2")
     args = ap.parse_args()
+    from flashhopper.hopper import runtime
+
+    overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.bwd_config.split(",") if kv)}
+    with runtime.bwd_config_overrides(**overrides):
+        if overrides:
+            print("BwdConfig overrides:", overrides, flush=True)
+        return run(args)
+
+
+def run(args):
     failures = 0
     cases = [] if args.no_cases else CASES
     if args.case_hdims:

@@ -5,28 +5,60 @@ from __future__ import annotations
 import pytest
 
 from flashhopper.compile import inspect_kernel
-from flashhopper.config import BWD_HDIMS, BWD_WIDE, SMEM_CAPACITY
+from flashhopper.config import BWD_HDIMS, BWD_WIDE, SMEM_CAPACITY, bwd_config
 
 MASKS = {"none": {}, "causal": {"causal": True}, "local": {"local": True}, "softcap": {"softcap": True}}
 KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (64 keys per warpgroup)
+
+
+def _keys_hgmma(cfg) -> int:
+    """WGMMAs per query block: S^T and dP^T (hdim / 16 k-blocks each), dV and dK (tile_m / 16
+    each), dQ (tile_m / 64 M tiles x tile_n / 16 k-blocks)."""
+    return 2 * cfg.hdim // 16 + 2 * cfg.tile_m // 16 + (cfg.tile_m // 64) * (cfg.tile_n // 16)
+
+
+def _check_keys_report(report, cfg, mask):
+    sass = report["sass"]
+    assert sass["HGMMA"] == _keys_hgmma(cfg)
+    # one wait per commit group: S^T, dP^T, dV (two halves with ds_before_dv), dQ, dK
+    assert sass["HGMMA_WAITS"] == (6 if cfg.ds_before_dv else 5), "ptxas serialized the WGMMAs"
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
+    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_compiles_without_spills(dtype, hdim, mask):
+    cfg = bwd_config(dtype, hdim, **MASKS[mask])
+    # hdim 64 runs 128 query rows per step (dS^T to smem before the dV GEMM), the others 64
+    assert (cfg.tile_m, cfg.ds_before_dv) == ((128, True) if hdim == 64 else (64, False))
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
     sass = report["sass"]
-    assert sass["HGMMA"] >= 24  # per query block: S^T, dP^T, dV, dK and dQ WGMMAs
-    assert sass["HGMMA_WAITS"] <= 6, "ptxas serialized the WGMMAs"  # one per commit group
     assert sass["UTMALDG"] >= 6  # K, V, Q, dO, LSE, D
     assert sass["UTMAREDG"] >= 1  # dQ tiles added into the fp32 accumulator by TMA
     assert sass["UTMASTG"] >= 2  # dK, dV
     assert sass["SYNCS"] > 0
     assert min(sass["USETMAXREG"]) <= 56 and max(sass["USETMAXREG"]) >= 160
-    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
-    assert report["smem_bytes"] <= SMEM_CAPACITY
-    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_backward_hdim64_tile_m64_compiles(mask):
+    # the 64-row order (dV issued before dS^T is stored), still reachable with tile_m=64
+    cfg = bwd_config("bf16", 64, tile_m=64, **MASKS[mask])
+    assert not cfg.ds_before_dv
+    _check_keys_report(inspect_kernel("bwd", dtype="bf16", hdim=64, tile_m=64, **MASKS[mask]), cfg, mask)
+
+
+@pytest.mark.parametrize(("hdim", "tile_m", "mask"), [
+    (64, 128, "none"), (64, 128, "softcap"), (64, 64, "local"), (128, 64, "causal")])
+def test_backward_double_buffered_ds_compiles(hdim, tile_m, mask):
+    # ds_stages=2: one consumer barrier per step instead of two
+    cfg = bwd_config("bf16", hdim, tile_m=tile_m, ds_stages=2, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, tile_m=tile_m, ds_stages=2, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
 
 
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)

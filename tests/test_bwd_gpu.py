@@ -101,6 +101,20 @@ def test_backward(b, sq, sk, hq, hk, d, causal, window, softcap):
     run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.parametrize("fields", [{"tile_m": 64}, {"ds_stages": 2}, {"tile_m": 64, "ds_stages": 2}])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,d,causal,window,softcap", [
+    (2, 300, 517, 4, 2, 64, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, 64, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, 64, False, (100, 20), 10.0),
+    (2, 17, 17, 4, 2, 64, True, (-1, -1), 0.0),
+])
+def test_backward_hdim64_variants(fields, b, sq, sk, hq, hk, d, causal, window, softcap):
+    """hdim 64 runs 128 query rows per step (one dS^T buffer) by default; the 64-row kernel and
+    the double-buffered dS^T stay selectable (runtime.bwd_config_overrides) and must agree too."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 def test_backward_fp16(d):
     run_case(2, 333, 333, 2, 1, d, dtype=torch.float16, causal=True)

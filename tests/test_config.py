@@ -115,6 +115,9 @@ def test_backward_configs_fit(hdim, mask):
         assert cfg.smem_bytes() >= kv + q_do + p_ds
     else:
         assert cfg.kv_split == "keys"
+        # 128 query rows per step at hdim 64 (FA3's tile), 64 at 96 and 128
+        assert cfg.tile_m == (128 if hdim == 64 else 64)
+        assert cfg.ds_before_dv == (cfg.tile_m == 128)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +131,11 @@ def test_backward_configs_fit(hdim, mask):
         ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 64, "kv_split": "rows"}, "kv_split"),
         # the key-split kernel's tiles at hdim 256 (K, V of 128 keys, 2-stage Q and dO) overflow smem
         ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 128, "kv_split": "keys"}, "shared memory"),
+        # key split: 128 query rows only at hdim 64 (S^T + dP^T + dK + dV = tile_m + hdim fp32;
+        # one stage so that the smem check passes first)
+        ({"hdim": 96, "tile_n": 128, "tile_m": 128, "num_stages": 1, "kv_split": "keys"},
+         "accumulators need 224"),
+        ({"hdim": 64, "tile_n": 128, "tile_m": 96, "kv_split": "keys"}, "multiple of 64"),
     ],
 )
 def test_invalid_backward_configs_name_the_budget(fields, budget):

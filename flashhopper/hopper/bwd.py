@@ -9,13 +9,15 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
 
   warpgroup 0 (producer, setmaxnreg.dec): one warp loads K and V once, then Q and dO of each
       query block into a 2-stage ring (TMA, full/empty mbarriers).
-  warpgroups 1..2 (consumers, setmaxnreg.inc): 64 keys each. Per query block, with the
-      transposed products so that the key dimension is the WGMMA M:
+  warpgroups 1..2 (consumers, setmaxnreg.inc): 64 keys each. Per query block (tile_m rows: 128
+      at hdim 64, 64 otherwise), with the transposed products so that the key dimension is the
+      WGMMA M:
         S^T  = K Q^T        (SS)     P^T = exp2(S^T * scale_log2 - LSE_log2[q])
         dP^T = V dO^T       (SS)     dS^T = P^T * (dP^T - D[q])
         dV  += P^T dO       (RS: P^T stays in registers as the A operand)
         dK  += dS^T Q       (RS)
         dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
+      (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv)
   warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
       only pay a shared-memory store; with `deterministic` it adds the tiles of one query
       block in key-block order (a per-query-block semaphore), so dQ is bitwise reproducible.
@@ -45,6 +47,18 @@ _BAR_DQ_EMPTY = 2  # dQ writer -> consumers: the smem dQ tile may be overwritten
 _BAR_DQ_FULL = 3  # consumers -> dQ writer: the smem dQ tile holds this step's dQ
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 LOG2E = math.log2(math.e)
+
+
+@cute.jit
+def issue_k_blocks(tiled_mma, acc, tCrA, tCrB, k_begin: cutlass.Constexpr[int],
+                   k_end: cutlass.Constexpr[int]):
+    """Issue k-blocks [k_begin, k_end) of a GEMM accumulating into `acc` as one commit group."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, True)
+    for k in cutlass.range_constexpr(k_begin, k_end):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    warpgroup.commit_group()
 
 
 class FlashBwdSm90:
@@ -102,7 +116,9 @@ class FlashBwdSm90:
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sK_layout = k_smem_layout(self.dtype, self.tile_n, self.hdim, self.num_consumer_wg)
-        sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m)
+        # with 2 dS^T buffers, step i writes buffer i % 2 (see consume)
+        sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m,
+                                             self.cfg.ds_stages if self.cfg.ds_stages > 1 else None)
         # the warpgroups store dQ by head-dim halves: those must be whole swizzle atoms too
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_consumer_wg)
         # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
@@ -391,6 +407,15 @@ class FlashBwdSm90:
             tiled_mma_dq).get_slice(tidx)
         tdQsdQ = dQ_copy.partition_D(sdQ)
         dq_threads = self.num_consumer_threads + 32
+        if cutlass.const_expr(self.cfg.ds_before_dv):
+            # k-block k of P^T (the dV GEMM's A operand) and stmatrix k of dS^T cover the same
+            # accumulator registers: columns (queries) [k * chunk_cols, (k + 1) * chunk_cols)
+            acc_S_as_a = cute.make_tensor(acc_S.iterator, tPrP.layout)
+            tdSrdP = dS_copy.retile(acc_dP)
+            tdSrdS = dS_copy.retile(cute.make_rmem_tensor_like(acc_dP, self.dtype))
+            num_chunks = cute.size(tPrP, mode=[2])
+            chunk_cols = cute.size(acc_S_rc, mode=[1]) // num_chunks
+            self.check_chunks(acc_S_rc.layout, tPrP.layout, tdSrdP.layout, num_chunks, chunk_cols)
 
         issue = issue_gemm
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -399,6 +424,12 @@ class FlashBwdSm90:
         diag = seqlen_k - seqlen_q
         for step in cutlass.range(num_steps, unroll=1):
             m_block = m_min + step % num_m
+            tdSsdS_i, tKrdS_i, tQrdS_i = tdSsdS, tKrdS, tQrdS
+            if cutlass.const_expr(self.cfg.ds_stages > 1):
+                ds_buf = step % self.cfg.ds_stages
+                tdSsdS_i = tdSsdS[None, None, None, ds_buf]
+                tKrdS_i = tKrdS[None, None, None, ds_buf]
+                tQrdS_i = tQrdS[None, None, None, ds_buf]
             pipe_q.consumer_wait(state)
             issue(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
             pipe_do.consumer_wait(state)
@@ -409,43 +440,57 @@ class FlashBwdSm90:
                                sLSE=sLSE[None, state.index], m_block=m_block, n_block=n_block, diag=diag,
                                seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
                                scale_log2=scale_log2)
+            p_ds = partial(self.p_ds_element, acc_S_rc=acc_S_rc, acc_dP_rc=acc_dP_rc, to_probs=to_probs)
             if cutlass.const_expr(self.has_softcap):
                 # only tanh here, under the dP GEMM: keeping (1 - tanh^2) in registers until
                 # dS would spill, so P and dS are both formed after the wait from tanh
                 for j in cutlass.range(cute.size(acc_S), unroll_full=True):
                     acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
-                warpgroup.wait_group(0)
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    d_row = sD[coord_rc[0, c][1], state.index]
-                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                        t = acc_S_rc[r, c]
-                        p = to_probs(r=r, c=c, s=t)
-                        acc_S_rc[r, c] = p
-                        acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row) * (Float32(1.0) - t * t)
             else:
                 # P^T = exp2(S^T * scale_log2 - LSE_log2[query]) under the dP GEMM
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
                         acc_S_rc[r, c] = to_probs(r=r, c=c, s=acc_S_rc[r, c])
-                warpgroup.wait_group(0)
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(self.cfg.ds_before_dv):
+                # 128 queries: S^T and dP^T take 64 + 64 fp32 registers, too many to also hold
+                # the bf16 P^T and dS^T while the whole dV GEMM runs. So, as in FA3, dS^T goes to
+                # smem first, one 16-query k-block at a time (dS^T, then that k-block of P^T and
+                # dS^T in bf16 from the fp32 values, so both die at once), and the dV GEMM
+                # follows in two halves: k-blocks 0-3 under the second half of the dS^T work.
+                self.ds_free_barrier()
+                tVrdO_i = tVrdO[None, None, None, state.index]
+                for k in cutlass.range_constexpr(num_chunks):
+                    for c in cutlass.range_constexpr(k * chunk_cols, (k + 1) * chunk_cols):
+                        d_row = sD[coord_rc[0, c][1], state.index]
+                        for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                            p_ds(r=r, c=c, d_row=d_row)
+                    tPrP[None, None, k].store(acc_S_as_a[None, None, k].load().to(self.dtype))
+                    rdS_k = tdSrdS[(None, k), None, None]
+                    rdS_k.store(tdSrdP[(None, k), None, None].load().to(self.dtype))
+                    cute.copy(dS_copy_atom, rdS_k, tdSsdS_i[(None, k), None, None])
+                    if cutlass.const_expr(k == num_chunks // 2 - 1):
+                        issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, 0, num_chunks // 2)
+                cute.arch.fence_view_async_shared()
+                issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
+            else:
                 # dS^T = P^T (dP^T - D[query])
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                     d_row = sD[coord_rc[0, c][1], state.index]
                     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                        acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
-            tPrP_as_acc.store(acc_S.load().to(self.dtype))
-            issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
-            rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-            rdS.store(acc_dP.load().to(self.dtype))
+                        p_ds(r=r, c=c, d_row=d_row)
+                tPrP_as_acc.store(acc_S.load().to(self.dtype))
+                issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
+                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
 
-            # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys);
-            # the previous step's GEMMs have finished reading sdS once everybody is here
+                # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys)
+                self.ds_free_barrier()
+                cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
+                cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-            cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
-            issue(tiled_mma_dk, acc_dK, tKrdS, tKrQ[None, None, None, state.index], zero_init=False)
+            issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
+            issue(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
             warpgroup.wait_group(1)  # dQ done; dK still running
             # hand dQ to the writer warp once it has finished reading the previous tile
             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
@@ -481,6 +526,43 @@ class FlashBwdSm90:
                 cute.copy(atom, tsX, tgX)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def ds_free_barrier(self):
+        """Wait until the dS^T buffer this step writes is no longer read. With one buffer: the
+        previous step's dQ / dK GEMMs of both warpgroups have finished once everybody is here. With
+        two, the buffer's last readers are two steps back: each warpgroup waited for its GEMMs
+        (wait_group 0) before arriving at the previous step's "written" barrier, which this
+        warpgroup has passed, so no barrier is needed."""
+        if cutlass.const_expr(self.cfg.ds_stages == 1):
+            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+
+    @staticmethod
+    def check_chunks(rc_layout, a_layout, st_layout, num_chunks: int, chunk_cols: int):
+        """Trace-time check that k-block k of the A operand, stmatrix k and accumulator columns
+        [k * chunk_cols, (k + 1) * chunk_cols) name the same registers."""
+        rows = cute.size(rc_layout, mode=[0])
+        for k in range(num_chunks):
+            cols = range(k * chunk_cols, (k + 1) * chunk_cols)
+            from_cols = {rc_layout((r, c)) for r in range(rows) for c in cols}
+            from_a = {a_layout((v, 0, k)) for v in range(cute.size(a_layout, mode=[0]))}
+            from_st = {st_layout(((v, k), 0, 0)) for v in range(cute.size(st_layout, mode=[0, 0]))}
+            if not from_cols == from_a == from_st:
+                raise ValueError(f"k-block {k}: columns {sorted(from_cols)}, A {sorted(from_a)}, "
+                                 f"stmatrix {sorted(from_st)}")
+
+    @cute.jit
+    def p_ds_element(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], d_row, acc_S_rc, acc_dP_rc,
+                     to_probs):
+        """dS^T[r, c] = P^T (dP^T - D[query]) in place of dP^T; with softcap P^T is formed here
+        from tanh (in place of it) and dS^T takes the tanh derivative."""
+        if cutlass.const_expr(self.has_softcap):
+            t = acc_S_rc[r, c]
+            p = to_probs(r=r, c=c, s=t)
+            acc_S_rc[r, c] = p
+            acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row) * (Float32(1.0) - t * t)
+        else:
+            acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
 
     @cute.jit
     def scores_to_probs(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], s, acc_S_rc, coord_rc,
