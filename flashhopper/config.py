@@ -180,15 +180,15 @@ class BwdConfig(_KernelConfig):
         return self.kv_split == "keys" and self.tile_m > 64
 
     def smem_bytes(self) -> int:
-        """K, V once; Q and dO rings; dS^T (and P for "hdim"); mbarriers; 1 KiB alignment; for
-        "keys" also the LSE / D rows of each stage and the fp32 dQ tile."""
+        """K, V once (their buffers also stage dK, dV for the TMA stores); Q and dO rings with the
+        LSE / D rows of each stage; dS^T (and P for "hdim"); mbarriers; 1 KiB alignment; for "keys"
+        also the fp32 dQ tile."""
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
+        rows = 2 * self.num_stages * self.tile_m * 4
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else self.ds_stages)
-        extra = 0
-        if self.kv_split == "keys":
-            extra = self.tile_m * self.hdim * 4 + 2 * self.num_stages * self.tile_m * 4
-        return 1024 + kv + q_do + ds + extra + 8 * (2 + 4 * self.num_stages)
+        dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" else 0
+        return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 4 * self.num_stages)
 
     def check(self) -> None:
         if self.dtype not in DTYPES:

@@ -89,7 +89,11 @@ def test_backward_wide_hdim_compiles_without_spills(hdim, dtype, mask):
     # x 4 k-blocks each), dQ (tile_n/16 k-blocks)
     m_tiles = hdim // cfg.num_consumer_wg // 64
     assert sass["HGMMA"] == 2 * (hdim // 16) + 2 * 4 * m_tiles + cfg.tile_n // 16
-    assert sass["UTMALDG"] >= 4  # K, V, Q, dO
+    # five commit groups per query block (S, dP, dQ, dV^T, dK^T): more waits = serialized WGMMAs
+    assert sass["HGMMA_WAITS"] <= 5, "ptxas serialized the WGMMAs"
+    boxes = hdim // 64  # 128-byte swizzle: one TMA box per 64 head-dim columns
+    assert sass["UTMALDG"] >= 4 * boxes + 2  # K, V, Q, dO, and the LSE and D rows
+    assert sass["UTMASTG"] >= 2 * boxes  # dK, dV from K's and V's smem buffers
     assert sass["SYNCS"] > 0
     assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0

@@ -1,6 +1,7 @@
 """FlashAttention backward for Hopper (sm_90a), head dims 192 and 256: dK/dV split by head dim.
 
-Compile-checked (tests/test_bwd_compile.py); not yet run on a GPU.
+Checked on the H200 with per-element LSE/D loads and dK/dV stores; the TMA row loads and the
+smem + TMA dK/dV epilogue that replaced them are compile-checked only (tests/test_bwd_compile.py).
 
 Why not hopper/bwd.py: there each consumer warpgroup owns 64 keys and keeps 64 x hdim fp32 of
 both dK and dV in registers, hdim registers per thread, which at hdim 192/256 leaves nothing of
@@ -18,14 +19,15 @@ One CTA owns `tile_n` keys of one (batch, KV head) and walks every query block o
 head sharing that KV head (GQA needs no dK/dV reduction):
 
   warpgroup 0 (producer, setmaxnreg.dec): one warp loads K and V once, then Q and dO of each
-      query block into a 2-stage ring (TMA, full/empty mbarriers).
+      query block into a 2-stage ring (TMA, full/empty mbarriers), each with its LSE / D row.
   warpgroups 1..W (consumers, setmaxnreg.inc). Warpgroup w, per query block of 64 queries:
       S  = Q K_w^T, dP = dO V_w^T      (SS; M = queries, N = its tile_n / W keys, K = hdim)
       P  = exp2(S * scale_log2 - LSE_log2[q]) (masked), dS = P (dP - D[q])     (registers)
       P, dS -> smem (bf16); all consumers sync: every warpgroup reads all keys' P and dS
       dQ[:, cols_w] = dS K[:, cols_w]  (SS; N = its hdim / W columns) -> fp32 atomics to dQaccum
       dV^T[rows_w] += dO^T[rows_w] P,  dK^T[rows_w] += Q^T[rows_w] dS   (SS, under the atomics)
-  end: dK * softmax_scale and dV written to gmem. dQ is added with the scale; the caller casts.
+  end: dK^T * softmax_scale and dV^T stored transposed (stmatrix.trans) into K's and V's smem
+      buffers, then two TMA stores. dQ is added with the scale; the caller casts.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from flashhopper.hopper.mma import issue_gemm
 # Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
 _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
 _BAR_PDS_FULL = 3  # this query block's P and dS are in smem
+_BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any more / tile written
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
@@ -107,6 +110,8 @@ class FlashBwdWideSm90:
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
         sP_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n)
+        # per-query LSE and D of each Q / dO stage, loaded on the same barriers as Q and dO
+        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
 
         @cute.struct
         class SharedStorage:
@@ -119,6 +124,8 @@ class FlashBwdWideSm90:
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.select(sQ_layout, mode=[0, 1])
@@ -126,30 +133,40 @@ class FlashBwdWideSm90:
         tma_atom_dO, tma_dO = cpasync.make_tiled_tma_atom(load_op, mdO, one_stage, (self.tile_m, self.hdim))
         tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(load_op, mK, sK_layout, (self.tile_n, self.hdim))
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(load_op, mV, sK_layout, (self.tile_n, self.hdim))
+        row_tile = cute.make_layout(self.tile_m)
+        tma_atom_LSE, tma_LSE = cpasync.make_tiled_tma_atom(load_op, mLSE, row_tile, (self.tile_m,))
+        tma_atom_D, tma_D = cpasync.make_tiled_tma_atom(load_op, mD, row_tile, (self.tile_m,))
+        # dK / dV leave through K's and V's smem buffers (same (keys, hdim) tile as the loads)
+        store_op = cpasync.CopyBulkTensorTileS2GOp()
+        tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(store_op, mdK, sK_layout, (self.tile_n, self.hdim))
+        tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(store_op, mdV, sK_layout, (self.tile_n, self.hdim))
 
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, mLSE, mD, mdQaccum, mdK, mdV,
-            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, mdQaccum, tma_dK, tma_dV,
+            tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
+            tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
-            sQ_layout, sK_layout, sP_layout, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            sQ_layout, sK_layout, sP_layout, sRow_layout, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
             SharedStorage,
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV,
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
-               tma_atom_dO: cute.CopyAtom, scale_log2: Float32, softcap_pre: Float32,
-               softmax_scale: Float32, window_left: Int32, window_right: Int32,
+               tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_D: cute.CopyAtom,
+               tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom, scale_log2: Float32,
+               softcap_pre: Float32, softmax_scale: Float32, window_left: Int32, window_right: Int32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sP_layout: cute.ComposedLayout, tiled_mma_sdp: cute.TiledMma,
+               sP_layout: cute.ComposedLayout, sRow_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
-            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO):
+            for atom in (tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
+                         tma_atom_dK, tma_atom_dV):
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
@@ -158,12 +175,15 @@ class FlashBwdWideSm90:
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sdS = storage.sdS.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+        sLSE = storage.sLSE.get_tensor(sRow_layout)
+        sD = storage.sD.get_tensor(sRow_layout)
 
         # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per consumer warp.
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
         kv_bytes = cute.size_in_bytes(self.dtype, sK_layout)
-        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1]))
+        # each Q (dO) stage also carries the block's LSE (D) row
+        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
         pipe_kv = pipeline.PipelineTmaAsync.create(
             num_stages=1, producer_group=producer, consumer_group=consumers, tx_count=2 * kv_bytes,
             barrier_storage=storage.mbar_KV.data_ptr(), defer_sync=True)
@@ -188,15 +208,15 @@ class FlashBwdWideSm90:
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                self.produce(mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
-                             tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio,
-                             m_min, num_m, num_steps)
+                self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
+                             tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
+                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
-            self.consume(mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sP, sdS, tiled_mma_sdp,
-                         tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx - 128, n_block,
-                         head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k,
-                         scale_log2, softcap_pre, softmax_scale, window_left, window_right)
+            self.consume(sLSE, sD, mdQaccum, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
+                         sdS, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
+                         tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
+                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
@@ -217,9 +237,9 @@ class FlashBwdWideSm90:
         return m_min, m_max
 
     @cute.jit
-    def produce(self, mQ, mK, mV, mdO, sQ, sK, sV, sdO, tma_atom_Q, tma_atom_K, tma_atom_V,
-                tma_atom_dO, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m,
-                num_steps):
+    def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
+                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
+                head_kv, batch, ratio, m_min, num_m, num_steps):
         one = cute.make_layout(1)
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
@@ -242,26 +262,36 @@ class FlashBwdWideSm90:
                                                cute.group_modes(gQ, 0, 2))
             tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
                                                    cute.group_modes(gdO, 0, 2))
+            # the host pads the rows to whole query blocks, so the row tile never runs past them
+            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
+                                               cute.group_modes(gD, 0, 1))
             pipe_q.producer_acquire(state)
             cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
             pipe_do.producer_acquire(state)
             cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
                       tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            cute.copy(tma_atom_D, tDgD, tDsD[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
             state.advance()
 
     @cute.jit
-    def consume(self, mLSE, mD, mdQaccum, mdK, mdV, sQ, sK, sV, sdO, sP, sdS, tiled_mma_sdp,
-                tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block, head_kv, batch,
-                ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2, softcap_pre,
-                softmax_scale, window_left, window_right):
+    def consume(self, sLSE, sD, mdQaccum, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP, sdS,
+                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block,
+                head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
+                softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         # smem descriptors depend only on the warpgroup; register partitions on the thread
         wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
         wg_dq = tiled_mma_dq.get_slice(wg * 128)
         thr_sdp = tiled_mma_sdp.get_slice(tidx)
-        thr_dkv = tiled_mma_dkv.get_slice(tidx)
         thr_dq = tiled_mma_dq.get_slice(tidx)
 
         # S = Q K^T, dP = dO V^T: A = Q / dO (stage), B = this warpgroup's rows of K / V
@@ -313,17 +343,18 @@ class FlashBwdWideSm90:
             pipe_do.consumer_wait(state)
             issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, state.index], tPrV, zero_init=True)
 
-            # A thread's S registers cover two query rows: their LSE and D are loaded once, and
+            # A thread's S registers cover two query rows: their LSE and D are read once, and
             # visibility is a key range [lo, hi) per row (offsets from this key block's start).
-            # The host pads LSE/D to whole query blocks (+inf / 0), so rows need no bounds test.
+            # The rows arrived with Q / dO; padded rows hold +inf / 0, so no bounds test.
             lse = cute.make_rmem_tensor(num_rows, Float32)
             d_row = cute.make_rmem_tensor(num_rows, Float32)
             lo = cute.make_rmem_tensor(num_rows, Int32)
             hi = cute.make_rmem_tensor(num_rows, Int32)
             for r in cutlass.range_constexpr(num_rows):
-                q = m_block * self.tile_m + coord_rc[r, 0][0]
-                lse[r] = mLSE[q, head, batch]
-                d_row[r] = mD[q, head, batch]
+                q_in_block = coord_rc[r, 0][0]
+                q = m_block * self.tile_m + q_in_block
+                lse[r] = sLSE[q_in_block, state.index]
+                d_row[r] = sD[q_in_block, state.index]
                 hi[r] = seqlen_k - n_block * self.tile_n
                 lo[r] = Int32(0)
                 if cutlass.const_expr(self.has_right):
@@ -379,17 +410,35 @@ class FlashBwdWideSm90:
             pipe_do.consumer_release(state)
             state.advance()
 
-        # dK^T, dV^T (dK carries the softmax scale: dS is the gradient of the scaled scores).
-        # (hdim, keys) views of this key block's gmem rows.
-        gdK = cute.local_tile(mdK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        gdV = cute.local_tile(mdV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        tdKgdK = thr_dkv.partition_C(L.select_modes(gdK, [1, 0]))
-        tdVgdV = thr_dkv.partition_C(L.select_modes(gdV, [1, 0]))
-        kv_coords = thr_dkv.partition_C(cute.make_identity_tensor((self.hdim, self.tile_n)))
-        for i in cutlass.range_constexpr(cute.size(acc_dK)):
-            if n_block * self.tile_n + kv_coords[i][1] < seqlen_k:
-                tdKgdK[i] = (acc_dK[i] * softmax_scale).to(self.dtype)
-                tdVgdV[i] = acc_dV[i].to(self.dtype)
+        # dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows
+        # past seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores.
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdV.store(acc_dV.load().to(self.dtype))
+        # Every warpgroup's S / dP read all head-dim columns of its keys' K / V rows, and its dQ
+        # all keys of its K columns: each has waited for its own GEMMs, this waits for the others'.
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        # The fragments are (hdim, keys), the buffers (keys, hdim) with hdim contiguous: the
+        # transposing stmatrix writes each 8 x 8 block into the (hdim, keys) view of the buffer.
+        st_t_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(tidx)
+        cute.copy(st_t_atom, st_t_copy.retile(rdK), st_t_copy.partition_D(L.transpose_view(sK)))
+        cute.copy(st_t_atom, st_t_copy.retile(rdV), st_t_copy.partition_D(L.transpose_view(sV)))
+        # generic-proxy smem writes, read next by the TMA unit (async proxy)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        # a whole warp: the TMA copy elects its issuing lane itself
+        if tidx < 32:
+            for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
+                gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+                tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                                 cute.group_modes(gX, 0, 2))
+                cute.copy(atom, tsX, tgX)
+            cute.arch.cp_async_bulk_commit_group()
+            # the CTA's smem must outlive the store's reads of it
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def prob(self, s, key, lse, lo, hi, scale_log2):
