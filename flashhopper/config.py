@@ -61,6 +61,9 @@ class FwdConfig(_KernelConfig):
     pingpong: bool = True
     # one CTA per SM looping over tiles (otherwise one CTA per tile)
     persistent: bool = False
+    # with `persistent`: CTAs claim their next tile from a global counter (atomicAdd) instead of
+    # striding by the grid size, so the longest-first order holds across the whole grid
+    dynamic_sched: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -80,7 +83,8 @@ class FwdConfig(_KernelConfig):
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
         o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
         barriers = 8 * (2 + 4 * self.num_stages)
-        return 1024 + q + k + v + o + barriers  # + up to 1 KiB lost to the 1 KiB alignment
+        scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
+        return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
     @property
     def o_buffer(self) -> bool:

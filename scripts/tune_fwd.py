@@ -49,12 +49,13 @@ VARIANTS = [
     (128, True, 8192, {"pingpong": False, "intra_wg_overlap": False}),
 ]
 
-# persistent scheduling on and off at the points where launch and prologue costs weigh most
+# one CTA per tile vs persistent (static stride) vs persistent with the dynamic (atomic) scheduler,
+# at the points where launch and prologue costs weigh most
 PERSISTENT = [
     (hdim, causal, seqlen, over)
     for hdim, causal, seqlen in [(128, False, 8192), (128, True, 8192), (128, True, 1024), (128, False, 512),
                                  (64, False, 1024), (64, True, 512), (256, True, 2048), (256, False, 512)]
-    for over in ({}, {"persistent": True})
+    for over in ({}, {"persistent": True}, {"persistent": True, "dynamic_sched": True})
 ]
 
 if __name__ == "__main__":

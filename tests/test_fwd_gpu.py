@@ -149,3 +149,18 @@ def test_persistent(d, causal, window, softcap, monkeypatch):
         run_case(1, 17, 4097, 4, 4, d, causal=causal, window=window, softcap=softcap)
         monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
         run_case(2, 700, 333, 4, 1, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d,causal,window,softcap", [(128, False, (-1, -1), 0.0), (128, True, (-1, -1), 0.0),
+                                                     (64, True, (-1, -1), 0.0), (256, True, (-1, -1), 0.0),
+                                                     (96, False, (100, 20), 0.0)])
+def test_persistent_dynamic_scheduler(d, causal, window, softcap, monkeypatch):
+    """Tiles claimed from a global counter: every tile exactly once, in any interleaving."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(persistent=True, dynamic_sched=True):
+        run_case(3, 1111, 1500, 8, 2, d, causal=causal, window=window, softcap=softcap)
+        run_case(1, 17, 4097, 4, 4, d, causal=causal, window=window, softcap=softcap)
+        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # a few CTAs claim many tiles each
+        run_case(2, 700, 333, 4, 1, d, causal=causal, window=window, softcap=softcap)
+        run_case(1, 1, 1, 1, 1, d, causal=causal, window=window, softcap=softcap)

@@ -34,6 +34,7 @@ from flashhopper.hopper import softmax as S
 # Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
 _BAR_EPILOGUE = 1
 _BAR_PINGPONG = 2
+_SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
@@ -63,6 +64,7 @@ class FlashFwdSm90:
         mV: cute.Tensor,  # (b, sk, hk, dv)
         mO: cute.Tensor,  # (b, sq, h, dv)
         mLSE: cute.Tensor,  # (b, h, sq) fp32
+        mTileCounter: cute.Tensor,  # (1,) int32, zero on entry (dynamic_sched only)
         scale_log2: Float32,  # softmax scale * log2(e), or softcap * log2(e) with softcap
         softcap_pre: Float32,  # softmax scale / softcap (unused without softcap)
         window_left: Int32,
@@ -95,6 +97,9 @@ class FlashFwdSm90:
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            # dynamic scheduler: the producer hands each claimed tile index to the consumers
+            mbar_sched: cute.struct.MemRange[cutlass.Int64, 2 * _SCHED_STAGES]
+            sTile: cute.struct.MemRange[Int32, _SCHED_STAGES]
             sQ: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, max(cute.cosize(sQ_layout), cute.cosize(sO_layout))],
                 1024,
@@ -119,7 +124,7 @@ class FlashFwdSm90:
         )
 
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_O, mLSE,
+            tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
@@ -135,6 +140,7 @@ class FlashFwdSm90:
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mTileCounter: cute.Tensor,
         tma_atom_Q: cute.CopyAtom,
         tma_atom_K: cute.CopyAtom,
         tma_atom_V: cute.CopyAtom,
@@ -186,6 +192,15 @@ class FlashFwdSm90:
             tx_count=cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1])),
             barrier_storage=storage.mbar_V.data_ptr(), defer_sync=True,
         )
+        dynamic = self.cfg.dynamic_sched
+        if cutlass.const_expr(dynamic):
+            # every consumer thread arrives on release (plain mbarrier arrives, one per thread)
+            pipe_sched = pipeline.PipelineAsync.create(
+                num_stages=_SCHED_STAGES, producer_group=producer,
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+                barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
+            )
+            sTile = storage.sTile.get_tensor(cute.make_layout(_SCHED_STAGES))
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
@@ -213,31 +228,89 @@ class FlashFwdSm90:
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 tile = bidx
-                while tile < num_tiles:
-                    m_block, head, batch = coords(tile)
-                    n_min, n_max = block_range(m_block)
-                    q_state, k_state, v_state = self.produce(
-                        mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
-                        pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
-                        q_state, k_state, v_state)
-                    tile += grid_size
+                if cutlass.const_expr(dynamic):
+                    lane = cute.arch.lane_idx()
+                    sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                               _SCHED_STAGES)
+                    while tile < num_tiles:
+                        self.publish_tile(pipe_sched, sTile, sched_state, tile, lane)
+                        sched_state.advance()
+                        # claim the next tile now: the atomic's latency hides under this tile's loads
+                        nxt = self.claim_tile(mTileCounter, grid_size, lane)
+                        m_block, head, batch = coords(tile)
+                        n_min, n_max = block_range(m_block)
+                        q_state, k_state, v_state = self.produce(
+                            mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                            pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
+                            q_state, k_state, v_state)
+                        tile = nxt
+                    # the end marker (an index past the last tile) lets the consumers leave
+                    self.publish_tile(pipe_sched, sTile, sched_state, tile, lane)
+                else:
+                    while tile < num_tiles:
+                        m_block, head, batch = coords(tile)
+                        n_min, n_max = block_range(m_block)
+                        q_state, k_state, v_state = self.produce(
+                            mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                            pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
+                            q_state, k_state, v_state)
+                        tile += grid_size
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             tile = bidx
-            while tile < num_tiles:
-                m_block, head, batch = coords(tile)
-                n_min, n_max = block_range(m_block)
-                q_state, k_state, v_state = self.consume(
-                    mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                    pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
-                    scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
-                tile += grid_size
+            if cutlass.const_expr(dynamic):
+                sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, _SCHED_STAGES)
+                tile = self.read_tile(pipe_sched, sTile, sched_state)
+                sched_state.advance()
+                while tile < num_tiles:
+                    m_block, head, batch = coords(tile)
+                    n_min, n_max = block_range(m_block)
+                    q_state, k_state, v_state = self.consume(
+                        mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                        pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
+                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
+                    tile = self.read_tile(pipe_sched, sTile, sched_state)
+                    sched_state.advance()
+            else:
+                while tile < num_tiles:
+                    m_block, head, batch = coords(tile)
+                    n_min, n_max = block_range(m_block)
+                    q_state, k_state, v_state = self.consume(
+                        mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                        pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
+                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
+                    tile += grid_size
             if tidx < 128 + 32:
                 # the last tile's O store must finish reading smem before the CTA exits
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def publish_tile(self, pipe_sched, sTile, state, tile, lane):
+        """Producer: hand `tile` to the consumers (one lane; mbarrier arrives count threads)."""
+        if lane == 0:
+            pipe_sched.producer_acquire(state)
+            sTile[state.index] = tile
+            pipe_sched.producer_commit(state)
+
+    @cute.jit
+    def claim_tile(self, mTileCounter, grid_size, lane):
+        """The next tile of this CTA: the first grid_size tiles are the CTAs' own, the rest are
+        handed out in order by a global counter."""
+        claimed = Int32(0)
+        if lane == 0:
+            claimed = cute.arch.atomic_add(mTileCounter.iterator, Int32(1))
+        return cute.arch.shuffle_sync(claimed, 0) + grid_size
+
+    @cute.jit
+    def read_tile(self, pipe_sched, sTile, state):
+        """Consumers: the next tile index from the producer."""
+        pipe_sched.consumer_wait(state)
+        tile = sTile[state.index]
+        pipe_sched.consumer_release(state)
+        return tile
 
     @cute.jit
     def tile_coords(self, tile, num_m_blocks, num_pairs, num_heads, l2_section):

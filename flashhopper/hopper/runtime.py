@@ -82,7 +82,8 @@ def _fake_qkvo(cfg: FwdConfig):
     lse = cute.runtime.make_fake_tensor(
         cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
     )
-    return q, k, v, o, lse
+    counter = cute.runtime.make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)
+    return q, k, v, o, lse, counter
 
 
 def compile_fwd(cfg: FwdConfig, options: str = "", tvm_ffi: bool | None = None):
@@ -140,6 +141,20 @@ def _l2_section(seqlen_k: int, cfg: FwdConfig, num_pairs: int) -> int:
     return max(1, min(num_pairs, _L2_BUDGET // kv_bytes))
 
 
+_tile_counters: dict = {}
+
+
+def _tile_counter(device) -> torch.Tensor:
+    """The dynamic scheduler's int32 tile counter for the current stream on `device` (zeroed
+    before each such launch; the static schedule never touches it). Launches on one stream run in
+    order, so one counter per stream is enough; two streams must not share one."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    counter = _tile_counters.get(key)
+    if counter is None:
+        counter = _tile_counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return counter
+
+
 def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
     """Run the forward kernel on validated CUDA tensors; returns (out, lse).
 
@@ -161,8 +176,11 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if cfg.persistent:
         num_ctas = min(num_tiles, persistent_ctas_cap or _sm_count(q.device.index))
     section = _l2_section(k.shape[1], cfg, h * b) if cfg.causal or cfg.local else 1
+    counter = _tile_counter(q.device)
+    if cfg.persistent and cfg.dynamic_sched:
+        counter.zero_()
     if _HAVE_TVM_FFI:
-        fn(q, k, v, out, lse, scale_log2, softcap_pre, wl, wr, num_ctas, section)
+        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
     else:  # pragma: no cover - fallback without TVM-FFI
         from cuda.bindings import driver
 
@@ -171,7 +189,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
                                             ).mark_layout_dynamic(leading_dim=t.ndim - 1)
 
         stream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        fn(wrap(q), wrap(k), wrap(v), wrap(out), wrap(lse), cutlass.Float32(scale_log2),
+        counter_t = cute.runtime.from_dlpack(counter, assumed_align=4)
+        fn(wrap(q), wrap(k), wrap(v), wrap(out), wrap(lse), counter_t, cutlass.Float32(scale_log2),
            cutlass.Float32(softcap_pre), cutlass.Int32(wl), cutlass.Int32(wr), cutlass.Int32(num_ctas),
            cutlass.Int32(section), stream)
     return out, lse
