@@ -64,6 +64,9 @@ class FwdConfig(_KernelConfig):
     # with `persistent`: CTAs claim their next tile from a global counter (atomicAdd) instead of
     # striding by the grid size, so the longest-first order holds across the whole grid
     dynamic_sched: bool = False
+    # setmaxnreg: the producer warpgroup gives registers back, the consumers take them. Off, every
+    # thread keeps the launch share (65536 / threads), so the consumers' accumulators spill.
+    reg_realloc: bool = True
 
     @property
     def hdim_v(self) -> int:
@@ -133,6 +136,17 @@ class FwdConfig(_KernelConfig):
             )
 
 
+def _fwd_persistent(hdim: int, masked: bool) -> bool:
+    """Persistent grid with the dynamic (atomic) tile scheduler, or one CTA per tile.
+
+    Measured with scripts/tune_fwd.py persistent (docs/benchmarks.md): persistent + dynamic wins
+    where launch and prologue costs weigh (short sequences: +14..+31% at 512-1k, hdim 64/128) and
+    is even or a little ahead on long ones; at hdim 256 causal the one-CTA-per-tile grid is 2%
+    faster (fewer, longer tiles already fill the last wave), so large masked head dims keep it.
+    """
+    return not (masked and hdim >= 192)
+
+
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False) -> FwdConfig:
@@ -140,8 +154,10 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     tile_m, tile_n = (_TILES_MASKED if causal or local else _TILES)[hdim]
+    sched = _fwd_persistent(hdim, causal or local)
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64)
+                    tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
+                    persistent=sched, dynamic_sched=sched)
     cfg.check()
     return cfg
 
@@ -253,6 +269,10 @@ class BwdConfig(_KernelConfig):
 # smem k-block by k-block, dV in two halves); with the tile_m-64 order ptxas serialized all 40 WGMMAs
 # (C7512). hdim 96 and 128 keep 64 (_BWD_KEYS_ACC_REGS).
 _BWD_TILE_M: dict[int, int] = {64: 128}
+# dS^T smem buffers per hdim (BwdConfig.ds_stages). Two at hdim 64 (128-row steps): one consumer
+# warpgroup sync per step instead of two, +1..+3% on the H200 (docs/benchmarks.md); the smem is
+# there. hdim 96 / 128 (64-row steps) have not been measured with 2 and keep 1.
+_BWD_DS_STAGES: dict[int, int] = {64: 2}
 
 
 @functools.cache  # on every backward call; BwdConfig is frozen
@@ -265,7 +285,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                                       f"(hdim {sorted(set(BWD_HDIMS) - set(BWD_WIDE))} have it)")
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim")
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64), **wide)
+                    deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64),
+                    ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide)
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
     cfg.check()

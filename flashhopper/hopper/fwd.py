@@ -221,7 +221,8 @@ class FlashFwdSm90:
         # Both roles walk the same static tile sequence (tile = blockIdx.x, += gridDim.x); the
         # pipeline states carry over from tile to tile.
         if warp_idx < 4:
-            cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+            if cutlass.const_expr(self.cfg.reg_realloc):
+                cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
                 head_ratio = num_heads // mK.shape[2]
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -256,7 +257,8 @@ class FlashFwdSm90:
                             q_state, k_state, v_state)
                         tile += grid_size
         else:
-            cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
+            if cutlass.const_expr(self.cfg.reg_realloc):
+                cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)

@@ -306,11 +306,14 @@ def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, loca
 
 
 def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, local: bool = False,
-                 softcap: bool = False):
-    """Compile with the cubin kept, for `flashhopper inspect fwd` (works without a GPU)."""
+                 softcap: bool = False, **overrides):
+    """Compile with the cubin kept, for `flashhopper inspect fwd` (works without a GPU); `overrides`
+    replace FwdConfig fields (e.g. reg_realloc=False)."""
     from flashhopper.compile import CompiledArtifact
 
     cfg = fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap)
+    if overrides:
+        cfg = dataclasses.replace(cfg, **overrides)
     # the DSL also writes the cubin to the dump dir (cwd by default): keep that out of the way
     with tempfile.TemporaryDirectory() as tmp:
         compiled = compile_fwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
