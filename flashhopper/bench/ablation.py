@@ -113,6 +113,7 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
                 row["tflops"][mode] = None
                 row["errors"][mode] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
                 continue
+            print(f"  {mode:<10} {row['name']:<22} {row['tflops'][mode]:7.1f} TFLOP/s", file=out, flush=True)
             reference = result if reference is None else reference
             row["max_diff"][mode] = (result.float() - reference.float()).abs().max().item()
     finish_rows(rows)
