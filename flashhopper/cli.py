@@ -82,7 +82,8 @@ def _cmd_bench(args) -> int:
     if args.ablation:
         from flashhopper.bench.ablation import run_ablation
 
-        run_ablation(dtype=args.dtype, json_path=args.json)
+        causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+        run_ablation(dtype=args.dtype, json_path=args.json, causal=causal)
         return 0
     if args.plot:
         # fail now, not after a grid that takes minutes

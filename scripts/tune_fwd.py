@@ -1,6 +1,8 @@
 """Time forward-kernel variants (tiles, stages, consumer count, scheduling switches) on a GPU.
 
     python scripts/tune_fwd.py            # the built-in list; prints TFLOP/s per variant
+    python scripts/tune_fwd.py persistent # one CTA per tile / persistent static / dynamic
+    python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -19,7 +21,7 @@ from flashhopper.hopper import runtime  # noqa: E402
 _default = runtime.fwd_config
 
 
-def run(hdim, causal, seqlen, **override):
+def run(hdim, causal, seqlen, dtype=torch.bfloat16, **override):
     def patched(*a, **k):
         cfg = dataclasses.replace(_default(*a, **k), **override)
         object.__setattr__(cfg, "check", lambda: None)  # try configs the budget heuristic rejects
@@ -27,11 +29,13 @@ def run(hdim, causal, seqlen, **override):
     runtime.fwd_config = patched
     try:
         b, h = 16384 // seqlen, 2048 // hdim
-        q, k, v = (torch.randn(b, seqlen, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(b, seqlen, h, hdim, device="cuda", dtype=dtype) for _ in range(3))
         fn = lambda: runtime.forward(q, k, v, 1 / math.sqrt(hdim), causal, (-1, -1), 0.0)  # noqa: E731
         fn()
         tf = attention_flops(b, h, seqlen, seqlen, hdim, causal) / time_ms(fn) / 1e9
-        print(f"hdim {hdim:3d} causal {causal!s:5} s {seqlen:5d} {override}: {tf:6.1f} TFLOP/s", flush=True)
+        name = str(dtype).removeprefix("torch.")
+        print(f"hdim {hdim:3d} causal {causal!s:5} s {seqlen:5d} {name:8} {override}: {tf:6.1f} TFLOP/s",
+              flush=True)
     except Exception as exc:
         print(f"hdim {hdim} causal {causal} {override}: FAILED {type(exc).__name__}: {str(exc)[:200]}",
               flush=True)
@@ -58,6 +62,16 @@ PERSISTENT = [
     for over in ({}, {"persistent": True}, {"persistent": True, "dynamic_sched": True})
 ]
 
+# fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
+# rather than as a dtype difference
+DTYPE_ROUNDS = 3
+
 if __name__ == "__main__":
-    for hdim, causal, seqlen, override in PERSISTENT if "persistent" in sys.argv else VARIANTS:
-        run(hdim, causal, seqlen, **override)
+    if "fp16" in sys.argv:
+        for _ in range(DTYPE_ROUNDS):
+            for hdim in (64, 128, 256):
+                for dtype in (torch.bfloat16, torch.float16):
+                    run(hdim, False, 8192, dtype)
+    else:
+        for hdim, causal, seqlen, override in PERSISTENT if "persistent" in sys.argv else VARIANTS:
+            run(hdim, causal, seqlen, **override)

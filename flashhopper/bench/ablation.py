@@ -48,23 +48,23 @@ def _drop(value, base):
     return (base - value) / base if value and base else None
 
 
-def finish_rows(rows: list[dict]) -> list[dict]:
+def finish_rows(rows: list[dict], modes=MODES) -> list[dict]:
     """Add, per mode, the fractional drop against the first row and whether it is slower."""
     base = rows[0]["tflops"]
     for row in rows:
-        row["drop"] = {m: _drop(row["tflops"].get(m), base.get(m)) for m, _ in MODES}
+        row["drop"] = {m: _drop(row["tflops"].get(m), base.get(m)) for m, _ in modes}
         row["slower"] = {m: None if d is None else d > 0 for m, d in row["drop"].items()}
     return rows
 
 
-def format_table(rows: list[dict]) -> list[str]:
+def format_table(rows: list[dict], modes=MODES) -> list[str]:
     width = max(len(r["name"]) for r in rows) + 2
     header = "configuration".ljust(width) + "".join(
-        f"{m:>12}{'drop':>8}{'slower':>8}" for m, _ in MODES)
+        f"{m:>12}{'drop':>8}{'slower':>8}" for m, _ in modes)
     lines = [header]
     for i, row in enumerate(rows):
         cells = []
-        for mode, _ in MODES:
+        for mode, _ in modes:
             tf, drop, slower = row["tflops"].get(mode), row["drop"][mode], row["slower"][mode]
             tf_s = f"{tf:.1f}" if tf else "failed"
             drop_s = "-" if i == 0 or drop is None else f"{100 * drop:.1f}%"
@@ -75,8 +75,12 @@ def format_table(rows: list[dict]) -> list[str]:
 
 
 def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, device: str = "cuda",
-                 attn=None, overrides=None, json_path: str | None = None, out=sys.stdout) -> dict:
+                 attn=None, overrides=None, json_path: str | None = None, out=sys.stdout,
+                 causal=(False, True)) -> dict:
     """Time `attn` under each configuration; print and return the table.
+
+    `causal` picks the modes (both by default; one halves the run, whose time is mostly the
+    compiles of each configuration).
 
     `attn` defaults to flash_attn_func and `overrides` to runtime.config_overrides; tests pass
     stand-ins so that the table logic runs without a GPU or the CuTe DSL.
@@ -95,8 +99,11 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
     switches = ablation_switches()
     rows = [{"name": name, "overrides": o, "tflops": {}, "errors": {}, "max_diff": {}}
             for name, o in configurations(switches)]
-    for mode, causal in MODES:
-        point = make_point(seqlen, hdim, causal)
+    modes = tuple((m, c) for m, c in MODES if c in causal)
+    if not modes:
+        raise ValueError(f"causal must include False and/or True, got {causal!r}")
+    for mode, is_causal in modes:
+        point = make_point(seqlen, hdim, is_causal)
         shape = (point.batch, point.seqlen, point.heads, point.hdim)
         q, k, v = (torch.randn(shape, device=device, dtype=DTYPES[dtype]) for _ in range(3))
         reference = None
@@ -104,7 +111,7 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
             try:
                 # the override is read on every call, so the timed calls must be inside it too
                 with overrides(**row["overrides"]):
-                    def call(q=q, k=k, v=v, causal=causal):
+                    def call(q=q, k=k, v=v, causal=is_causal):
                         return attn(q, k, v, causal=causal)
 
                     result = call()  # compiles this configuration
@@ -116,7 +123,7 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
             print(f"  {mode:<10} {row['name']:<22} {row['tflops'][mode]:7.1f} TFLOP/s", file=out, flush=True)
             reference = result if reference is None else reference
             row["max_diff"][mode] = (result.float() - reference.float()).abs().max().item()
-    finish_rows(rows)
+    finish_rows(rows, modes)
     point = make_point(seqlen, hdim, False)  # batch and heads do not depend on the mask
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else device,
               "torch": torch.__version__, "dtype": dtype, "switches": list(switches),
@@ -124,7 +131,7 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
               "results": rows}
     print(f"{report['device']}, torch {report['torch']}, {dtype}; ablation at hdim {hdim}, seqlen {seqlen}, "
           f"batch {point.batch}, {point.heads} heads; forward TFLOP/s, drop vs everything on", file=out)
-    for line in format_table(rows):
+    for line in format_table(rows, modes):
         print(line, file=out)
     for row in rows:
         for mode, message in row["errors"].items():
