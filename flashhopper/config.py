@@ -24,9 +24,12 @@ REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
 # with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
-# gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 128 a wider
-# tile_n (160, 176) spills; at hdim 256, tile_n 64 and 80 measure the same. With causal/local
-# masking the 3-warpgroup hdim-64 kernel no longer fits 160 registers (spills), so it keeps 2.
+# gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 256, tile_n 64
+# and 80 measure the same. At hdim 128, tile_n 160 and 176 (FA3's tile) measured 598 and 492 vs 692
+# when their P conversion serialized the P @ V WGMMAs (and 176 spilled); they now compile like 128
+# (no spills, one WGMMA wait per commit group; local masking still spills at 160/176) and are to be
+# re-timed with `scripts/tune_fwd.py tiles`. With causal/local masking the 3-warpgroup hdim-64
+# kernel no longer fits 160 registers (spills), so it keeps 2.
 _TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
 _TILES_MASKED = {**_TILES, 64: (128, 128)}
 

@@ -3,6 +3,7 @@
     python scripts/tune_fwd.py            # the built-in list; prints TFLOP/s per variant
     python scripts/tune_fwd.py persistent # one CTA per tile / persistent static / dynamic
     python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
+    python scripts/tune_fwd.py tiles      # hdim 128 non-causal: 128x128 vs 128x160 vs 128x176, 8k and 16k
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -62,6 +63,14 @@ PERSISTENT = [
     for over in ({}, {"persistent": True}, {"persistent": True, "dynamic_sched": True})
 ]
 
+# hdim 128 non-causal key-block width: the dispatched 128 against FA3's 176 (and 160 between), at 8k and
+# 16k, interleaved over TILE_ROUNDS rounds so that clock drift shows as spread. 160 and 176 compile
+# spill-free with one WGMMA wait per commit group since the P conversion is done per k-block
+# (hopper/mma.py acc_to_operand_a); at 176 O is staged in Q's buffer (o_buffer False: no smem for
+# its own tile), so the next tile's Q waits for the epilogue's store.
+TILES = [(128, False, seqlen, {"tile_n": n}) for seqlen in (8192, 16384) for n in (128, 160, 176)]
+TILE_ROUNDS = 2
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -72,6 +81,10 @@ if __name__ == "__main__":
             for hdim in (64, 128, 256):
                 for dtype in (torch.bfloat16, torch.float16):
                     run(hdim, False, 8192, dtype)
+    elif "tiles" in sys.argv:
+        for _ in range(TILE_ROUNDS):
+            for hdim, causal, seqlen, override in TILES:
+                run(hdim, causal, seqlen, **override)
     else:
         for hdim, causal, seqlen, override in PERSISTENT if "persistent" in sys.argv else VARIANTS:
             run(hdim, causal, seqlen, **override)

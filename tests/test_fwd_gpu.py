@@ -164,3 +164,20 @@ def test_persistent_dynamic_scheduler(d, causal, window, softcap, monkeypatch):
         monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # a few CTAs claim many tiles each
         run_case(2, 700, 333, 4, 1, d, causal=causal, window=window, softcap=softcap)
         run_case(1, 1, 1, 1, 1, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("tile_n", [160, 176])
+@pytest.mark.parametrize("dtype,causal,window", [
+    (torch.bfloat16, False, (-1, -1)), (torch.float16, False, (-1, -1)),
+    (torch.bfloat16, True, (-1, -1)), (torch.bfloat16, False, (100, 20)),
+])
+def test_wide_key_tiles(tile_n, dtype, causal, window, monkeypatch):
+    """hdim 128 with the key-block widths `scripts/tune_fwd.py tiles` times (not dispatched): P of
+    80 / 88 elements per thread, ragged key ends, O staged in Q's buffer at 176."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(tile_n=tile_n):
+        for sq, sk in [(1000, 1000), (17, 4097), (4097, 17), (1, 1), (300, 517)]:
+            run_case(2, sq, sk, 4, 2, 128, dtype, causal=causal, window=window)
+        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+        run_case(2, 700, 333, 4, 1, 128, dtype, causal=causal, window=window)

@@ -30,6 +30,7 @@ from flashhopper.config import FwdConfig
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
+from flashhopper.hopper.mma import acc_to_operand_a
 
 # Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
 _BAR_EPILOGUE = 1
@@ -394,7 +395,6 @@ class FlashFwdSm90:
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
         tOrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
-        tOrP_as_acc = cute.make_tensor(tOrP.iterator, acc_S.layout)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_O_rc = L.acc_rows_cols(acc_O)
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
@@ -421,11 +421,11 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP_as_acc=tOrP_as_acc, row_scale=row_scale, wg=wg)
+                           tOrP=tOrP, row_scale=row_scale, wg=wg)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP_as_acc=tOrP_as_acc, row_scale=row_scale, wg=wg)
+                           tOrP=tOrP, row_scale=row_scale, wg=wg)
         # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
         # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
         # run alone, its P @ V is issued in the next step.
@@ -438,7 +438,7 @@ class FlashFwdSm90:
                 pipe_k.consumer_release(k_state)
                 k_state.advance()
                 to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
-                tOrP_as_acc.store(acc_S.load().to(self.dtype))
+                acc_to_operand_a(acc_S, tOrP)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
         self.pingpong_prime(wg, n_top > n_min)
         if cutlass.const_expr(not self.cfg.intra_wg_overlap):
@@ -531,7 +531,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP_as_acc, row_scale, wg):
+                     acc_S, acc_O_rc, tOrP, row_scale, wg):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -545,12 +545,12 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         S.rescale_rows(acc_O_rc, row_scale)
-        tOrP_as_acc.store(acc_S.load().to(self.dtype))
+        acc_to_operand_a(acc_S, tOrP)
 
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, tOrP_as_acc, row_scale, wg):
+                    acc_S, acc_O_rc, tOrP, row_scale, wg):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -560,7 +560,7 @@ class FlashFwdSm90:
         pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         S.rescale_rows(acc_O_rc, row_scale)
-        tOrP_as_acc.store(acc_S.load().to(self.dtype))
+        acc_to_operand_a(acc_S, tOrP)
         pipe_v.consumer_wait(v_state)
         self.pingpong_sync(wg)
         issue_pv(v_state.index)

@@ -6,6 +6,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
+from flashhopper.hopper import layout as L
+
 
 @cute.jit
 def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):
@@ -20,3 +22,20 @@ def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
+
+
+@cute.jit
+def acc_to_operand_a(acc: cute.Tensor, frag_a: cute.Tensor):
+    """Convert an fp32 accumulator into the 16-bit A fragment `frag_a` (layout
+    `layout.acc_layout_as_operand_a(acc.layout)`), one 16-wide k-block at a time.
+
+    One `.to()` over the whole accumulator is a single vector truncation; for accumulators whose
+    length is not a power of two (tile_n 112, 144, 160, 176, ...) it lowers to scalar `cvt.rn.bf16.f32`
+    into 16-bit registers, and the pairs are only packed (PRMT) in front of each P @ V WGMMA. ptxas
+    then injects a `warpgroup.arrive` before every such WGMMA (advisory C7519) and waits for each
+    one (gsb0). Per k-block the vectors have 8 elements, which lower to packed
+    `cvt.rn.bf16x2.f32` writing the 32-bit A registers directly. Same rounding either way.
+    """
+    acc_as_a = cute.make_tensor(acc.iterator, L.acc_layout_as_operand_a(acc.layout))
+    for k in cutlass.range_constexpr(cute.size(frag_a, mode=[2])):
+        frag_a[None, None, k].store(acc_as_a[None, None, k].load().to(frag_a.element_type))
