@@ -25,10 +25,14 @@ REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
 # with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
 # gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 128 a wider
-# tile_n (160, 176) spills; at hdim 256, tile_n 64 and 80 measure the same. With causal/local
-# masking the 3-warpgroup hdim-64 kernel no longer fits 160 registers (spills), so it keeps 2.
+# tile_n (160, 176) spills; at hdim 256, tile_n 64 and 80 measure the same.
 _TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
-_TILES_MASKED = {**_TILES, 64: (128, 128)}
+# With causal/local masks: the same tiles, as in FA3. hdim 64 took 128 x 128 while its masked
+# 160-register kernel spilled (8 bytes causal fp16, 96-136 local); it fits with no spills since the
+# mask compares against compile-time columns (hopper/mask.py) and the epilogue's smem addresses are
+# no longer held through the mainloop (hopper/fwd.py). Causal bf16 at 8k measured 470 vs 444
+# TFLOP/s (192 vs 128 rows); local at 192 rows is not measured yet.
+_TILES_MASKED = dict(_TILES)
 
 
 @dataclass(frozen=True)
