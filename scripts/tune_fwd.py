@@ -4,6 +4,7 @@
     python scripts/tune_fwd.py persistent # one CTA per tile / persistent static / dynamic
     python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
     python scripts/tune_fwd.py tiles      # hdim 128 non-causal: 128x128 vs 128x160 vs 128x176, 8k and 16k
+    python scripts/tune_fwd.py tiles64    # hdim 64 causal / local: 192 x 128 vs 128 x 128 rows
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -22,7 +23,7 @@ from flashhopper.hopper import runtime  # noqa: E402
 _default = runtime.fwd_config
 
 
-def run(hdim, causal, seqlen, dtype=torch.bfloat16, **override):
+def run(hdim, causal, seqlen, dtype=torch.bfloat16, window=(-1, -1), **override):
     def patched(*a, **k):
         cfg = dataclasses.replace(_default(*a, **k), **override)
         object.__setattr__(cfg, "check", lambda: None)  # try configs the budget heuristic rejects
@@ -31,11 +32,15 @@ def run(hdim, causal, seqlen, dtype=torch.bfloat16, **override):
     try:
         b, h = 16384 // seqlen, 2048 // hdim
         q, k, v = (torch.randn(b, seqlen, h, hdim, device="cuda", dtype=dtype) for _ in range(3))
-        fn = lambda: runtime.forward(q, k, v, 1 / math.sqrt(hdim), causal, (-1, -1), 0.0)  # noqa: E731
+        fn = lambda: runtime.forward(q, k, v, 1 / math.sqrt(hdim), causal, window, 0.0)  # noqa: E731
         fn()
-        tf = attention_flops(b, h, seqlen, seqlen, hdim, causal) / time_ms(fn) / 1e9
+        flops = attention_flops(b, h, seqlen, seqlen, hdim, causal)
+        if window != (-1, -1):  # the (query, key) pairs a (left, 0) window sees
+            flops = 4.0 * b * h * hdim * sum(min(i, window[0]) + 1 for i in range(seqlen))
+        tf = flops / time_ms(fn) / 1e9
         name = str(dtype).removeprefix("torch.")
-        print(f"hdim {hdim:3d} causal {causal!s:5} s {seqlen:5d} {name:8} {override}: {tf:6.1f} TFLOP/s",
+        win = "" if window == (-1, -1) else f" window {window}"
+        print(f"hdim {hdim:3d} causal {causal!s:5}{win} s {seqlen:5d} {name:8} {override}: {tf:6.1f} TFLOP/s",
               flush=True)
     except Exception as exc:
         print(f"hdim {hdim} causal {causal} {override}: FAILED {type(exc).__name__}: {str(exc)[:200]}",
@@ -70,13 +75,25 @@ PERSISTENT = [
 # its own tile), so the next tile's Q waits for the epilogue's store.
 TILES = [(128, False, seqlen, {"tile_n": n}) for seqlen in (8192, 16384) for n in (128, 160, 176)]
 TILE_ROUNDS = 2
+# hdim 64 under causal and local masks: the dispatched 192 x 128 (3 consumer warpgroups) against
+# 128 x 128 (2), both dtypes, interleaved
+TILES64 = [
+    (causal, window, seqlen, dtype, over)
+    for causal, window in ((True, (-1, -1)), (False, (512, 0)))  # local: 512 keys back, none ahead
+    for seqlen in (512, 1024, 2048, 4096, 8192, 16384)
+    for dtype in (torch.bfloat16, torch.float16)
+    for over in ({}, {"tile_m": 128, "num_consumer_wg": 2})
+]
 
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
 
 if __name__ == "__main__":
-    if "fp16" in sys.argv:
+    if "tiles64" in sys.argv:
+        for causal, window, seqlen, dtype, over in TILES64:
+            run(64, causal, seqlen, dtype, window, **over)
+    elif "fp16" in sys.argv:
         for _ in range(DTYPE_ROUNDS):
             for hdim in (64, 128, 256):
                 for dtype in (torch.bfloat16, torch.float16):

@@ -143,3 +143,13 @@ def test_invalid_backward_configs_name_the_budget(fields, budget):
     cfg = config.BwdConfig(**{"dtype": "bf16", "hdim": 256, "kv_split": "hdim", **fields})
     with pytest.raises(ValueError, match=budget):
         cfg.check()
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hdim64_takes_three_consumer_warpgroups_with_every_mask(dtype, mask):
+    # 192 x 128 as in FA3; masked it compiles without spills since the mask compares compile-time
+    # columns (tests/test_fwd_compile.py checks the spills)
+    cfg = fwd_config(dtype, 64, **mask)
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wg) == (192, 128, 3)
+    assert (cfg.consumer_regs, cfg.producer_regs) == (160, 32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashhopper.compile import inspect_kernel
+from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
 from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS
 
 MASKS = {
@@ -20,7 +20,19 @@ MASKS = {
 @pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_forward_variant_compiles(dtype, hdim, mask):
-    report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask])
+    _check_forward(dtype, hdim, MASKS[mask])
+
+
+# hdim 64 runs 3 consumer warpgroups at 160 registers with every mask, the tightest fit: the
+# combined masks (tanh on top of the mask) are checked there too
+@pytest.mark.parametrize("mask", ["causal", "local"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_hdim64_mask_with_softcap_compiles(dtype, mask):
+    _check_forward(dtype, 64, {**MASKS[mask], "softcap": True})
+
+
+def _check_forward(dtype, hdim, mask):
+    report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask)
     sass = report["sass"]
     assert sass["HGMMA"] > 0 and sass["QGMMA"] == 0
     assert sass["UTMALDG"] >= 3  # Q, K, V
@@ -30,8 +42,8 @@ def test_forward_variant_compiles(dtype, hdim, mask):
     assert min(regs) <= 56 and max(regs) >= 160, regs  # producer gives back, consumers take
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] <= SMEM_CAPACITY
-    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
-    assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]), "ptxas serialized the WGMMAs"
+    assert (sass["MUFU.TANH"] > 0) == mask.get("softcap", False)
+    assert sass["HGMMA_WAITS"] == _commit_groups(**mask), "ptxas serialized the WGMMAs"
 
 
 def _commit_groups(causal=False, local=False, softcap=False):
@@ -53,3 +65,42 @@ def test_forward_wide_key_tiles(dtype, tile_n):
     assert sass["HGMMA_WAITS"] == _commit_groups()
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] <= SMEM_CAPACITY
+
+
+def test_mask_columns_are_thread0_columns_plus_one_offset():
+    # mask.apply_mask compares thread 0's (compile-time) coordinates against bounds shifted by one
+    # per-thread offset; that needs every thread's accumulator coordinates to be thread 0's plus a
+    # constant, for each dispatched S tile (sampled threads: quad lanes, warps, warpgroups)
+    ensure_arch_env()
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.utils.hopper_helpers as sm90_utils
+
+    from flashhopper.config import fwd_config
+    from flashhopper.hopper import layout as L
+
+    tiles = sorted({(cfg.num_consumer_wg, cfg.tile_n) for cfg in (
+        fwd_config("bf16", hdim, causal=True) for hdim in SUPPORTED_HDIMS)})
+    coords = {}
+
+    @cute.jit
+    def trace():
+        for wg, tile_n in tiles:
+            mma = sm90_utils.make_trivial_tiled_mma(
+                cutlass.BFloat16, cutlass.BFloat16, cute.nvgpu.OperandMajorMode.K,
+                cute.nvgpu.OperandMajorMode.K, cutlass.Float32, atom_layout_mnk=(wg, 1, 1),
+                tiler_mn=(64, tile_n))
+            cS = cute.make_identity_tensor((64 * wg, tile_n))
+            for t in (0, 1, 3, 4, 31, 32, 127, 128 * wg - 1):
+                rc = L.acc_rows_cols(mma.get_slice(t).partition_C(cS))
+                coords[wg, tile_n, t] = [rc[r, c] for r in range(cute.size(rc, mode=[0]))
+                                         for c in range(cute.size(rc, mode=[1]))]
+
+    # the arch as an option: an earlier test may have imported cutlass before ensure_arch_env()
+    cute.compile(trace, options=f"--gpu-arch {TARGET_ARCH}")
+    assert {wg for wg, _ in tiles} == {2, 3}
+    for (wg, tile_n, t), rc in coords.items():
+        rc0 = coords[wg, tile_n, 0]
+        assert len(rc) == 64 * tile_n // 128
+        offsets = {(a[0] - b[0], a[1] - b[1]) for a, b in zip(rc, rc0, strict=True)}
+        assert len(offsets) == 1, (wg, tile_n, t, offsets)

@@ -24,7 +24,9 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from flashhopper.config import FwdConfig
 from flashhopper.hopper import layout as L
@@ -38,6 +40,16 @@ _BAR_PINGPONG = 2
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+
+
+@dsl_user_op
+def _opaque(x: Int32, *, loc=None, ip=None) -> Int32:
+    """x, passed through a side-effecting asm `mov` that LLVM can neither look into nor move: what
+    is computed from the result stays where it is used instead of being hoisted out of loops."""
+    return Int32(llvm.inline_asm(
+        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    ))
 
 
 class FlashFwdSm90:
@@ -399,6 +411,8 @@ class FlashFwdSm90:
         acc_O_rc = L.acc_rows_cols(acc_O)
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         coord_rc = L.acc_rows_cols(thr_mma_qk.partition_C(cS))
+        # thread 0's coordinates, known at compile time (the mask compares against them)
+        coord0_rc = L.acc_rows_cols(tiled_mma_qk.get_slice(0).partition_C(cS))
 
         num_rows = cute.size(acc_S_rc, mode=[0])
         row_max = cute.make_rmem_tensor(num_rows, Float32)
@@ -411,8 +425,8 @@ class FlashFwdSm90:
         pipe_q.consumer_wait(q_state)
 
         to_probs = partial(
-            self.scores_to_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, coord_rc=coord_rc, row_max=row_max,
-            row_sum=row_sum, row_scale=row_scale, m_block=m_block, seqlen_q=seqlen_q,
+            self.scores_to_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, coord_rc=coord_rc, coord0_rc=coord0_rc,
+            row_max=row_max, row_sum=row_sum, row_scale=row_scale, m_block=m_block, seqlen_q=seqlen_q,
             seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
             scale_log2=scale_log2, softcap_pre=softcap_pre,
         )
@@ -516,16 +530,16 @@ class FlashFwdSm90:
 
     @cute.jit
     def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
-                        mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, row_max, row_sum,
-                        row_scale, m_block, seqlen_q, seqlen_k, window_left, window_right, scale_log2,
-                        softcap_pre):
+                        mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, coord0_rc,
+                        row_max, row_sum, row_scale, m_block, seqlen_q, seqlen_k, window_left,
+                        window_right, scale_log2, softcap_pre):
         if cutlass.const_expr(self.has_softcap):
             for j in cutlass.range(cute.size(acc_S), unroll_full=True):
                 acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
         if cutlass.const_expr(mask):
-            M.apply_mask(acc_S_rc, coord_rc, m_block, n_block, seqlen_q, seqlen_k, window_left,
-                         window_right, self.tile_m, self.tile_n, self.has_left, self.has_right,
-                         mask_seqlen)
+            M.apply_mask(acc_S_rc, coord_rc, coord0_rc, m_block, n_block, seqlen_q, seqlen_k,
+                         window_left, window_right, self.tile_m, self.tile_n, self.has_left,
+                         self.has_right, mask_seqlen)
         S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first)
 
     @cute.jit
@@ -618,7 +632,11 @@ class FlashFwdSm90:
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
-        smem_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(tidx)
+        # The stmatrix addresses depend only on the thread: LLVM hoists them out of the tile loop
+        # and they sit in 4 registers through every mainloop. At 160 registers (3 consumer
+        # warpgroups, hdim 64) that made fp16 local + softcap spill. Through _opaque they are
+        # computed here, once per tile.
+        smem_copy = cute.make_tiled_copy_C(smem_atom, tiled_mma_pv).get_slice(_opaque(tidx))
         cute.copy(smem_atom, smem_copy.retile(rO), smem_copy.partition_D(sO))
         # make the generic-proxy smem writes visible to the TMA (async proxy) before the store
         cute.arch.fence_proxy("async.shared", space="cta")

@@ -37,27 +37,36 @@ def n_block_range(m_block: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left:
 
 
 @cute.jit
-def apply_mask(acc_S_rc: cute.Tensor, coord_rc: cute.Tensor, m_block: Int32, n_block: Int32,
-               seqlen_q: Int32, seqlen_k: Int32, window_left: Int32, window_right: Int32,
+def apply_mask(acc_S_rc: cute.Tensor, coord_rc: cute.Tensor, coord0_rc: cute.Tensor, m_block: Int32,
+               n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left: Int32, window_right: Int32,
                tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool],
                mask_seqlen: cutlass.Constexpr[bool] = True):
     """Set invisible scores to -inf; coord_rc gives each register's (row, col) in the tile.
 
     Only the highest key block can hold the ragged seqlen_k end, so the others skip that test.
+
+    coord0_rc is thread 0's coord_rc: compile-time (row, col) values. A thread's columns are
+    thread 0's plus one offset, so the bounds are shifted by that offset once per row and each
+    element is compared against an immediate (as FA3 does). Comparing the thread's own columns
+    instead had ptxas materialize a register per column index (a dozen or more live at once) while
+    the WGMMAs were in flight, which pushed the 3-warpgroup (160-register) hdim-64 kernel into
+    spills.
     """
     diag = seqlen_k - seqlen_q
+    col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
     col_limit = seqlen_k - n_block * tile_n if cutlass.const_expr(mask_seqlen) else Int32(tile_n)
     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
         row = m_block * tile_m + coord_rc[r, 0][0]
         hi = col_limit
         if cutlass.const_expr(has_right):
             hi = cutlass.min(hi, row + diag + window_right + 1 - n_block * tile_n)
+        hi = hi - col_offset
         lo = Int32(0)
         if cutlass.const_expr(has_left):
-            lo = row + diag - window_left - n_block * tile_n
+            lo = row + diag - window_left - n_block * tile_n - col_offset
         for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-            col = coord_rc[r, c][1]
+            col = coord0_rc[r, c][1]
             # a select, not a branch: a traced `if` would thread the whole accumulator through
             # every element's condition
             acc_S_rc[r, c] = -Float32.inf if col >= hi or col < lo else acc_S_rc[r, c]
