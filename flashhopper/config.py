@@ -178,8 +178,14 @@ BWD_HDIMS = (64, 96, 128, 192, 256)
 # hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
 # would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
 # each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):
-# 32 keys of S and dP per warpgroup.
+# 32 keys of S and dP per warpgroup. Other tile_n (80 with do_stages=1 as in FA3, 48 as in FA4)
+# and one dO stage compile clean as overrides; docs/design.md "Tile-shape candidates" until timed.
 BWD_WIDE = {192: (96, 3), 256: (64, 2)}
+# kv_split "hdim": registers per consumer thread beyond the fp32 accumulators (BwdConfig.
+# _check_hdim_split). 32 is what hdim 256 at tile_n 64 leaves (128 + 64 of 240; SASS tops out at R223);
+# at tile_n 80 a whole 64-register dQ tile next to 160 of dK^T + dV^T made ptxas spill and
+# serialize all 53 WGMMAs, hence BwdConfig.dq_chunks.
+_BWD_HDIM_REG_SLACK = 32
 # kv_split "keys": most fp32 accumulator registers per consumer thread for S^T + dP^T + dK + dV
 # (tile_m + hdim), see BwdConfig._check_key_split
 _BWD_KEYS_ACC_REGS = 192
@@ -199,6 +205,34 @@ class BwdConfig(_KernelConfig):
     # dS^T smem buffers for kv_split "keys": with 2, step i writes buffer i % 2 and the consumer
     # warpgroups sync once per step instead of twice
     ds_stages: int = 1
+    # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
+    # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
+    do_stages: int = 0
+
+    # kv_split "hdim": dQ = dS K in this many column chunks, one after the other in the same
+    # registers (hopper/bwd_wide.py); 0 picks 1, or 2 where the whole dQ tile would not fit next
+    # to dK^T and dV^T (_check_hdim_split's arithmetic: hdim 256 from tile_n 80)
+    dq_chunks: int = 0
+
+    @property
+    def num_do_stages(self) -> int:
+        return self.do_stages or self.num_stages
+
+    def _hdim_split_regs(self, dq_chunks: int) -> tuple[int, int, int]:
+        """fp32 accumulator registers per consumer thread for kv_split "hdim": (dK^T + dV^T,
+        S + dP, one dQ chunk)."""
+        wg = self.num_consumer_wg
+        dkv = 2 * (self.hdim // wg) * self.tile_n // WARPGROUP_THREADS
+        sdp = 2 * self.tile_m * (self.tile_n // wg) // WARPGROUP_THREADS
+        dq = self.tile_m * (self.hdim // wg) // dq_chunks // WARPGROUP_THREADS
+        return dkv, sdp, dq
+
+    @property
+    def num_dq_chunks(self) -> int:
+        if self.dq_chunks:
+            return self.dq_chunks
+        dkv, sdp, dq = self._hdim_split_regs(1)
+        return 1 if dkv + max(sdp, dq) + _BWD_HDIM_REG_SLACK <= self.consumer_regs else 2
 
     @property
     def ds_before_dv(self) -> bool:
@@ -210,12 +244,13 @@ class BwdConfig(_KernelConfig):
         """K, V once (their buffers also stage dK, dV for the TMA stores); Q and dO rings with the
         LSE / D rows of each stage; dS^T (and P for "hdim"); mbarriers; 1 KiB alignment; for "keys"
         also the fp32 dQ tile."""
+        stages = self.num_stages + self.num_do_stages  # Q stages + dO stages
         kv = 2 * self.tile_n * self.hdim * 2
-        q_do = 2 * self.num_stages * self.tile_m * self.hdim * 2
-        rows = 2 * self.num_stages * self.tile_m * 4
+        q_do = stages * self.tile_m * self.hdim * 2
+        rows = stages * self.tile_m * 4
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else self.ds_stages)
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" else 0
-        return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 4 * self.num_stages)
+        return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
     def check(self) -> None:
         if self.dtype not in DTYPES:
@@ -228,6 +263,13 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"kv_split {self.kv_split!r} not in ('keys', 'hdim')")
         elif self.tile_n != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_n {self.tile_n} must be 64 keys per consumer warpgroup")
+        elif self.num_do_stages != self.num_stages:
+            raise ValueError(f"do_stages {self.do_stages} != num_stages {self.num_stages}: a separate "
+                             "dO ring depth exists only for kv_split 'hdim'")
+        elif self.dq_chunks > 1:
+            raise ValueError(f"dq_chunks {self.dq_chunks}: dQ chunks exist only for kv_split 'hdim'")
+        if self.num_stages < 1 or self.num_do_stages < 1:
+            raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):
             raise ValueError(f"hdim {self.hdim} must split into WGMMA N tiles across warpgroups for dQ")
         if self.smem_bytes() > SMEM_CAPACITY:
@@ -258,16 +300,22 @@ class BwdConfig(_KernelConfig):
         if self.hdim % (64 * wg):
             raise ValueError(f"hdim {self.hdim} must split into 64-row WGMMA M tiles across {wg} "
                              "warpgroups for dK^T and dV^T")
-        if self.tile_n % (16 * wg) or self.tile_n % 32:
-            raise ValueError(f"tile_n {self.tile_n} must give each warpgroup a multiple of 16 keys "
-                             "and be a multiple of 32 (P and dS swizzle atoms)")
-        # dK^T + dV^T, plus the larger of S + dP and dQ (never live together), plus ~32 for the rest
-        dkv = 2 * (self.hdim // wg) * self.tile_n // WARPGROUP_THREADS
-        sdp = 2 * self.tile_m * (self.tile_n // wg) // WARPGROUP_THREADS
-        dq = self.tile_m * (self.hdim // wg) // WARPGROUP_THREADS
-        if dkv + max(sdp, dq) + 32 > self.consumer_regs:
-            raise ValueError(f"accumulators need {dkv + max(sdp, dq)} registers per thread, too many "
-                             f"for {self.consumer_regs} consumer registers")
+        if self.tile_n % (8 * wg) or self.tile_n % 16 or self.tile_n > 256:
+            raise ValueError(f"tile_n {self.tile_n} must give each of the {wg} warpgroups a multiple "
+                             "of 8 keys (WGMMA N of S and dP) and be a multiple of 16 up to 256 (WGMMA "
+                             "K of dQ, N of dV^T and dK^T)")
+        chunks = self.num_dq_chunks
+        # a chunk is whole 64-column atoms of K's 128-byte swizzle (its K^T view is dQ's B operand)
+        if chunks not in (1, 2) or (chunks > 1 and (self.hdim // chunks) % 64):
+            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 where hdim / 2 is a multiple of 64 "
+                             "(whole swizzle atoms of K)")
+        # dK^T + dV^T, plus the larger of S + dP and one dQ chunk (never live together), plus
+        # _BWD_HDIM_REG_SLACK for addresses, row statistics, loop state and temporaries
+        dkv, sdp, dq = self._hdim_split_regs(chunks)
+        if dkv + max(sdp, dq) + _BWD_HDIM_REG_SLACK > self.consumer_regs:
+            raise ValueError(f"accumulators need {dkv + max(sdp, dq)} registers per thread (dK^T + "
+                             f"dV^T {dkv}, S + dP {sdp}, dQ chunk {dq}), too many for "
+                             f"{self.consumer_regs} consumer registers")
 
 
 # query rows per backward step (kv_split "keys"). 128 at hdim 64 as in FA3: S^T / dP^T GEMMs with

@@ -4,7 +4,16 @@
         [--case-hdims 192,256] [--fp16] [--bwd-config tile_m=64,ds_stages=2]
 
 --bwd-config replaces BwdConfig fields for every backward call (runtime.bwd_config_overrides), e.g.
-`--case-hdims 64 --hdims 64 --bwd-config tile_m=64` for the 64-row kernel at hdim 64.
+`--case-hdims 64 --hdims 64 --bwd-config tile_m=64` for the 64-row kernel at hdim 64. Given more
+than once, each configuration runs the cases in turn and the benchmark times every one of them
+side by side (the peers once per point); `default` is the dispatched configuration. The wide
+kernel's candidates at hdim 256 (docs/design.md "hdim 192 and 256"):
+
+    --no-bench --case-hdims 256 --bwd-config tile_n=80,do_stages=1 --bwd-config do_stages=1 \
+        --bwd-config tile_n=48 --bwd-config tile_n=48,do_stages=1 --bwd-config dq_chunks=2
+    --no-cases --hdims 256 --seqlens 1024,8192 --bwd-config default --bwd-config do_stages=1 \
+        --bwd-config tile_n=80,do_stages=1 --bwd-config tile_n=48 --bwd-config tile_n=48,do_stages=1 \
+        --bwd-config dq_chunks=2
 
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
@@ -94,7 +103,7 @@ def _grad_fn(o, inputs, dout):
     return lambda: torch.autograd.grad(o, inputs, dout, retain_graph=True)
 
 
-def bench_point(d, s, causal, fa4):
+def bench_point(d, s, causal, fa4, configs=({},)):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashhopper.hopper import forward, runtime
@@ -104,11 +113,19 @@ def bench_point(d, s, causal, fa4):
     q, k, v, do = (torch.randn(p.batch, s, p.heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     scale = 1 / math.sqrt(d)
     res = {}
+    fh_names = ["fh"] if len(configs) == 1 else [f"fh{i}" for i in range(len(configs))]
     try:
         out, lse = forward(q, k, v, scale, causal, (-1, -1), 0.0)
-        res["fh"] = time_ms(lambda: runtime.backward(q, k, v, out, do, lse, scale, causal, (-1, -1), 0.0))
     except Exception as exc:
-        print("fh failed:", str(exc)[:200])
+        print("fh forward failed:", str(exc)[:200])
+        configs = ()
+    for name, overrides in zip(fh_names, configs, strict=False):
+        try:
+            with runtime.bwd_config_overrides(**overrides):
+                res[name] = time_ms(lambda: runtime.backward(q, k, v, out, do, lse, scale, causal, (-1, -1),
+                                                             0.0))
+        except Exception as exc:
+            print(name, "failed:", str(exc)[:200])
     for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
@@ -127,24 +144,29 @@ def bench_point(d, s, causal, fa4):
             print("fa4 failed:", str(exc)[:200])
     tf = {n: flops / ms / 1e9 for n, ms in res.items()}
     peers = [tf[n] for n in ("cudnn", "fa4") if n in tf]
-    ratio = tf["fh"] / max(peers) if "fh" in tf and peers else float("nan")
-    cells = " ".join(f"{tf.get(n, float('nan')):8.1f}" for n in ("fh", "fa2", "cudnn", "fa4"))
+    mine = [tf[n] for n in fh_names if n in tf]
+    ratio = max(mine) / max(peers) if mine and peers else float("nan")  # the best configuration's
+    cells = " ".join(f"{tf.get(n, float('nan')):8.1f}" for n in (*fh_names, "fa2", "cudnn", "fa4"))
     print(f"{d:>4} {'yes' if causal else 'no':>6} {s:>6} {cells} {ratio:6.2f}", flush=True)
 
 
-def bench(hdims, seqlens):
+def bench(hdims, seqlens, configs=({},)):
     try:
         from flash_attn.cute import flash_attn_func as fa4
     except Exception as exc:
         print("no FA4:", exc)
         fa4 = None
-    names = " ".join(f"{n:>8}" for n in ("fh", "fa2", "cudnn", "fa4"))
+    fh_names = ["fh"] if len(configs) == 1 else [f"fh{i}" for i in range(len(configs))]
+    if len(configs) > 1:
+        for name, overrides in zip(fh_names, configs, strict=True):
+            print(f"{name}: {overrides or 'default'}")
+    names = " ".join(f"{n:>8}" for n in (*fh_names, "fa2", "cudnn", "fa4"))
     print("backward TFLOP/s (2.5x forward FLOPs)")
     print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {names} {'ratio':>6}")
     for d in hdims:
         for causal in (False, True):
             for s in seqlens:
-                bench_point(d, s, causal, fa4)
+                bench_point(d, s, causal, fa4, configs)
 
 
 def main():
@@ -155,33 +177,45 @@ def main():
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--case-hdims", default="", help="correctness cases of these hdims only, e.g. 192,256")
-    ap.add_argument("--bwd-config", default="", help="BwdConfig overrides, e.g. tile_m=64,ds_stages=2")
+    ap.add_argument("--bwd-config", action="append", default=[],
+                    help="BwdConfig overrides, e.g. tile_m=64,ds_stages=2 or tile_n=80,do_stages=1; "
+                         "repeat to compare configurations ('default': none)")
     args = ap.parse_args()
+    configs = [parse_overrides(text) for text in args.bwd_config] or [{}]
+    if configs != [{}]:
+        print("BwdConfig overrides:", "; ".join(str(c or "default") for c in configs), flush=True)
+    return run(args, configs)
+
+
+def parse_overrides(text: str) -> dict:
+    """'tile_n=80,do_stages=1' -> {'tile_n': 80, 'do_stages': 1}; 'default' or '' -> {}."""
+    if text.strip() in ("", "default"):
+        return {}
+    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
+def run(args, configs=({},)):
     from flashhopper.hopper import runtime
 
-    overrides = {k: int(v) for k, v in (kv.split("=") for kv in args.bwd_config.split(",") if kv)}
-    with runtime.bwd_config_overrides(**overrides):
-        if overrides:
-            print("BwdConfig overrides:", overrides, flush=True)
-        return run(args)
-
-
-def run(args):
     failures = 0
     cases = [] if args.no_cases else CASES
     if args.case_hdims:
         cases = [c for c in cases if c[5] in {int(x) for x in args.case_hdims.split(",")}]
-    for case in cases:
-        try:
-            ok, text = check(case, torch.float16 if args.fp16 else torch.bfloat16)
-        except Exception:
-            ok, text = False, traceback.format_exc(limit=3)[-600:]
-        failures += not ok
-        print(f"{'ok  ' if ok else 'FAIL'} {case}: {text}", flush=True)
+    for overrides in configs if cases else ():
+        if len(configs) > 1:
+            print("cases with", overrides or "default", flush=True)
+        with runtime.bwd_config_overrides(**overrides):
+            for case in cases:
+                try:
+                    ok, text = check(case, torch.float16 if args.fp16 else torch.bfloat16)
+                except Exception:
+                    ok, text = False, traceback.format_exc(limit=3)[-600:]
+                failures += not ok
+                print(f"{'ok  ' if ok else 'FAIL'} {case}: {text}", flush=True)
     if cases:
-        print(f"{failures} of {len(cases)} cases failed", flush=True)
+        print(f"{failures} of {len(cases) * len(configs)} cases failed", flush=True)
     if not args.no_bench:
-        bench([int(x) for x in args.hdims.split(",")], [int(x) for x in args.seqlens.split(",")])
+        bench([int(x) for x in args.hdims.split(",")], [int(x) for x in args.seqlens.split(",")], configs)
     return 1 if failures else 0
 
 

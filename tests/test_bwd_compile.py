@@ -74,6 +74,21 @@ def test_backward_preprocess_compiles(hdim):
     assert compile_bwd_pre("bf16", hdim, tvm_ffi=False) is not None
 
 
+def _check_wide_report(report, cfg, mask):
+    sass = report["sass"]
+    # per query block and warpgroup: S and dP (hdim/16 k-blocks each), dV^T and dK^T (64-row M tiles
+    # x 4 k-blocks each), dQ (tile_n/16 k-blocks per chunk)
+    m_tiles = cfg.hdim // cfg.num_consumer_wg // 64
+    chunks = cfg.num_dq_chunks
+    assert sass["HGMMA"] == 2 * (cfg.hdim // 16) + 2 * 4 * m_tiles + chunks * cfg.tile_n // 16
+    # commit groups per query block: S, dP, dV^T, dK^T and each dQ chunk; more waits = serialized
+    assert sass["HGMMA_WAITS"] <= 4 + chunks, "ptxas serialized the WGMMAs"
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
+    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+
+
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("hdim", [192, 256])
@@ -84,18 +99,32 @@ def test_backward_wide_hdim_compiles_without_spills(hdim, dtype, mask):
     cfg = bwd_config(dtype, hdim, **MASKS[mask])
     assert cfg.kv_split == "hdim"
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
+    _check_wide_report(report, cfg, mask)
     sass = report["sass"]
-    # per query block and warpgroup: S and dP (hdim/16 k-blocks each), dV^T and dK^T (64-row M tiles
-    # x 4 k-blocks each), dQ (tile_n/16 k-blocks)
-    m_tiles = hdim // cfg.num_consumer_wg // 64
-    assert sass["HGMMA"] == 2 * (hdim // 16) + 2 * 4 * m_tiles + cfg.tile_n // 16
-    # five commit groups per query block (S, dP, dQ, dV^T, dK^T): more waits = serialized WGMMAs
-    assert sass["HGMMA_WAITS"] <= 5, "ptxas serialized the WGMMAs"
     boxes = hdim // 64  # 128-byte swizzle: one TMA box per 64 head-dim columns
     assert sass["UTMALDG"] >= 4 * boxes + 2  # K, V, Q, dO, and the LSE and D rows
     assert sass["UTMASTG"] >= 2 * boxes  # dK, dV from K's and V's smem buffers
     assert sass["SYNCS"] > 0
-    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
-    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
-    assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
-    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
+
+
+# tile shapes and dO ring depths of the wide kernel for GPU timing (tests/test_config.py
+# WIDE_CANDIDATES): tile_n 80 with one dO stage is FA3's hdim-256 tile (dQ in two chunks there),
+# 48 is FA4's; 40 and 24 keys per warpgroup put P and dS in the unswizzled layout
+WIDE_VARIANTS = [
+    (256, {"tile_n": 80, "do_stages": 1}, "none"),
+    (256, {"tile_n": 80, "do_stages": 1}, "causal"),
+    (256, {"tile_n": 80, "do_stages": 1}, "local"),
+    (256, {"tile_n": 80, "do_stages": 1}, "softcap"),
+    (256, {"do_stages": 1}, "causal"),
+    (256, {"tile_n": 48}, "none"),
+    (256, {"tile_n": 48, "do_stages": 1}, "softcap"),
+    (256, {"dq_chunks": 2}, "none"),
+    (192, {"do_stages": 1}, "causal"),
+]
+
+
+@pytest.mark.parametrize(("hdim", "fields", "mask"), WIDE_VARIANTS)
+def test_backward_wide_variants_compile(hdim, fields, mask):
+    cfg = bwd_config("bf16", hdim, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])
+    _check_wide_report(report, cfg, mask)

@@ -115,6 +115,33 @@ def test_backward_hdim64_variants(fields, b, sq, sk, hq, hk, d, causal, window, 
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+# hdim 192 / 256 (hopper/bwd_wide.py) tile shapes and dO ring depths for timing: tile_n 80 with one
+# dO stage (FA3's hdim-256 tile; P / dS unswizzled, dQ in two chunks), FA4's 48, and one dO stage
+# at today's tiles. Sequence lengths that are not multiples of 80 / 48 test the key-block edges.
+_WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 4, 1, True, (-1, -1), 0.0),
+    (2, 517, 300, 4, 2, True, (-1, -1), 0.0),
+    (1, 17, 1000, 2, 2, False, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+]
+
+
+@pytest.mark.parametrize(("d", "fields"), [
+    (256, {"tile_n": 80, "do_stages": 1}),
+    (256, {"do_stages": 1}),
+    (256, {"tile_n": 48}),
+    (256, {"tile_n": 48, "do_stages": 1}),
+    (256, {"dq_chunks": 2}),
+    (192, {"do_stages": 1}),
+])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
+def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
+    """The wide kernel's candidate tiles (BwdConfig tile_n, do_stages) agree with the reference."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 def test_backward_fp16(d):
     run_case(2, 333, 333, 2, 1, d, dtype=torch.float16, causal=True)

@@ -110,10 +110,12 @@ def test_backward_configs_fit(hdim, mask):
         assert (cfg.hdim // cfg.num_consumer_wg) % 64 == 0
         assert cfg.tile_m == 64
         kv = 2 * cfg.tile_n * hdim * 2
-        q_do = 2 * cfg.num_stages * cfg.tile_m * hdim * 2
+        q_do = (cfg.num_stages + cfg.num_do_stages) * cfg.tile_m * hdim * 2
         p_ds = 2 * cfg.tile_m * cfg.tile_n * 2
-        lse_d = 2 * cfg.num_stages * cfg.tile_m * 4
+        lse_d = (cfg.num_stages + cfg.num_do_stages) * cfg.tile_m * 4
         assert cfg.smem_bytes() >= kv + q_do + p_ds + lse_d
+        # the dispatched wide kernels keep today's rings and one dQ chunk (tile_n 64 at hdim 256)
+        assert cfg.num_do_stages == cfg.num_stages == 2 and cfg.num_dq_chunks == 1
     else:
         assert cfg.kv_split == "keys"
         # 128 query rows per step at hdim 64 (FA3's tile), 64 at 96 and 128
@@ -125,7 +127,27 @@ def test_backward_configs_fit(hdim, mask):
     ("fields", "budget"),
     [
         ({"hdim": 192, "num_consumer_wg": 2, "tile_n": 64}, "64-row WGMMA M tiles"),
-        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 80}, "multiple of 32"),
+        # S / dP WGMMA N is tile_n / W keys: a multiple of 8; dQ's K (and dV^T's N) a multiple of 16
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 72}, "multiple of 8 keys"),
+        ({"hdim": 192, "num_consumer_wg": 3, "tile_n": 80}, "multiple of 8 keys"),
+        ({"hdim": 192, "num_consumer_wg": 3, "tile_n": 72}, "multiple of 16"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 272, "do_stages": 1}, "up to 256"),
+        # 80 keys of K and V next to two Q and two dO stages: 235600 B (FA3 runs 64 x 80 with one dO stage)
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 80}, "shared memory 235600 B"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 80, "do_stages": 2}, "shared memory"),
+        # a whole 64-register dQ tile next to 160 of dK^T + dV^T: ptxas spilled 320 B and serialized
+        # all 53 WGMMAs, hence dQ in two chunks (the default there)
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 80, "do_stages": 1, "dq_chunks": 1},
+         r"accumulators need 224 .*dQ chunk 64"),
+        # 192 of dK^T + dV^T and 48 of S + dP leave nothing (ptxas: 384 B of spills, 60 of 60 WGMMAs
+        # serialized even with dQ in chunks)
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 96, "do_stages": 1},
+         r"accumulators need 240 .*dK\^T \+ dV\^T 192"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 64, "dq_chunks": 3}, "dq_chunks 3"),
+        # 96-column chunks would split a 64-column swizzle atom of K (CuTe cannot tile it)
+        ({"hdim": 192, "num_consumer_wg": 3, "tile_n": 96, "dq_chunks": 2}, "dq_chunks 2"),
+        ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 64, "do_stages": 1, "num_stages": 0},
+         "must be >= 1"),
         ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 64, "tile_m": 128}, "tile_m 128 must be 64"),
         # 2 * 128 * 128 / 128 fp32 of dK^T + dV^T and 64 of dQ: no room left in 240
         ({"hdim": 256, "num_consumer_wg": 2, "tile_n": 128}, "accumulators need"),
@@ -137,6 +159,9 @@ def test_backward_configs_fit(hdim, mask):
         ({"hdim": 96, "tile_n": 128, "tile_m": 128, "num_stages": 1, "kv_split": "keys"},
          "accumulators need 224"),
         ({"hdim": 64, "tile_n": 128, "tile_m": 96, "kv_split": "keys"}, "multiple of 64"),
+        # the dO ring depth and dQ chunks are kv_split "hdim" (hopper/bwd_wide.py) switches
+        ({"hdim": 128, "tile_n": 128, "do_stages": 1, "kv_split": "keys"}, "only for kv_split 'hdim'"),
+        ({"hdim": 128, "tile_n": 128, "dq_chunks": 2, "kv_split": "keys"}, "only for kv_split 'hdim'"),
     ],
 )
 def test_invalid_backward_configs_name_the_budget(fields, budget):
@@ -153,3 +178,45 @@ def test_hdim64_takes_three_consumer_warpgroups_with_every_mask(dtype, mask):
     cfg = fwd_config(dtype, 64, **mask)
     assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wg) == (192, 128, 3)
     assert (cfg.consumer_regs, cfg.producer_regs) == (160, 32)
+
+
+# the wide-kernel candidates for GPU timing (docs/design.md "hdim 192 and 256"): (hdim, fields,
+# dynamic smem bytes, dQ chunks). Each compiles spill-free with the WGMMAs asynchronous
+# (tests/test_bwd_compile.py::test_backward_wide_variants_compile).
+WIDE_CANDIDATES = [
+    (256, {}, 215120, 1),
+    (256, {"do_stages": 1}, 182080, 1),
+    (256, {"tile_n": 80, "do_stages": 1}, 202560, 2),
+    (256, {"tile_n": 48}, 194640, 1),
+    (256, {"tile_n": 48, "do_stages": 1}, 161600, 1),
+    (256, {"dq_chunks": 2}, 215120, 2),
+    (192, {}, 198736, 1),
+    (192, {"do_stages": 1}, 173888, 1),
+    (192, {"tile_n": 48}, 149584, 1),
+]
+
+
+@pytest.mark.parametrize(("hdim", "fields", "smem", "chunks"), WIDE_CANDIDATES)
+@pytest.mark.parametrize("mask", MASKS)
+def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, mask):
+    cfg = config.bwd_config("bf16", hdim, **mask, **fields)
+    assert cfg.kv_split == "hdim" and cfg.smem_bytes() == smem <= SMEM_CAPACITY
+    assert cfg.num_dq_chunks == chunks
+    assert cfg.num_do_stages == fields.get("do_stages", cfg.num_stages)
+    # smem recomputed: K, V; Q and dO rings with their LSE / D rows; P and dS; barriers; alignment
+    stages = cfg.num_stages + cfg.num_do_stages
+    assert smem == (1024 + 2 * cfg.tile_n * hdim * 2 + stages * 64 * (hdim * 2 + 4)
+                    + 2 * 64 * cfg.tile_n * 2 + 8 * (2 + 2 * stages))
+    # registers: dK^T + dV^T, then the larger of S + dP and a dQ chunk, with 32 to spare
+    wg = cfg.num_consumer_wg
+    dkv = 2 * (hdim // wg) * cfg.tile_n // WARPGROUP_THREADS
+    sdp = 2 * 64 * (cfg.tile_n // wg) // WARPGROUP_THREADS
+    dq = 64 * (hdim // wg) // chunks // WARPGROUP_THREADS
+    assert dkv + max(sdp, dq) + 32 <= cfg.consumer_regs
+
+
+def test_do_stages_default_follows_num_stages():
+    cfg = config.bwd_config("bf16", 256)
+    assert cfg.do_stages == 0 and cfg.num_do_stages == cfg.num_stages == 2
+    one = dataclasses.replace(cfg, num_stages=1)
+    assert one.num_do_stages == 1 and one.smem_bytes() < cfg.smem_bytes()

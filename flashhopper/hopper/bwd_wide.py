@@ -19,7 +19,8 @@ One CTA owns `tile_n` keys of one (batch, KV head) and walks every query block o
 head sharing that KV head (GQA needs no dK/dV reduction):
 
   warpgroup 0 (producer, setmaxnreg.dec): one warp loads K and V once, then Q and dO of each
-      query block into a 2-stage ring (TMA, full/empty mbarriers), each with its LSE / D row.
+      query block into rings of num_stages and do_stages stages (TMA, full/empty mbarriers), each
+      with its LSE / D row.
   warpgroups 1..W (consumers, setmaxnreg.inc). Warpgroup w, per query block of 64 queries:
       S  = Q K_w^T, dP = dO V_w^T      (SS; M = queries, N = its tile_n / W keys, K = hdim)
       P  = exp2(S * scale_log2 - LSE_log2[q]) (masked), dS = P (dP - D[q])     (registers)
@@ -28,6 +29,17 @@ head sharing that KV head (GQA needs no dK/dV reduction):
       dV^T[rows_w] += dO^T[rows_w] P,  dK^T[rows_w] += Q^T[rows_w] dS   (SS, under the atomics)
   end: dK^T * softmax_scale and dV^T stored transposed (stmatrix.trans) into K's and V's smem
       buffers, then two TMA stores. dQ is added with the scale; the caller casts.
+
+Tile shape (BwdConfig tile_n, do_stages, dq_chunks; dispatched: hdim 256 at 64 x 64 with two Q and
+two dO stages, 192 at 64 x 96). tile_n / W keys per warpgroup must be a multiple of 8 (WGMMA N of
+S and dP) and tile_n a multiple of 16 (K of dQ). Where the warpgroup's keys are not a whole number
+of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24 keys), P and dS use the unswizzled layout
+and two-matrix stmatrix (pds_smem_layout). At hdim 256 / tile_n 80, dK^T + dV^T are 160 registers
+a thread and a whole 64-register dQ tile does not fit beside them (ptxas spills and serializes
+every WGMMA), so dQ is computed in two 128-column chunks through the same registers: chunk 0 is
+issued before dV^T and its atomics run under dV^T, chunk 1 after them and its atomics under dK^T.
+Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with one); with one dO
+stage it is released as soon as dV^T has read it, so the next block's dO loads under dK^T.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.bwd_layout import _atom_cols
 from flashhopper.hopper.mma import issue_gemm
 
 # Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
@@ -59,13 +72,31 @@ class FlashBwdWideSm90:
         self.dtype = _DTYPES[cfg.dtype]
         self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
         self.num_stages = cfg.num_stages
+        self.do_stages = cfg.num_do_stages
         self.num_consumer_wg = cfg.num_consumer_wg
         self.num_consumer_threads = 128 * cfg.num_consumer_wg
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.hdim_per_wg = cfg.hdim // cfg.num_consumer_wg
+        self.dq_chunks = cfg.num_dq_chunks
         self.has_right = cfg.causal or cfg.local
         self.has_left = cfg.local
         self.has_softcap = cfg.softcap
+
+    def pds_smem_layout(self):
+        """(queries, keys) layout of the P and dS tiles, keys contiguous.
+
+        The widest swizzle whose atom holds a whole number of each warpgroup's keys, since every
+        warpgroup stores its own key columns (stmatrix, partitioned by the S / dP tiled MMA): at
+        tile_n 64 (32 keys per warpgroup) the 128-byte swizzle; at 80 (40) and 48 (24) no swizzle
+        atom divides the warpgroup's columns (a 40-column offset is 2.5 atoms of the 32-byte one),
+        so the interleaved (unswizzled) atom of 8 x 8 core matrices, as FA3 picks for 64 x 80:
+        each core matrix is 128 contiguous bytes, so stmatrix and WGMMA stay free of bank conflicts.
+        """
+        atom_cols = _atom_cols(self.dtype, self.tile_n)
+        if self.keys_per_wg % atom_cols == 0:
+            return L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n)
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_INTER, self.dtype)
+        return cute.tile_to_shape(atom, (self.tile_m, self.tile_n), order=(0, 1))
 
     @cute.jit
     def __call__(
@@ -102,30 +133,33 @@ class FlashBwdWideSm90:
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(wgs, 1, 1),
             tiler_mn=(64, self.tile_n))
-        # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major)
+        # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
+        # per chunk of hdim / dq_chunks columns, split across the warpgroups
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
-            tiler_mn=(self.tile_m, self.hdim_per_wg))
+            tiler_mn=(self.tile_m, self.hdim_per_wg // self.dq_chunks))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
+        sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
-        sP_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n)
-        # per-query LSE and D of each Q / dO stage, loaded on the same barriers as Q and dO
-        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+        sP_layout = self.pds_smem_layout()
+        # per-query LSE (D) of each Q (dO) stage, loaded on the same barriers as Q (dO)
+        sLSE_layout = cute.make_layout((self.tile_m, self.num_stages))
+        sD_layout = cute.make_layout((self.tile_m, self.do_stages))
 
         @cute.struct
         class SharedStorage:
             mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
             mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_dO: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            mbar_dO: cute.struct.MemRange[cutlass.Int64, 2 * self.do_stages]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
-            sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sRow_layout)], 128]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sD_layout)], 128]
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.select(sQ_layout, mode=[0, 1])
@@ -148,7 +182,8 @@ class FlashBwdWideSm90:
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
             tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
-            sQ_layout, sK_layout, sP_layout, sRow_layout, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+            sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
+            tiled_mma_dkv, tiled_mma_dq,
             SharedStorage,
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
 
@@ -158,8 +193,9 @@ class FlashBwdWideSm90:
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_D: cute.CopyAtom,
                tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom, scale_log2: Float32,
                softcap_pre: Float32, softmax_scale: Float32, window_left: Int32, window_right: Int32,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sP_layout: cute.ComposedLayout, sRow_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
+               sQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
+               sLSE_layout: cute.Layout, sD_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -170,13 +206,13 @@ class FlashBwdWideSm90:
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sdS = storage.sdS.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
-        sLSE = storage.sLSE.get_tensor(sRow_layout)
-        sD = storage.sD.get_tensor(sRow_layout)
+        sLSE = storage.sLSE.get_tensor(sLSE_layout)
+        sD = storage.sD.get_tensor(sD_layout)
 
         # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per consumer warp.
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -191,7 +227,7 @@ class FlashBwdWideSm90:
             num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
             tx_count=q_bytes, barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True)
         pipe_do = pipeline.PipelineTmaAsync.create(
-            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            num_stages=self.do_stages, producer_group=producer, consumer_group=consumers,
             tx_count=q_bytes, barrier_storage=storage.mbar_dO.data_ptr(), defer_sync=True)
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
@@ -253,7 +289,13 @@ class FlashBwdWideSm90:
         cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of
+        # `state` made before the loop would be carried as a second, never advanced, state)
+        do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
         for step in cutlass.range(num_steps, unroll=1):
+            do_state = do_ring
+            if cutlass.const_expr(self.do_stages == self.num_stages):
+                do_state = state
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
@@ -274,12 +316,14 @@ class FlashBwdWideSm90:
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
             cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
-            pipe_do.producer_acquire(state)
-            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
-            cute.copy(tma_atom_D, tDgD, tDsD[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            pipe_do.producer_acquire(do_state)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, do_state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
+            cute.copy(tma_atom_D, tDgD, tDsD[None, do_state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
             state.advance()
+            if cutlass.const_expr(self.do_stages != self.num_stages):
+                do_ring.advance()
 
     @cute.jit
     def consume(self, sLSE, sD, mdQaccum, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP, sdS,
@@ -306,24 +350,40 @@ class FlashBwdWideSm90:
         tKrQ = wg_dkv.make_fragment_A(wg_dkv.partition_A(L.transpose_view(sQ)))
         tKrdS = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_view(sdS)))
         # dQ = dS K: A = dS (queries, keys), B = K^T (hdim, keys): this warpgroup's head-dim columns
+        # (dq_chunks 2: chunk c is head-dim columns [c * hdim / 2, (c + 1) * hdim / 2), of which
+        # warpgroup w adds the w-th hdim / (2 W))
         tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
-        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sK)))
+        dq_cols = self.hdim // self.dq_chunks
+        sKt = L.transpose_view(sK)
+        if cutlass.const_expr(self.dq_chunks > 1):
+            tQrK = [wg_dq.make_fragment_B(wg_dq.partition_B(
+                cute.local_tile(sKt, (dq_cols, self.tile_n), (c, 0)))) for c in range(self.dq_chunks)]
+        else:
+            tQrK = [wg_dq.make_fragment_B(wg_dq.partition_B(sKt))]
 
         shape_sdp = (self.tile_m, self.tile_n)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
-        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.hdim)), Float32)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, dq_cols)), Float32)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_dP_rc = L.acc_rows_cols(acc_dP)
         # (query, key) of each S / dP register, within the tile
         coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
-        dq_coords = thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))
+        dq_coords = [thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))]
+        if cutlass.const_expr(self.dq_chunks > 1):
+            dq_coords = [thr_dq.partition_C(cute.local_tile(
+                cute.make_identity_tensor((self.tile_m, self.hdim)), (self.tile_m, dq_cols), (0, c)))
+                for c in range(self.dq_chunks)]
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
+        # four 8 x 8 matrices (16 keys) per stmatrix where the warpgroup's keys come in 16s; two
+        # (8 keys) at 40 or 24 keys per warpgroup (tile_n 80, 48)
         st_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
+                                              num_matrices=4 if self.keys_per_wg % 16 == 0 else 2),
+            self.dtype)
         st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(tidx)
         tPsP = st_copy.partition_D(sP)
         tdSsdS = st_copy.partition_D(sdS)
@@ -332,16 +392,22 @@ class FlashBwdWideSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+        # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of
+        # `state` made before the loop would be carried as a second, never advanced, state)
+        do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
         diag = seqlen_k - seqlen_q
         num_rows = cute.size(acc_S_rc, mode=[0])
         num_cols = cute.size(acc_S_rc, mode=[1])
         for step in cutlass.range(num_steps, unroll=1):
+            do_state = do_ring
+            if cutlass.const_expr(self.do_stages == self.num_stages):
+                do_state = state
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             pipe_q.consumer_wait(state)
             issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
-            pipe_do.consumer_wait(state)
-            issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, state.index], tPrV, zero_init=True)
+            pipe_do.consumer_wait(do_state)
+            issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
 
             # A thread's S registers cover two query rows: their LSE and D are read once, and
             # visibility is a key range [lo, hi) per row (offsets from this key block's start).
@@ -354,7 +420,7 @@ class FlashBwdWideSm90:
                 q_in_block = coord_rc[r, 0][0]
                 q = m_block * self.tile_m + q_in_block
                 lse[r] = sLSE[q_in_block, state.index]
-                d_row[r] = sD[q_in_block, state.index]
+                d_row[r] = sD[q_in_block, do_state.index]
                 hi[r] = seqlen_k - n_block * self.tile_n
                 lo[r] = Int32(0)
                 if cutlass.const_expr(self.has_right):
@@ -400,15 +466,44 @@ class FlashBwdWideSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
             # dQ first, so its atomics run under dV and dK
-            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK, zero_init=True)
-            issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, state.index], tVrP, zero_init=False)
-            issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS, zero_init=False)
-            warpgroup.wait_group(2)
-            self.add_dq(acc_dQ, dq_coords, mdQaccum, m_block, head, batch, seqlen_q, softmax_scale)
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
-            pipe_do.consumer_release(state)
+            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[0], zero_init=True)
+            issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP, zero_init=False)
+            if cutlass.const_expr(self.dq_chunks == 2):
+                # dQ in two halves through the same registers: the first's atomics under dV^T, the
+                # second's under dK^T
+                warpgroup.wait_group(1)
+                self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
+                            softmax_scale)
+                issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[1], zero_init=True)
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS,
+                      zero_init=False)
+                warpgroup.wait_group(1)
+                # dV^T has read dO
+                pipe_do.consumer_release(do_state)
+                self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
+                            softmax_scale)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+            else:
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS,
+                      zero_init=False)
+                warpgroup.wait_group(2)
+                self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
+                            softmax_scale)
+                if cutlass.const_expr(self.do_stages == 1):
+                    # one dO stage: hand it back as soon as dV^T has read it (usually done under
+                    # the atomics already), so the next block's dO loads under dK^T, not after it
+                    warpgroup.wait_group(1)
+                    pipe_do.consumer_release(do_state)
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
+                else:
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
+                    pipe_do.consumer_release(do_state)
             state.advance()
+            if cutlass.const_expr(self.do_stages != self.num_stages):
+                do_ring.advance()
 
         # dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows
         # past seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores.
