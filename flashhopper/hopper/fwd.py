@@ -435,7 +435,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP=tOrP, row_scale=row_scale, wg=wg)
+                           tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
@@ -545,7 +545,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP, row_scale, wg):
+                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -554,12 +554,27 @@ class FlashFwdSm90:
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(1)
-        pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        # K(n) is released here, after the softmax and through a condition on the new row sums
+        # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
+        # otherwise hoists the P @ V wait (WARPGROUP.DEPBAR) to where its latency model expects the
+        # GEMM to be done, in the middle of the exp2s (or before them). Tying the arrive to the
+        # exp2 results keeps the wait after all of them, so they run under this warpgroup's P @ V.
+        self.release_after(pipe_k, k_state, row_sum)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         S.rescale_rows(acc_O_rc, row_scale)
         acc_to_operand_a(acc_S, tOrP)
+
+    @cute.jit
+    def release_after(self, pipe, state, row_sum):
+        """`pipe.consumer_release(state)`, issued only once every row sum is computed: the sums
+        are never negative (NaN fails `< 0` too), so the condition holds but ptxas cannot know."""
+        total = row_sum[0]
+        for r in cutlass.range_constexpr(1, cute.size(row_sum)):
+            total = total + row_sum[r]
+        if not total < Float32(0.0):
+            pipe.consumer_release(state)
 
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
