@@ -74,6 +74,12 @@ class FwdConfig(_KernelConfig):
     # setmaxnreg: the producer warpgroup gives registers back, the consumers take them. Off, every
     # thread keeps the launch share (65536 / threads), so the consumers' accumulators spill.
     reg_realloc: bool = True
+    # With intra_wg_overlap: multiply O by the previous block's row scale in the next step, after
+    # QK^T is issued and before P @ V is (O is not in flight then), so the FMULs run under the
+    # QK^T GEMM; the tail does it before the last P @ V. FA3's RescaleOBeforeGemm (hdim > 128).
+    # Off: O is rescaled at the end of the step, after the P @ V wait. No effect without
+    # intra_wg_overlap (the serial step already rescales right before its P @ V).
+    rescale_o_before_pv: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -164,7 +170,7 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     sched = _fwd_persistent(hdim, causal or local)
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
-                    persistent=sched, dynamic_sched=sched)
+                    persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128)
     cfg.check()
     return cfg
 

@@ -5,6 +5,7 @@
     python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
     python scripts/tune_fwd.py tiles      # hdim 128 non-causal: 128x128 vs 128x160 vs 128x176, 8k and 16k
     python scripts/tune_fwd.py tiles64    # hdim 64 causal / local: 192 x 128 vs 128 x 128 rows
+    python scripts/tune_fwd.py rescale    # O rescaled before P @ V (under QK^T) vs after its wait
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -85,6 +86,12 @@ TILES64 = [
     for over in ({}, {"tile_m": 128, "num_consumer_wg": 2})
 ]
 
+# rescale_o_before_pv (FA3's RescaleOBeforeGemm, dispatched for hdim > 128): on vs off at hdim 256
+# (non-causal and causal) and hdim 128, 8k, interleaved over RESCALE_ROUNDS rounds
+RESCALE = [(hdim, causal, 8192, {"rescale_o_before_pv": on})
+           for hdim, causal in ((256, False), (256, True), (128, False), (128, True)) for on in (True, False)]
+RESCALE_ROUNDS = 2
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -93,6 +100,10 @@ if __name__ == "__main__":
     if "tiles64" in sys.argv:
         for causal, window, seqlen, dtype, over in TILES64:
             run(64, causal, seqlen, dtype, window, **over)
+    elif "rescale" in sys.argv:
+        for _ in range(RESCALE_ROUNDS):
+            for hdim, causal, seqlen, override in RESCALE:
+                run(hdim, causal, seqlen, **override)
     elif "fp16" in sys.argv:
         for _ in range(DTYPE_ROUNDS):
             for hdim in (64, 128, 256):

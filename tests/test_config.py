@@ -53,6 +53,12 @@ def test_scheduling_switches_do_not_change_budgets():
             dataclasses.replace(base, **dict(zip(switches, values, strict=True))).check()
 
 
+def test_rescale_o_before_pv_default():
+    # FA3's RescaleOBeforeGemm: O rescaled under QK^T for hdim > 128 (every dtype and mask)
+    for dtype, hdim, mask, softcap in DISPATCHED:
+        assert fwd_config(dtype, hdim, softcap=softcap, **mask).rescale_o_before_pv == (hdim > 128)
+
+
 def test_unsupported_hdim_is_refused():
     with pytest.raises(ValueError, match="hdim 80 not supported"):
         fwd_config("bf16", 80)

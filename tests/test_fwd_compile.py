@@ -31,8 +31,16 @@ def test_forward_hdim64_mask_with_softcap_compiles(dtype, mask):
     _check_forward(dtype, 64, {**MASKS[mask], "softcap": True})
 
 
-def _check_forward(dtype, hdim, mask):
-    report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask)
+# rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
+# P @ V issue must not serialize the WGMMAs or spill either way
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("hdim", [128, 256])
+def test_forward_rescale_switch_flipped_compiles(hdim, mask):
+    _check_forward("bf16", hdim, MASKS[mask], rescale_o_before_pv=hdim <= 128)
+
+
+def _check_forward(dtype, hdim, mask, **overrides):
+    report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask, **overrides)
     sass = report["sass"]
     assert sass["HGMMA"] > 0 and sass["QGMMA"] == 0
     assert sass["UTMALDG"] >= 3  # Q, K, V

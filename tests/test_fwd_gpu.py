@@ -181,3 +181,23 @@ def test_wide_key_tiles(tile_n, dtype, causal, window, monkeypatch):
             run_case(2, sq, sk, 4, 2, 128, dtype, causal=causal, window=window)
         monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
         run_case(2, 700, 333, 4, 1, 128, dtype, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("rescale_early", [False, True])
+@pytest.mark.parametrize("d,causal,window,overlap", [
+    (128, False, (-1, -1), True), (128, True, (-1, -1), True), (128, False, (100, 20), True),
+    (256, False, (-1, -1), True), (256, True, (-1, -1), True), (256, False, (100, 20), True),
+    (256, True, (-1, -1), False),
+])
+def test_rescale_o_before_pv(d, causal, window, overlap, rescale_early, monkeypatch):
+    """O multiplied by the row scale before P @ V is issued, under QK^T (FwdConfig.
+    rescale_o_before_pv, dispatched for hdim > 128), or after the P @ V wait: the same result
+    either way. Many blocks through the masked / mask-free / left-window loops, one block (the
+    peeled block and the tail only), persistent tiles, and the serial step (no effect there)."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(rescale_o_before_pv=rescale_early, intra_wg_overlap=overlap):
+        for sq, sk in [(1000, 1000), (17, 4097), (4097, 17), (1, 1), (300, 517), (100, 80)]:
+            run_case(2, sq, sk, 4, 2, d, causal=causal, window=window)
+        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+        run_case(2, 700, 333, 4, 1, d, causal=causal, window=window)

@@ -500,6 +500,9 @@ class FlashFwdSm90:
             pipe_q.consumer_release(q_state)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             if num_blocks > 0:
+                if cutlass.const_expr(self.cfg.rescale_o_before_pv):
+                    # the last block's row scale (the last step left it for the next one)
+                    S.rescale_rows(acc_O_rc, row_scale)
                 pipe_v.consumer_wait(v_state)
                 issue_pv(v_state.index)
                 warpgroup.wait_group(0)
@@ -546,10 +549,18 @@ class FlashFwdSm90:
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
                      acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg):
-        """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs."""
+        """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
+
+        O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
+        `rescale_o_before_pv` here, after QK^T(n) is issued (under that GEMM; `row_scale` still
+        holds block n+1's scale, the previous step waited for its P @ V), otherwise at the end of
+        the previous step (the peeled first block's scale is 1 and O is 0).
+        """
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
         issue_qk(k_state.index)
+        if cutlass.const_expr(self.cfg.rescale_o_before_pv):
+            S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
@@ -563,7 +574,8 @@ class FlashFwdSm90:
         self.release_after(pipe_k, k_state, row_sum)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
-        S.rescale_rows(acc_O_rc, row_scale)
+        if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
+            S.rescale_rows(acc_O_rc, row_scale)
         acc_to_operand_a(acc_S, tOrP)
 
     @cute.jit
