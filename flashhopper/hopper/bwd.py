@@ -1,8 +1,4 @@
-"""FlashAttention backward for Hopper (sm_90a) — first version, compile-checked, NOT yet run.
-
-Status: this kernel compiles for sm_90a (see tests/test_bwd_compile.py) but has not been run on
-a GPU; it is not dispatched by `flash_attn_func` (whose backward still raises
-NotImplementedError). The next step is the GPU test against `attention_bwd_ref`.
+"""FlashAttention backward for Hopper (sm_90a), hdim 64/96/128 (192/256: hopper/bwd_wide.py).
 
 One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every query block
 (of every query head sharing that KV head, so GQA needs no dK/dV reduction) that can see it:
@@ -15,7 +11,7 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
         S^T  = K Q^T        (SS)     P^T = exp2(S^T * scale_log2 - LSE_log2[q])
         dP^T = V dO^T       (SS)     dS^T = P^T * (dP^T - D[q])
         dV  += P^T dO       (RS: P^T stays in registers as the A operand)
-        dK  += dS^T Q       (RS)
+        dK  += dS^T Q       (SS: dS^T from smem, where dQ needs it anyway)
         dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
       (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv)
   warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
@@ -27,7 +23,6 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import cuda.bindings.driver as cuda
@@ -37,16 +32,14 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
 _BAR_DQ_EMPTY = 2  # dQ writer -> consumers: the smem dQ tile may be overwritten
 _BAR_DQ_FULL = 3  # consumers -> dQ writer: the smem dQ tile holds this step's dQ
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
-LOG2E = math.log2(math.e)
 
 
 @cute.jit
@@ -61,18 +54,7 @@ def issue_k_blocks(tiled_mma, acc, tCrA, tCrB, k_begin: cutlass.Constexpr[int],
     warpgroup.commit_group()
 
 
-class FlashBwdSm90:
-    def __init__(self, cfg: BwdConfig):
-        cfg.check()
-        self.cfg = cfg
-        self.dtype = _DTYPES[cfg.dtype]
-        self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
-        self.num_stages = cfg.num_stages
-        self.num_consumer_wg = cfg.num_consumer_wg
-        self.num_consumer_threads = 128 * cfg.num_consumer_wg
-        self.has_right = cfg.causal or cfg.local
-        self.has_left = cfg.local
-        self.has_softcap = cfg.softcap
+class FlashBwdSm90(BwdKernelBase):
 
     @cute.jit
     def __call__(
@@ -238,68 +220,6 @@ class FlashBwdSm90:
                          tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q,
                          seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
-
-    @cute.jit
-    def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
-        """[m_min, m_max): query blocks with at least one query that sees a key of this block.
-
-        Key j is visible from query i iff j <= i + d + right and j >= i + d - left, with
-        d = seqlen_k - seqlen_q (causal: right = 0).
-        """
-        diag = seqlen_k - seqlen_q
-        m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
-        m_min = Int32(0)
-        if cutlass.const_expr(self.has_right):
-            first_q = n_block * self.tile_n - diag - window_right  # lowest query that sees key n*N
-            m_min = cutlass.max(m_min, first_q // self.tile_m if first_q > 0 else Int32(0))
-        if cutlass.const_expr(self.has_left):
-            last_q = (n_block + 1) * self.tile_n - 1 - diag + window_left  # highest query seeing the block
-            m_max = cutlass.min(m_max, (last_q // self.tile_m + 1) if last_q >= 0 else Int32(0))
-        return m_min, m_max
-
-    @cute.jit
-    def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
-                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
-                head_kv, batch, ratio, m_min, num_m, num_steps):
-        one = cute.make_layout(1)
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipe_kv.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        for step in cutlass.range(num_steps, unroll=1):
-            head = head_kv * ratio + step // num_m
-            m_block = m_min + step % num_m
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
-            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
-                                                   cute.group_modes(gdO, 0, 2))
-            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
-            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
-            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
-                                               cute.group_modes(gLSE, 0, 1))
-            tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
-                                               cute.group_modes(gD, 0, 1))
-            pipe_q.producer_acquire(state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
-                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
-            cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
-                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
-            pipe_do.producer_acquire(state)
-            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
-            cute.copy(tma_atom_D, tDgD, tDsD[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
-            state.advance()
 
     @cute.jit
     def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
@@ -518,14 +438,7 @@ class FlashBwdSm90:
         cute.copy(st_atom, st_copy.retile(rdV), st_copy.partition_D(sV))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-        if tidx < 32:
-            for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
-                gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-                tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                                 cute.group_modes(gX, 0, 2))
-                cute.copy(atom, tsX, tgX)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
 
     @cute.jit
     def ds_free_barrier(self):

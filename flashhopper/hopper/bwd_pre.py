@@ -20,7 +20,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+from flashhopper.hopper import layout as L
+
 LOG2E = math.log2(math.e)
 ROWS_PER_CTA = 64
 WARPS = 8
@@ -30,7 +31,7 @@ class BwdPreprocess:
     def __init__(self, dtype: str, hdim: int):
         if hdim % 32:
             raise ValueError(f"hdim {hdim} must be a multiple of 32 for the backward preprocess")
-        self.dtype = _DTYPES[dtype]
+        self.dtype = L.CUTE_DTYPES[dtype]
         self.hdim = hdim
 
     @cute.jit

@@ -53,6 +53,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import _atom_cols
 from flashhopper.hopper.mma import issue_gemm
 
@@ -60,27 +61,17 @@ from flashhopper.hopper.mma import issue_gemm
 _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
 _BAR_PDS_FULL = 3  # this query block's P and dS are in smem
 _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any more / tile written
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
-class FlashBwdWideSm90:
+class FlashBwdWideSm90(BwdKernelBase):
     def __init__(self, cfg: BwdConfig):
-        cfg.check()
         if cfg.kv_split != "hdim":
             raise ValueError(f"FlashBwdWideSm90 takes kv_split='hdim' configs, got {cfg.kv_split!r}")
-        self.cfg = cfg
-        self.dtype = _DTYPES[cfg.dtype]
-        self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
-        self.num_stages = cfg.num_stages
-        self.do_stages = cfg.num_do_stages
-        self.num_consumer_wg = cfg.num_consumer_wg
-        self.num_consumer_threads = 128 * cfg.num_consumer_wg
+        super().__init__(cfg)
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.hdim_per_wg = cfg.hdim // cfg.num_consumer_wg
+        self.do_stages = cfg.num_do_stages
         self.dq_chunks = cfg.num_dq_chunks
-        self.has_right = cfg.causal or cfg.local
-        self.has_left = cfg.local
-        self.has_softcap = cfg.softcap
 
     def pds_smem_layout(self):
         """(queries, keys) layout of the P and dS tiles, keys contiguous.
@@ -255,27 +246,10 @@ class FlashBwdWideSm90:
                          seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
-    def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
-        """[m_min, m_max): query blocks with at least one query that sees a key of this block.
-
-        Key j is visible from query i iff j <= i + d + right and j >= i + d - left, with
-        d = seqlen_k - seqlen_q (causal: right = 0).
-        """
-        diag = seqlen_k - seqlen_q
-        m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
-        m_min = Int32(0)
-        if cutlass.const_expr(self.has_right):
-            first_q = n_block * self.tile_n - diag - window_right  # lowest query that sees key n*N
-            m_min = cutlass.max(m_min, first_q // self.tile_m if first_q > 0 else Int32(0))
-        if cutlass.const_expr(self.has_left):
-            last_q = (n_block + 1) * self.tile_n - 1 - diag + window_left  # highest query seeing the block
-            m_max = cutlass.min(m_max, (last_q // self.tile_m + 1) if last_q >= 0 else Int32(0))
-        return m_min, m_max
-
-    @cute.jit
     def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
                 tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
                 head_kv, batch, ratio, m_min, num_m, num_steps):
+        """BwdKernelBase.produce with the dO ring at its own depth (`do_stages`)."""
         one = cute.make_layout(1)
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
@@ -524,16 +498,7 @@ class FlashBwdWideSm90:
         # generic-proxy smem writes, read next by the TMA unit (async proxy)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        # a whole warp: the TMA copy elects its issuing lane itself
-        if tidx < 32:
-            for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
-                gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-                tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                                 cute.group_modes(gX, 0, 2))
-                cute.copy(atom, tsX, tgX)
-            cute.arch.cp_async_bulk_commit_group()
-            # the CTA's smem must outlive the store's reads of it
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
 
     @cute.jit
     def prob(self, s, key, lse, lo, hi, scale_log2):

@@ -39,7 +39,6 @@ _BAR_EPILOGUE = 1
 _BAR_PINGPONG = 2
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
 @dsl_user_op
@@ -56,7 +55,7 @@ class FlashFwdSm90:
     def __init__(self, cfg: FwdConfig):
         cfg.check()
         self.cfg = cfg
-        self.dtype = _DTYPES[cfg.dtype]
+        self.dtype = L.CUTE_DTYPES[cfg.dtype]
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.hdim, self.hdim_v = cfg.hdim, cfg.hdim_v
         self.num_stages = cfg.num_stages

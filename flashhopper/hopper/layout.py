@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
+
+# the kernels' element types by the config's dtype name
+CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 
 def select_modes(t: cute.Tensor, modes: list[int]) -> cute.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
+from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
 
 try:  # TVM-FFI lets the compiled kernel take torch tensors directly (low host overhead)
     import tvm_ffi  # noqa: F401
@@ -29,7 +30,6 @@ except ImportError:  # pragma: no cover - depends on the environment
     _HAVE_TVM_FFI = False
 
 _TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_NAME_TO_CUTE = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 
 _cache: dict = {}
 _cache_lock = threading.Lock()

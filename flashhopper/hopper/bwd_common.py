@@ -1,0 +1,107 @@
+"""What the two backward kernels (hopper/bwd.py, hopper/bwd_wide.py) share: their static
+config, the query-block range a key block sees, the TMA producer warp, and the dK/dV TMA store.
+They differ in how the consumer warpgroups split the work (64 keys each vs head-dim rows)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, pipeline
+from cutlass.cute.nvgpu import cpasync
+
+from flashhopper.config import BwdConfig
+from flashhopper.hopper import layout as L
+
+
+class BwdKernelBase:
+    def __init__(self, cfg: BwdConfig):
+        cfg.check()
+        self.cfg = cfg
+        self.dtype = L.CUTE_DTYPES[cfg.dtype]
+        self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
+        self.num_stages = cfg.num_stages
+        self.num_consumer_wg = cfg.num_consumer_wg
+        self.num_consumer_threads = 128 * cfg.num_consumer_wg
+        self.has_right = cfg.causal or cfg.local
+        self.has_left = cfg.local
+        self.has_softcap = cfg.softcap
+
+    @cute.jit
+    def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
+        """[m_min, m_max): query blocks with at least one query that sees a key of this block.
+
+        Key j is visible from query i iff j <= i + d + right and j >= i + d - left, with
+        d = seqlen_k - seqlen_q (causal: right = 0).
+        """
+        diag = seqlen_k - seqlen_q
+        m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
+        m_min = Int32(0)
+        if cutlass.const_expr(self.has_right):
+            first_q = n_block * self.tile_n - diag - window_right  # lowest query that sees key n*N
+            m_min = cutlass.max(m_min, first_q // self.tile_m if first_q > 0 else Int32(0))
+        if cutlass.const_expr(self.has_left):
+            last_q = (n_block + 1) * self.tile_n - 1 - diag + window_left  # highest query seeing the block
+            m_max = cutlass.min(m_max, (last_q // self.tile_m + 1) if last_q >= 0 else Int32(0))
+        return m_min, m_max
+
+    @cute.jit
+    def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
+                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
+                head_kv, batch, ratio, m_min, num_m, num_steps):
+        """Warp 0: K and V of this key block once, then Q + LSE row and dO + D row of every
+        (query head, query block) step into the two rings, query block fastest."""
+        one = cute.make_layout(1)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            # the host pads the rows to whole query blocks, so the row tile never runs past them
+            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
+                                               cute.group_modes(gD, 0, 1))
+            pipe_q.producer_acquire(state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            pipe_do.producer_acquire(state)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            cute.copy(tma_atom_D, tDgD, tDsD[None, state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            state.advance()
+
+    @cute.jit
+    def store_dkv(self, mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx):
+        """Epilogue's last step, after dK and dV are in K's and V's smem buffers and fenced for the
+        async proxy: one warp (the TMA copy elects its issuing lane itself) stores both with TMA,
+        which drops the rows past seqlen_k, and waits for the reads of smem, which must outlive
+        them."""
+        if tidx < 32:
+            for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
+                gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+                tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                                 cute.group_modes(gX, 0, 2))
+                cute.copy(atom, tsX, tgX)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
