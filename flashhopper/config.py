@@ -25,17 +25,34 @@ REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
 # with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
 # gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 256, tile_n 64
-# and 80 measure the same. At hdim 128, tile_n 160 and 176 (FA3's tile) measured 598 and 492 vs 692
-# when their P conversion serialized the P @ V WGMMAs (and 176 spilled); they now compile like 128
-# (no spills, one WGMMA wait per commit group; local masking still spills at 160/176) and are to be
-# re-timed with `scripts/tune_fwd.py tiles`.
-_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
-# With causal/local masks: the same tiles, as in FA3. hdim 64 took 128 x 128 while its masked
-# 160-register kernel spilled (8 bytes causal fp16, 96-136 local); it fits with no spills since the
+# and 80 measure the same. At hdim 128, 160 keys per block measured +0.7..+1.4% over 128 in 4 of 4
+# interleaved pairs (8k, 16k; `tune_fwd.py tiles`); FA3's 176 no better, and once 11% worse.
+_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 160), 192: (128, 112), 256: (128, 80)}
+# With causal/local masks: the same tiles as in FA3, except hdim 128 keeps 128 keys (160 is not
+# timed masked, and local masking spilled there). hdim 64 at 192 rows fits with no spills since the
 # mask compares against compile-time columns (hopper/mask.py) and the epilogue's smem addresses are
-# no longer held through the mainloop (hopper/fwd.py). Causal bf16 at 8k measured 470 vs 444
-# TFLOP/s (192 vs 128 rows); local at 192 rows is not measured yet.
-_TILES_MASKED = dict(_TILES)
+# no longer held through the mainloop (hopper/fwd.py): causal bf16 8k +10% over 128 rows.
+_TILES_CAUSAL = {**_TILES, 128: (128, 128)}
+# A local window keeps hdim 64 at 128 rows: 192 measured 15-20% slower with a 512-key window at
+# 512-4096 queries (scripts/tune_fwd.py tiles64), where most blocks are masked edge blocks.
+_TILES_LOCAL = {**_TILES_CAUSAL, 64: (128, 128)}
+# Causal only, narrower query tiles where the wide one pads the query length: 192 rows cover 512
+# queries with 576 (1024 with 1152), and on the H200 causal 512 / 1024 ran 13-14% slower than at
+# 128 rows, which cover both exactly; at 1536 and 2048 192 rows were 2-5% faster, at 4096 even.
+# Without a mask 192 rows won at every length (512-4096) in spite of the padding.
+_TILES_NARROW = {64: (128, 128)}
+# how much more padding (ratio of padded query rows) the wide tile may cost before the narrow one
+# is taken: 2048 queries pad 3% at 192 rows and that tile was still the faster
+_NARROW_PAD_RATIO = 1.06
+
+
+def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
+    """Whether a causal forward takes _TILES_NARROW for this query length (the wide tile pads)."""
+    if not causal or hdim not in _TILES_NARROW or seqlen_q <= 0:
+        return False
+    wide, narrow = _TILES_CAUSAL[hdim][0], _TILES_NARROW[hdim][0]
+    padded = lambda rows: -(-seqlen_q // rows) * rows  # noqa: E731
+    return padded(wide) > _NARROW_PAD_RATIO * padded(narrow)
 
 
 @dataclass(frozen=True)
@@ -80,6 +97,11 @@ class FwdConfig(_KernelConfig):
     # Off: O is rescaled at the end of the step, after the P @ V wait. No effect without
     # intra_wg_overlap (the serial step already rescales right before its P @ V).
     rescale_o_before_pv: bool = False
+    # With intra_wg_overlap: release K(n) after the softmax, behind a condition on the row sums,
+    # which pins the P @ V wait after every exp2 (ptxas otherwise hoists it into the softmax).
+    # Off: K is released right after the QK^T wait, as before (kept to time the two against
+    # each other).
+    late_k_release: bool = True
 
     @property
     def hdim_v(self) -> int:
@@ -162,11 +184,14 @@ def _fwd_persistent(hdim: int, masked: bool) -> bool:
 
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False) -> FwdConfig:
-    """The dispatched forward configuration (cached: it is on every call's path)."""
+               softcap: bool = False, narrow: bool = False) -> FwdConfig:
+    """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
+    causal, and the query length would pad the usual tile (`fwd_narrow_tile`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
-    tile_m, tile_n = (_TILES_MASKED if causal or local else _TILES)[hdim]
+    tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
+    if narrow and causal and not local and hdim in _TILES_NARROW:
+        tile_m, tile_n = _TILES_NARROW[hdim]
     sched = _fwd_persistent(hdim, causal or local)
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
@@ -184,9 +209,12 @@ BWD_HDIMS = (64, 96, 128, 192, 256)
 # hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
 # would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
 # each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):
-# 32 keys of S and dP per warpgroup. Other tile_n (80 with do_stages=1 as in FA3, 48 as in FA4)
-# and one dO stage compile clean as overrides; docs/design.md "Tile-shape candidates" until timed.
-BWD_WIDE = {192: (96, 3), 256: (64, 2)}
+# 32 keys of S and dP per warpgroup at 192; FA3's 80 keys (40 per warpgroup) at 256. Other tile_n
+# (64; 48 as in FA4) and dO ring depths compile clean as overrides (docs/design.md).
+BWD_WIDE = {192: (96, 3), 256: (80, 2)}
+# dO ring depth per wide hdim (BwdConfig.do_stages; absent: the Q ring's). hdim 256 at 64 x 80 with
+# one dO stage (FA3's shape) measured +13..+20% over 64 x 64 with two (H200, docs/benchmarks.md).
+_BWD_WIDE_DO_STAGES = {256: 1}
 # kv_split "hdim": registers per consumer thread beyond the fp32 accumulators (BwdConfig.
 # _check_hdim_split). 32 is what hdim 256 at tile_n 64 leaves (128 + 64 of 240; SASS tops out at R223);
 # at tile_n 80 a whole 64-register dQ tile next to 160 of dK^T + dV^T made ptxas spill and
@@ -344,7 +372,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         if deterministic:
             raise NotImplementedError(f"deterministic backward is not available for hdim {hdim} yet "
                                       f"(hdim {sorted(set(BWD_HDIMS) - set(BWD_WIDE))} have it)")
-        wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim")
+        wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
+                    do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64),
                     ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide)

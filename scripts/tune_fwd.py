@@ -4,8 +4,9 @@
     python scripts/tune_fwd.py persistent # one CTA per tile / persistent static / dynamic
     python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
     python scripts/tune_fwd.py tiles      # hdim 128 non-causal: 128x128 vs 128x160 vs 128x176, 8k and 16k
-    python scripts/tune_fwd.py tiles64    # hdim 64 causal / local: 192 x 128 vs 128 x 128 rows
+    python scripts/tune_fwd.py tiles64    # hdim 64, short queries: 192 x 128 vs 128 x 128 rows
     python scripts/tune_fwd.py rescale    # O rescaled before P @ V (under QK^T) vs after its wait
+    python scripts/tune_fwd.py overlap    # K released after the softmax (P @ V wait pinned) vs before
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -76,14 +77,13 @@ PERSISTENT = [
 # its own tile), so the next tile's Q waits for the epilogue's store.
 TILES = [(128, False, seqlen, {"tile_n": n}) for seqlen in (8192, 16384) for n in (128, 160, 176)]
 TILE_ROUNDS = 2
-# hdim 64 under causal and local masks: the dispatched 192 x 128 (3 consumer warpgroups) against
-# 128 x 128 (2), both dtypes, interleaved
+# hdim 64, no mask / causal / local: 192 x 128 (3 consumer warpgroups) against 128 x 128 (2) where
+# config.fwd_narrow_tile switches between them (short query lengths), interleaved
 TILES64 = [
-    (causal, window, seqlen, dtype, over)
-    for causal, window in ((True, (-1, -1)), (False, (512, 0)))  # local: 512 keys back, none ahead
-    for seqlen in (512, 1024, 2048, 4096, 8192, 16384)
-    for dtype in (torch.bfloat16, torch.float16)
-    for over in ({}, {"tile_m": 128, "num_consumer_wg": 2})
+    (causal, window, seqlen, torch.bfloat16, over)
+    for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (512, 0)))  # local: 512 back
+    for seqlen in (512, 1024, 1536, 2048, 4096)
+    for over in ({"tile_m": 192, "num_consumer_wg": 3}, {"tile_m": 128, "num_consumer_wg": 2})
 ]
 
 # rescale_o_before_pv (FA3's RescaleOBeforeGemm, dispatched for hdim > 128): on vs off at hdim 256
@@ -91,6 +91,11 @@ TILES64 = [
 RESCALE = [(hdim, causal, 8192, {"rescale_o_before_pv": on})
            for hdim, causal in ((256, False), (256, True), (128, False), (128, True)) for on in (True, False)]
 RESCALE_ROUNDS = 2
+
+# late_k_release: K released after the softmax (pins the P @ V wait after every exp2) vs right
+# after the QK^T wait, every hdim, 8k, interleaved
+OVERLAP = [(hdim, causal, 8192, {"late_k_release": on})
+           for hdim in (64, 128, 256) for causal in (False, True) for on in (True, False)]
 
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
@@ -100,6 +105,10 @@ if __name__ == "__main__":
     if "tiles64" in sys.argv:
         for causal, window, seqlen, dtype, over in TILES64:
             run(64, causal, seqlen, dtype, window, **over)
+    elif "overlap" in sys.argv:
+        for _ in range(RESCALE_ROUNDS):
+            for hdim, causal, seqlen, override in OVERLAP:
+                run(hdim, causal, seqlen, **override)
     elif "rescale" in sys.argv:
         for _ in range(RESCALE_ROUNDS):
             for hdim, causal, seqlen, override in RESCALE:

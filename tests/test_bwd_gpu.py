@@ -128,11 +128,11 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 
 
 @pytest.mark.parametrize(("d", "fields"), [
-    (256, {"tile_n": 80, "do_stages": 1}),
-    (256, {"do_stages": 1}),
+    (256, {"tile_n": 64, "do_stages": 0}),
+    (256, {"tile_n": 64, "do_stages": 1}),
+    (256, {"tile_n": 48, "do_stages": 0}),
     (256, {"tile_n": 48}),
-    (256, {"tile_n": 48, "do_stages": 1}),
-    (256, {"dq_chunks": 2}),
+    (256, {"tile_n": 64, "do_stages": 0, "dq_chunks": 2}),
     (192, {"do_stages": 1}),
 ])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)

@@ -120,8 +120,9 @@ def test_backward_configs_fit(hdim, mask):
         p_ds = 2 * cfg.tile_m * cfg.tile_n * 2
         lse_d = (cfg.num_stages + cfg.num_do_stages) * cfg.tile_m * 4
         assert cfg.smem_bytes() >= kv + q_do + p_ds + lse_d
-        # the dispatched wide kernels keep today's rings and one dQ chunk (tile_n 64 at hdim 256)
-        assert cfg.num_do_stages == cfg.num_stages == 2 and cfg.num_dq_chunks == 1
+        # hdim 256 at FA3's 64 x 80 with one dO stage (dQ in two chunks); 192 at 64 x 96, 2 stages
+        expected = {256: (80, 1, 2), 192: (96, 2, 1)}[hdim]
+        assert (cfg.tile_n, cfg.num_do_stages, cfg.num_dq_chunks) == expected and cfg.num_stages == 2
     else:
         assert cfg.kv_split == "keys"
         # 128 query rows per step at hdim 64 (FA3's tile), 64 at 96 and 128
@@ -178,37 +179,58 @@ def test_invalid_backward_configs_name_the_budget(fields, budget):
 
 @pytest.mark.parametrize("mask", MASKS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_hdim64_takes_three_consumer_warpgroups_with_every_mask(dtype, mask):
-    # 192 x 128 as in FA3; masked it compiles without spills since the mask compares compile-time
-    # columns (tests/test_fwd_compile.py checks the spills)
+def test_hdim64_consumer_warpgroups_per_mask(dtype, mask):
+    # 192 x 128 as in FA3 without a mask and causal (it compiles without spills since the mask
+    # compares compile-time columns; tests/test_fwd_compile.py checks the spills); 128 x 128 with a
+    # local window and for short causal query lengths (measured, config._TILES_LOCAL / _TILES_NARROW)
     cfg = fwd_config(dtype, 64, **mask)
-    assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wg) == (192, 128, 3)
-    assert (cfg.consumer_regs, cfg.producer_regs) == (160, 32)
+    wide = not mask.get("local")
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wg) == ((192, 128, 3) if wide else (128, 128, 2))
+    assert (cfg.consumer_regs, cfg.producer_regs) == ((160, 32) if wide else (240, 24))
+    narrow = fwd_config(dtype, 64, narrow=True, **mask)
+    expect = (128, 128, 2) if mask.get("causal") or mask.get("local") else (192, 128, 3)
+    assert (narrow.tile_m, narrow.tile_n, narrow.num_consumer_wg) == expect
+    assert narrow.persistent == cfg.persistent and narrow.dtype == dtype
+
+
+def test_narrow_tile_only_where_the_wide_one_pads():
+    # causal: 192 query rows pad 512 / 1024 queries by 12.5% (measured 13-14% slower than 128 rows
+    # there); at 1536 / 2048 they pad 0-3% and were faster. Never without a mask.
+    narrow = {s for s in range(1, 20000) if config.fwd_narrow_tile(64, s, causal=True)}
+    assert {1, 17, 128, 512, 1000, 1024} <= narrow
+    assert not {192, 1536, 2048, 4096, 4097, 8192, 16384} & narrow
+    for s in (384, 768, 1152, 4032):  # multiples of 192 never pad
+        assert s not in narrow
+    assert not any(config.fwd_narrow_tile(64, s, causal=False) for s in range(1, 5000))
+    assert not any(config.fwd_narrow_tile(hdim, 512, causal=True) for hdim in (96, 128, 192, 256))
+    for s in range(1, 5000, 7):
+        wide, thin = -(-s // 192) * 192, -(-s // 128) * 128
+        assert config.fwd_narrow_tile(64, s, causal=True) == (wide > 1.06 * thin)
 
 
 # the wide-kernel candidates for GPU timing (docs/design.md "hdim 192 and 256"): (hdim, fields,
 # dynamic smem bytes, dQ chunks). Each compiles spill-free with the WGMMAs asynchronous
 # (tests/test_bwd_compile.py::test_backward_wide_variants_compile).
 WIDE_CANDIDATES = [
-    (256, {}, 215120, 1),
-    (256, {"do_stages": 1}, 182080, 1),
-    (256, {"tile_n": 80, "do_stages": 1}, 202560, 2),
-    (256, {"tile_n": 48}, 194640, 1),
-    (256, {"tile_n": 48, "do_stages": 1}, 161600, 1),
-    (256, {"dq_chunks": 2}, 215120, 2),
-    (192, {}, 198736, 1),
-    (192, {"do_stages": 1}, 173888, 1),
-    (192, {"tile_n": 48}, 149584, 1),
+    (256, {}, 202560, 2, 1),  # dispatched: tile_n 80, one dO stage
+    (256, {"tile_n": 64, "do_stages": 0}, 215120, 1, 2),
+    (256, {"tile_n": 64}, 182080, 1, 1),
+    (256, {"tile_n": 48, "do_stages": 0}, 194640, 1, 2),
+    (256, {"tile_n": 48}, 161600, 1, 1),
+    (256, {"tile_n": 64, "do_stages": 0, "dq_chunks": 2}, 215120, 2, 2),
+    (192, {}, 198736, 1, 2),
+    (192, {"do_stages": 1}, 173888, 1, 1),
+    (192, {"tile_n": 48}, 149584, 1, 2),
 ]
 
 
-@pytest.mark.parametrize(("hdim", "fields", "smem", "chunks"), WIDE_CANDIDATES)
+@pytest.mark.parametrize(("hdim", "fields", "smem", "chunks", "do_stages"), WIDE_CANDIDATES)
 @pytest.mark.parametrize("mask", MASKS)
-def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, mask):
+def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, do_stages, mask):
     cfg = config.bwd_config("bf16", hdim, **mask, **fields)
     assert cfg.kv_split == "hdim" and cfg.smem_bytes() == smem <= SMEM_CAPACITY
     assert cfg.num_dq_chunks == chunks
-    assert cfg.num_do_stages == fields.get("do_stages", cfg.num_stages)
+    assert cfg.num_do_stages == do_stages
     # smem recomputed: K, V; Q and dO rings with their LSE / D rows; P and dS; barriers; alignment
     stages = cfg.num_stages + cfg.num_do_stages
     assert smem == (1024 + 2 * cfg.tile_n * hdim * 2 + stages * 64 * (hdim * 2 + 4)
@@ -222,7 +244,7 @@ def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, mask):
 
 
 def test_do_stages_default_follows_num_stages():
-    cfg = config.bwd_config("bf16", 256)
+    cfg = config.bwd_config("bf16", 192)
     assert cfg.do_stages == 0 and cfg.num_do_stages == cfg.num_stages == 2
     one = dataclasses.replace(cfg, num_stages=1)
     assert one.num_do_stages == 1 and one.smem_bytes() < cfg.smem_bytes()

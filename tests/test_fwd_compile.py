@@ -31,6 +31,14 @@ def test_forward_hdim64_mask_with_softcap_compiles(dtype, mask):
     _check_forward(dtype, 64, {**MASKS[mask], "softcap": True})
 
 
+# hdim 64 where 192 rows would pad the query length (config.fwd_narrow_tile): 128 x 128, 2 consumer
+# warpgroups, every mask
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_hdim64_narrow_tile_compiles(dtype, mask):
+    _check_forward(dtype, 64, MASKS[mask], tile_m=128, num_consumer_wg=2)
+
+
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
 # P @ V issue must not serialize the WGMMAs or spill either way
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])

@@ -564,13 +564,16 @@ class FlashFwdSm90:
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(1)
+        if cutlass.const_expr(not self.cfg.late_k_release):
+            pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         # K(n) is released here, after the softmax and through a condition on the new row sums
         # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
         # otherwise hoists the P @ V wait (WARPGROUP.DEPBAR) to where its latency model expects the
         # GEMM to be done, in the middle of the exp2s (or before them). Tying the arrive to the
         # exp2 results keeps the wait after all of them, so they run under this warpgroup's P @ V.
-        self.release_after(pipe_k, k_state, row_sum)
+        if cutlass.const_expr(self.cfg.late_k_release):
+            self.release_after(pipe_k, k_state, row_sum)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(not self.cfg.rescale_o_before_pv):

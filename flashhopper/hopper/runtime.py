@@ -18,7 +18,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config
+from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config, fwd_narrow_tile
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
 from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
 
@@ -161,7 +161,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements).
     """
     causal, local, wl, wr = _mask_kind(causal, window_size)
-    cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0)
+    cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
+                     narrow=fwd_narrow_tile(q.shape[-1], q.shape[1], causal and not local))
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     fn = _get_fwd(cfg)
