@@ -25,14 +25,14 @@ REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
 # with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
 # gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 256, tile_n 64
-# and 80 measure the same. At hdim 128, 160 keys per block measured +0.7..+1.4% over 128 in 4 of 4
-# interleaved pairs (8k, 16k; `tune_fwd.py tiles`); FA3's 176 no better, and once 11% worse.
-_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 160), 192: (128, 112), 256: (128, 80)}
-# With causal/local masks: the same tiles as in FA3, except hdim 128 keeps 128 keys (160 is not
-# timed masked, and local masking spilled there). hdim 64 at 192 rows fits with no spills since the
+# and 80 measure the same. At hdim 128, 160 keys per block measured +0.7..+1.4% over 128 at 8k and
+# 16k (`tune_fwd.py tiles`) but 14% / 13% worse in the grid at 512 / 1024 keys (25% / 6% of the last
+# block padding), and FA3's 176 no better at 8k: 128 stays.
+_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
+# With causal/local masks: the same tiles, as in FA3. hdim 64 at 192 rows fits with no spills since the
 # mask compares against compile-time columns (hopper/mask.py) and the epilogue's smem addresses are
 # no longer held through the mainloop (hopper/fwd.py): causal bf16 8k +10% over 128 rows.
-_TILES_CAUSAL = {**_TILES, 128: (128, 128)}
+_TILES_CAUSAL = dict(_TILES)
 # A local window keeps hdim 64 at 128 rows: 192 measured 15-20% slower with a 512-key window at
 # 512-4096 queries (scripts/tune_fwd.py tiles64), where most blocks are masked edge blocks.
 _TILES_LOCAL = {**_TILES_CAUSAL, 64: (128, 128)}
