@@ -369,9 +369,6 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, deterministic: bool = False, **overrides) -> BwdConfig:
     wide = {}
     if hdim in BWD_WIDE:
-        if deterministic:
-            raise NotImplementedError(f"deterministic backward is not available for hdim {hdim} yet "
-                                      f"(hdim {sorted(set(BWD_HDIMS) - set(BWD_WIDE))} have it)")
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,

@@ -1,6 +1,6 @@
 """Speed cost of deterministic=True in the backward (same inputs, same process, medians).
 
-    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/bwd_det_cost.py
+    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/bwd_det_cost.py [192,256]
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def point(d, causal, s):
 def main():
     print("backward TFLOP/s, default vs deterministic=True")
     print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'default':>9} {'determ.':>9} {'cost':>6}")
-    for d in (64, 96, 128):
+    hdims = tuple(int(x) for x in sys.argv[1].split(",")) if len(sys.argv) > 1 else (64, 96, 128, 192, 256)
+    for d in hdims:
         for causal in (False, True):
             for s in (1024, 8192):
                 point(d, causal, s)

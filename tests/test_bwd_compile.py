@@ -67,6 +67,18 @@ def test_deterministic_backward_compiles(hdim):
     assert report["spill_bytes"] == 0 and report["sass"]["UTMAREDG"] >= 1
 
 
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("hdim", sorted(BWD_WIDE))
+def test_deterministic_wide_backward_compiles(hdim, mask):
+    # dQ atomics in key-block order (a per-query-block semaphore, one consumer barrier before and
+    # after a block's atomics): the same WGMMA structure as the default kernel, no spills
+    cfg = bwd_config("bf16", hdim, deterministic=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, deterministic=True, **MASKS[mask])
+    _check_wide_report(report, cfg, mask)
+    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **MASKS[mask])["sass"]
+    assert report["sass"]["BAR"] == default["BAR"] + 2
+
+
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_backward_preprocess_compiles(hdim):
     from flashhopper.hopper.runtime import compile_bwd_pre

@@ -195,10 +195,7 @@ class FlashBwdSm90(BwdKernelBase):
         n_block, head_kv, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        if cutlass.const_expr(self.cfg.deterministic and self.has_right):
-            # dQ tiles go in descending key-block order here (see write_dq): launch the high key
-            # blocks first, so that a CTA only waits for CTAs already resident or done
-            n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
+        n_block = self.launch_order_n_block(n_block, seqlen_k)
         ratio = mQ.shape[2] // mK.shape[2]
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
         num_m = cutlass.max(m_max - m_min, 0)
@@ -240,12 +237,7 @@ class FlashBwdSm90(BwdKernelBase):
                                                    cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
-                if cutlass.const_expr(self.has_right):
-                    # descending: the key block on the query block's diagonal goes first; it
-                    # reaches this query block before the lower key blocks do (they start lower)
-                    turn = self.last_n_block(m_block, seqlen_q, seqlen_k, window_right) - n_block
-                else:
-                    turn = n_block - self.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
+                turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
                 while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
                     pass
             cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
@@ -260,24 +252,6 @@ class FlashBwdSm90(BwdKernelBase):
             else:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
-
-    @cute.jit
-    def last_n_block(self, m_block, seqlen_q, seqlen_k, window_right):
-        """Highest key block whose CTA visits query block `m_block` (consistent with
-        m_block_range: key block n starts at query block (n * tile_n - diag - right) // tile_m)."""
-        x = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q + window_right
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
-        return cutlass.min((x + self.tile_n - 1) // self.tile_n - 1, num_n - 1)
-
-    @cute.jit
-    def first_n_block(self, m_block, seqlen_q, seqlen_k, window_left):
-        """Lowest key block whose CTA visits query block `m_block` (consistent with
-        m_block_range): only a left window cuts key blocks off below."""
-        n_first = Int32(0)
-        if cutlass.const_expr(self.has_left):
-            lowest_key = m_block * self.tile_m + seqlen_k - seqlen_q - window_left
-            n_first = lowest_key // self.tile_n if lowest_key > 0 else Int32(0)
-        return n_first
 
     @cute.jit
     def consume(self, sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,

@@ -105,3 +105,40 @@ class BwdKernelBase:
                 cute.copy(atom, tsX, tgX)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def last_n_block(self, m_block, seqlen_q, seqlen_k, window_right):
+        """Highest key block whose CTA visits query block `m_block` (consistent with
+        m_block_range: key block n starts at query block (n * tile_n - diag - right) // tile_m)."""
+        x = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q + window_right
+        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        return cutlass.min((x + self.tile_n - 1) // self.tile_n - 1, num_n - 1)
+
+    @cute.jit
+    def first_n_block(self, m_block, seqlen_q, seqlen_k, window_left):
+        """Lowest key block whose CTA visits query block `m_block` (consistent with
+        m_block_range): only a left window cuts key blocks off below."""
+        n_first = Int32(0)
+        if cutlass.const_expr(self.has_left):
+            lowest_key = m_block * self.tile_m + seqlen_k - seqlen_q - window_left
+            n_first = lowest_key // self.tile_n if lowest_key > 0 else Int32(0)
+        return n_first
+
+    @cute.jit
+    def dq_turn(self, m_block, n_block, seqlen_q, seqlen_k, window_left, window_right):
+        """Deterministic mode: how many key blocks add their dQ tile of `m_block` before `n_block`
+        does. Descending with a right bound (causal/local): the key block on the query block's
+        diagonal goes first, it reaches this query block before the lower key blocks do (they
+        start lower); ascending otherwise."""
+        turn = n_block - self.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
+        if cutlass.const_expr(self.has_right):
+            turn = self.last_n_block(m_block, seqlen_q, seqlen_k, window_right) - n_block
+        return turn
+
+    @cute.jit
+    def launch_order_n_block(self, n_block, seqlen_k):
+        """Deterministic mode with a right bound: the CTA with the highest key block launches
+        first, so a CTA only ever waits for CTAs already resident or done (dq_turn's order)."""
+        if cutlass.const_expr(self.cfg.deterministic and self.has_right):
+            n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
+        return n_block

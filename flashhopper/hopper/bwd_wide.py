@@ -61,6 +61,7 @@ from flashhopper.hopper.mma import issue_gemm
 _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
 _BAR_PDS_FULL = 3  # this query block's P and dS are in smem
 _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any more / tile written
+_BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
 
 
 class FlashBwdWideSm90(BwdKernelBase):
@@ -99,7 +100,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         mLSE: cute.Tensor,  # (b, h, sq_pad) fp32: LSE * log2(e); +inf for padded / key-less rows
         mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
         mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
-        mdQsem: cute.Tensor,  # unused: the runtime's contract with hopper/bwd.py (deterministic mode)
+        mdQsem: cute.Tensor,  # (b, h, m_blocks) int32 zeros (deterministic), else any int32 tensor
         mdK: cute.Tensor,  # (b, sk, hk, d)
         mdV: cute.Tensor,  # (b, sk, hk, d)
         scale_log2: Float32,
@@ -112,7 +113,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
             L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
         ]
-        mLSE, mD = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD)]
+        mLSE, mD, mdQsem = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD, mdQsem)]
         K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs = self.num_consumer_wg
         # S = Q K^T, dP = dO V^T: one WGMMA M (the 64 queries); the warpgroups split the keys (N)
@@ -169,7 +170,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, mdQaccum, tma_dK, tma_dV,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, mdQaccum, mdQsem, tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
             tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
@@ -179,7 +180,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
-    def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdK, mdV,
+    def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV,
                tma_atom_Q: cute.CopyAtom, tma_atom_K: cute.CopyAtom, tma_atom_V: cute.CopyAtom,
                tma_atom_dO: cute.CopyAtom, tma_atom_LSE: cute.CopyAtom, tma_atom_D: cute.CopyAtom,
                tma_atom_dK: cute.CopyAtom, tma_atom_dV: cute.CopyAtom, scale_log2: Float32,
@@ -226,6 +227,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         n_block, head_kv, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        n_block = self.launch_order_n_block(n_block, seqlen_k)
         ratio = mQ.shape[2] // mK.shape[2]
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
         num_m = cutlass.max(m_max - m_min, 0)
@@ -240,7 +242,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                              pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
-            self.consume(sLSE, sD, mdQaccum, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
+            self.consume(sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
                          sdS, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
                          seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
@@ -300,8 +302,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 do_ring.advance()
 
     @cute.jit
-    def consume(self, sLSE, sD, mdQaccum, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP, sdS,
-                tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block,
+    def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
+                sP, sdS, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block,
                 head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
                 softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -446,6 +448,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # dQ in two halves through the same registers: the first's atomics under dV^T, the
                 # second's under dK^T
                 warpgroup.wait_group(1)
+                if cutlass.const_expr(self.cfg.deterministic):
+                    self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
+                                      window_left, window_right, tidx)
                 self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
                             softmax_scale)
                 issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[1], zero_init=True)
@@ -456,14 +461,21 @@ class FlashBwdWideSm90(BwdKernelBase):
                 pipe_do.consumer_release(do_state)
                 self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
                             softmax_scale)
+                if cutlass.const_expr(self.cfg.deterministic):
+                    self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
                 issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS,
                       zero_init=False)
                 warpgroup.wait_group(2)
+                if cutlass.const_expr(self.cfg.deterministic):
+                    self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
+                                      window_left, window_right, tidx)
                 self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
                             softmax_scale)
+                if cutlass.const_expr(self.cfg.deterministic):
+                    self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
                 if cutlass.const_expr(self.do_stages == 1):
                     # one dO stage: hand it back as soon as dV^T has read it (usually done under
                     # the atomics already), so the next block's dO loads under dK^T, not after it
@@ -499,6 +511,30 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+
+    @cute.jit
+    def dq_turn_wait(self, mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
+                     window_right, tidx):
+        """Deterministic mode: hold every consumer thread until the key blocks before this one
+        (BwdKernelBase.dq_turn) have added their dQ of `m_block`, so the fp32 atomics of each dQ
+        element always run in the same order. One thread polls; the barrier passes its acquire on."""
+        if tidx == 0:
+            sem = mdQsem[None, head, batch].iterator + m_block
+            turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
+            while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
+                pass
+        cute.arch.barrier(barrier_id=_BAR_DQ_TURN, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def dq_turn_pass(self, mdQsem, m_block, head, batch, tidx):
+        """Deterministic mode: once every consumer thread's dQ atomics of `m_block` are issued,
+        pass the turn to the next key block (a gpu-scope release after the barrier covers the
+        other threads' atomics too)."""
+        cute.arch.barrier(barrier_id=_BAR_DQ_TURN, number_of_threads=self.num_consumer_threads)
+        if tidx == 0:
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.atomic_add(mdQsem[None, head, batch].iterator + m_block, Int32(1), sem="release",
+                                 scope="gpu")
 
     @cute.jit
     def prob(self, s, key, lse, lo, hi, scale_log2):
