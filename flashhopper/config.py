@@ -239,6 +239,13 @@ class BwdConfig(_KernelConfig):
     # dS^T smem buffers for kv_split "keys": with 2, step i writes buffer i % 2 and the consumer
     # warpgroups sync once per step instead of twice
     ds_stages: int = 1
+    # kv_split "keys", dQ = dS K: the consumer warpgroups split the query rows (each a 64 x hdim
+    # tile, one WGMMA M tile with N = hdim) instead of the head dim (each tile_m x hdim / wg, so
+    # tile_m / 64 M tiles with N = hdim / wg). Needs tile_m = 64 * num_consumer_wg (hdim 64's 128
+    # rows). At hdim 64 that is 8 WGMMAs of N 64 per warpgroup instead of 16 of N 32, with a third
+    # less shared memory read per dQ FLOP (A: dS, is read once per M tile); FA3 / FA4 split dQ this
+    # way at hdim 64 (AtomLayoutMdQ = 2).
+    dq_by_rows: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -302,6 +309,8 @@ class BwdConfig(_KernelConfig):
                              "dO ring depth exists only for kv_split 'hdim'")
         elif self.dq_chunks > 1:
             raise ValueError(f"dq_chunks {self.dq_chunks}: dQ chunks exist only for kv_split 'hdim'")
+        if self.dq_by_rows and self.kv_split != "keys":
+            raise ValueError("dq_by_rows exists only for kv_split 'keys'")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):
@@ -314,6 +323,9 @@ class BwdConfig(_KernelConfig):
     def _check_key_split(self) -> None:
         if self.ds_stages not in (1, 2):
             raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
+        if self.dq_by_rows and self.tile_m != 64 * self.num_consumer_wg:
+            raise ValueError(f"dq_by_rows needs tile_m {64 * self.num_consumer_wg} (64 query rows per "
+                             f"consumer warpgroup), not {self.tile_m}")
         if self.tile_m % 64:
             raise ValueError(f"tile_m {self.tile_m} must be a multiple of 64 (WGMMA M of dQ)")
         # per thread: S^T + dP^T (64 keys x tile_m, twice) and dK + dV (64 keys x hdim, twice) are

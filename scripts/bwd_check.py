@@ -15,6 +15,11 @@ kernel's candidates at hdim 256 (docs/design.md "hdim 192 and 256"):
         --bwd-config tile_n=80,do_stages=1 --bwd-config tile_n=48 --bwd-config tile_n=48,do_stages=1 \
         --bwd-config dq_chunks=2
 
+hdim 64 with dQ split by query rows (BwdConfig.dq_by_rows, docs/notes/bwd-keys-gap.md):
+
+    --no-bench --case-hdims 64 --bwd-config dq_by_rows=True
+    --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default --bwd-config dq_by_rows=True
+
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
 """
@@ -187,11 +192,20 @@ def main():
     return run(args, configs)
 
 
+def _override_value(text: str):
+    """'True' / 'false' -> bool (switches such as dq_by_rows), anything else -> int."""
+    text = text.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return int(text)
+
+
 def parse_overrides(text: str) -> dict:
-    """'tile_n=80,do_stages=1' -> {'tile_n': 80, 'do_stages': 1}; 'default' or '' -> {}."""
+    """'tile_n=80,do_stages=1' -> {'tile_n': 80, 'do_stages': 1}; 'dq_by_rows=True' ->
+    {'dq_by_rows': True}; 'default' or '' -> {}."""
     if text.strip() in ("", "default"):
         return {}
-    return {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+    return {k.strip(): _override_value(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
 def run(args, configs=({},)):

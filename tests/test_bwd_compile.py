@@ -13,8 +13,9 @@ KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (
 
 def _keys_hgmma(cfg) -> int:
     """WGMMAs per query block: S^T and dP^T (hdim / 16 k-blocks each), dV and dK (tile_m / 16
-    each), dQ (tile_m / 64 M tiles x tile_n / 16 k-blocks)."""
-    return 2 * cfg.hdim // 16 + 2 * cfg.tile_m // 16 + (cfg.tile_m // 64) * (cfg.tile_n // 16)
+    each), dQ (tile_m / 64 M tiles x tile_n / 16 k-blocks; one M tile with dq_by_rows)."""
+    dq_m_tiles = 1 if cfg.dq_by_rows else cfg.tile_m // 64
+    return 2 * cfg.hdim // 16 + 2 * cfg.tile_m // 16 + dq_m_tiles * (cfg.tile_n // 16)
 
 
 def _check_keys_report(report, cfg, mask):
@@ -59,6 +60,33 @@ def test_backward_double_buffered_ds_compiles(hdim, tile_m, mask):
     cfg = bwd_config("bf16", hdim, tile_m=tile_m, ds_stages=2, **MASKS[mask])
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, tile_m=tile_m, ds_stages=2, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_dq_by_rows_compiles(dtype, mask):
+    # hdim 64 (128 rows): dQ split by query rows, one 64 x 64 tile per warpgroup: 8 WGMMAs of
+    # N 64 each instead of 16 of N 32, still asynchronous and spill-free
+    cfg = bwd_config(dtype, 64, dq_by_rows=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype=dtype, hdim=64, dq_by_rows=True, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    assert report["sass"]["HGMMA"] == _keys_hgmma(bwd_config(dtype, 64, **MASKS[mask])) - 8
+    assert report["sass"]["UTMAREDG"] >= 1
+
+
+def test_deterministic_backward_dq_by_rows_compiles():
+    report = inspect_kernel("bwd", dtype="bf16", hdim=64, causal=True, deterministic=True, dq_by_rows=True)
+    assert report["spill_bytes"] == 0 and report["sass"]["UTMAREDG"] >= 1
+    assert report["sass"]["HGMMA_WAITS"] == 6
+
+
+def test_backward_dq_by_rows_needs_one_m_tile_per_warpgroup():
+    with pytest.raises(ValueError, match="dq_by_rows"):
+        bwd_config("bf16", 128, dq_by_rows=True)
+    with pytest.raises(ValueError, match="dq_by_rows"):
+        bwd_config("bf16", 64, tile_m=64, dq_by_rows=True)
+    with pytest.raises(ValueError, match="dq_by_rows"):
+        bwd_config("bf16", 256, dq_by_rows=True)
 
 
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)

@@ -101,7 +101,8 @@ def test_backward(b, sq, sk, hq, hk, d, causal, window, softcap):
     run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
-@pytest.mark.parametrize("fields", [{"tile_m": 64}, {"ds_stages": 2}, {"tile_m": 64, "ds_stages": 2}])
+@pytest.mark.parametrize("fields", [{"tile_m": 64}, {"ds_stages": 2}, {"tile_m": 64, "ds_stages": 2},
+                                    {"dq_by_rows": True}, {"dq_by_rows": True, "ds_stages": 1}])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,d,causal,window,softcap", [
     (2, 300, 517, 4, 2, 64, False, (-1, -1), 0.0),
     (1, 1000, 1000, 2, 1, 64, True, (-1, -1), 0.0),
@@ -173,10 +174,17 @@ def test_unwritten_gradients_show():
     assert not dk.isnan().any() and not dv.isnan().any()
 
 
-@pytest.mark.parametrize("d,causal,window", [
-    (128, False, (-1, -1)), (128, True, (-1, -1)), (64, False, (200, 50)), (96, True, (-1, -1)),
-    (256, False, (-1, -1)), (256, True, (-1, -1)), (192, False, (300, 0)), (192, True, (-1, -1))])
-def test_deterministic_is_bitwise_reproducible(d, causal, window):
+@pytest.mark.parametrize("d,causal,window,fields", [
+    (128, False, (-1, -1), {}), (128, True, (-1, -1), {}), (64, False, (200, 50), {}),
+    (96, True, (-1, -1), {}), (64, True, (-1, -1), {"dq_by_rows": True}),
+    (256, False, (-1, -1), {}), (256, True, (-1, -1), {}), (192, False, (300, 0), {}),
+    (192, True, (-1, -1), {})])
+def test_deterministic_is_bitwise_reproducible(d, causal, window, fields):
+    with runtime.bwd_config_overrides(**fields):
+        _check_deterministic(d, causal, window)
+
+
+def _check_deterministic(d, causal, window):
     q, k, v, dout = make_inputs(2, 2000, 2000, 8, 2, d, torch.bfloat16, "bshd", 3)
     grads = []
     for _ in range(3):

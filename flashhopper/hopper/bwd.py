@@ -13,7 +13,8 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
         dV  += P^T dO       (RS: P^T stays in registers as the A operand)
         dK  += dS^T Q       (SS: dS^T from smem, where dQ needs it anyway)
         dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
-      (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv)
+      (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv;
+      the warpgroups split dQ by head dim, or by query rows with BwdConfig.dq_by_rows)
   warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
       only pay a shared-memory store; with `deterministic` it adds the tiles of one query
       block in key-block order (a per-query-block semaphore), so dQ is bitwise reproducible.
@@ -91,10 +92,15 @@ class FlashBwdSm90(BwdKernelBase):
         # dK += dS^T Q reads dS^T from smem (it has to be there for dQ anyway): no register copy
         tiled_mma_dk = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.hdim))
-        # dQ (tile_m x d) = dS (tile_m x tile_n) K: the warpgroups split the head dim
-        tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(1, self.num_consumer_wg, 1),
-            tiler_mn=(64, self.hdim // self.num_consumer_wg))
+        # dQ (tile_m x d) = dS (tile_m x tile_n) K: the warpgroups split the head dim, or with
+        # dq_by_rows the query rows (64 each, WGMMA N = the whole head dim)
+        if cutlass.const_expr(self.cfg.dq_by_rows):
+            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.hdim))
+        else:
+            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(1, self.num_consumer_wg, 1),
+                tiler_mn=(64, self.hdim // self.num_consumer_wg))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sK_layout = k_smem_layout(self.dtype, self.tile_n, self.hdim, self.num_consumer_wg)
@@ -102,6 +108,7 @@ class FlashBwdSm90(BwdKernelBase):
         sdS_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.tile_m,
                                              self.cfg.ds_stages if self.cfg.ds_stages > 1 else None)
         # the warpgroups store dQ by head-dim halves: those must be whole swizzle atoms too
+        # (with dq_by_rows by 64-row halves, which any row-major layout splits cleanly)
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_consumer_wg)
         # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
