@@ -372,8 +372,9 @@ class BwdConfig(_KernelConfig):
 _BWD_TILE_M: dict[int, int] = {64: 128}
 # dS^T smem buffers per hdim (BwdConfig.ds_stages). Two at hdim 64 (128-row steps): one consumer
 # warpgroup sync per step instead of two, +1..+3% on the H200 (docs/benchmarks.md); the smem is
-# there. hdim 96 / 128 (64-row steps) have not been measured with 2 and keep 1.
-_BWD_DS_STAGES: dict[int, int] = {64: 2}
+# there. At 64-row steps two measured +0.4..+2.0% at hdim 96 (4 of 4 points) and -0.8..+4.4% at
+# 128 (noise): 96 takes them, 128 keeps one.
+_BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
 
 
 @functools.cache  # on every backward call; BwdConfig is frozen
