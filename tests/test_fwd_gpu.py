@@ -166,6 +166,76 @@ def test_persistent_dynamic_scheduler(d, causal, window, softcap, monkeypatch):
         run_case(1, 1, 1, 1, 1, d, causal=causal, window=window, softcap=softcap)
 
 
+def _counters_zero(runtime):
+    """Every dynamic-scheduler counter (one per stream) is back at 0 once the GPU is idle."""
+    torch.cuda.synchronize()
+    assert runtime._tile_counters, "no counter was allocated"
+    for key, counter in runtime._tile_counters.items():
+        assert counter.shape == (2,) and not counter.any(), (key, counter.tolist())
+
+
+@pytest.mark.parametrize("persistent,cap", [(True, None), (True, 3), (False, None)])
+@pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, True)])
+def test_dynamic_scheduler_counter_reset(d, causal, cap, persistent, monkeypatch):
+    """The kernel puts its tile counter back to 0 (no memset per launch): launches back to back,
+    of different grid and tile counts, with no synchronization between them, each see a zero
+    counter, so every output is the same as a lone launch's; then the counter reads 0. Also one
+    CTA per tile with the dynamic scheduler (the ablation's `persistent` off) and two streams
+    (one counter each) running at once."""
+    from flashhopper.hopper import runtime
+
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", cap)
+    with runtime.config_overrides(persistent=persistent, dynamic_sched=True):
+        run_case(2, 700, 333, 4, 1, d, causal=causal)  # against the reference
+        _counters_zero(runtime)
+        torch.manual_seed(0)
+        shapes = [(2, 1000, 1000, 4, 2), (1, 77, 300, 8, 8), (3, 511, 700, 2, 1)]
+        inputs = [[torch.randn(b, s, h, d, device=DEV, dtype=torch.bfloat16)
+                   for s, h in ((sq, hq), (sk, hk), (sk, hk))] for b, sq, sk, hq, hk in shapes]
+        scale = 1.0 / math.sqrt(d)
+
+        def launch(q, k, v):
+            out = torch.full((*q.shape[:3], d), float("nan"), device=DEV, dtype=q.dtype)
+            lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=DEV,
+                             dtype=torch.float32)
+            return forward(q, k, v, scale, causal, (-1, -1), 0.0, out=out, lse=lse)
+
+        expected = []
+        for q, k, v in inputs:  # one at a time, checked against the float64 reference
+            out, lse = launch(q, k, v)
+            torch.cuda.synchronize()
+            out_ref, _ = attention_ref(q, k, v, scale, causal, (-1, -1), 0.0)
+            out_pt = torch_attention(q, k, v, scale, causal, (-1, -1), 0.0)
+            err = (out.double() - out_ref).abs().max().item()
+            err_pt = (out_pt.double() - out_ref).abs().max().item()
+            atol = 2 * ((out_ref + 0.3 - 0.3).to(q.dtype).double() - out_ref).abs().max().item()
+            assert err <= 2 * err_pt + atol, (err, err_pt, atol)
+            expected.append((out, lse))
+        _counters_zero(runtime)
+
+        # back to back on one stream; each tile's result does not depend on which CTA ran it
+        results = [(i, launch(*inputs[i])) for _ in range(4) for i in range(len(inputs))]
+        _counters_zero(runtime)
+        for i, (out, lse) in results:
+            assert torch.equal(out, expected[i][0]) and torch.equal(lse, expected[i][1]), i
+
+        # two streams at once, each with its own counter
+        streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+        results = []
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        for _ in range(3):
+            for j, s in enumerate(streams):
+                with torch.cuda.stream(s):
+                    for i in range(len(inputs)):
+                        results.append((i, launch(*inputs[(i + j) % len(inputs)]), j))
+        _counters_zero(runtime)
+        assert len(runtime._tile_counters) >= 3  # the default stream's and one per side stream
+        for i, (out, lse), j in results:
+            e = expected[(i + j) % len(inputs)]
+            assert torch.equal(out, e[0]) and torch.equal(lse, e[1]), (i, j)
+
+
 @pytest.mark.parametrize("tile_n", [160, 176])
 @pytest.mark.parametrize("dtype,causal,window", [
     (torch.bfloat16, False, (-1, -1)), (torch.float16, False, (-1, -1)),

@@ -76,7 +76,7 @@ class FlashFwdSm90:
         mV: cute.Tensor,  # (b, sk, hk, dv)
         mO: cute.Tensor,  # (b, sq, h, dv)
         mLSE: cute.Tensor,  # (b, h, sq) fp32
-        mTileCounter: cute.Tensor,  # (1,) int32, zero on entry (dynamic_sched only)
+        mTileCounter: cute.Tensor,  # (2,) int32: tile counter, retired CTAs; zero on entry and on exit
         scale_log2: Float32,  # softmax scale * log2(e), or softcap * log2(e) with softcap
         softcap_pre: Float32,  # softmax scale / softcap (unused without softcap)
         window_left: Int32,
@@ -257,6 +257,8 @@ class FlashFwdSm90:
                             pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
                             q_state, k_state, v_state)
                         tile = nxt
+                    # this CTA's last claim is done (it returned an index past the last tile)
+                    self.retire_cta(mTileCounter, grid_size, lane)
                     # the end marker (an index past the last tile) lets the consumers leave
                     self.publish_tile(pipe_sched, sTile, sched_state, tile, lane)
                 else:
@@ -317,6 +319,20 @@ class FlashFwdSm90:
         if lane == 0:
             claimed = cute.arch.atomic_add(mTileCounter.iterator, Int32(1))
         return cute.arch.shuffle_sync(claimed, 0) + grid_size
+
+    @cute.jit
+    def retire_cta(self, mTileCounter, grid_size, lane):
+        """Put the counter back to zero for the next launch, instead of a memset before each one.
+
+        Called once per CTA, by the lane that claims tiles, after its last claim. Slot 1 counts
+        the CTAs done claiming; the last one zeroes both slots: every other CTA has made its last
+        atomic on slot 0 before its increment of slot 1 (acq_rel, gpu scope: those claims happen
+        before the last CTA's stores), and none touches the counter again in this launch."""
+        if lane == 0:
+            retired = cute.arch.atomic_add(mTileCounter.iterator + 1, Int32(1), sem="acq_rel", scope="gpu")
+            if retired == grid_size - 1:
+                mTileCounter[0] = Int32(0)
+                mTileCounter[1] = Int32(0)
 
     @cute.jit
     def read_tile(self, pipe_sched, sTile, state):

@@ -82,7 +82,7 @@ def _fake_qkvo(cfg: FwdConfig):
     lse = cute.runtime.make_fake_tensor(
         cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
     )
-    counter = cute.runtime.make_fake_tensor(cutlass.Int32, (1,), (1,), assumed_align=4)
+    counter = cute.runtime.make_fake_tensor(cutlass.Int32, (2,), (1,), assumed_align=4)
     return q, k, v, o, lse, counter
 
 
@@ -145,13 +145,15 @@ _tile_counters: dict = {}
 
 
 def _tile_counter(device) -> torch.Tensor:
-    """The dynamic scheduler's int32 tile counter for the current stream on `device` (zeroed
-    before each such launch; the static schedule never touches it). Launches on one stream run in
-    order, so one counter per stream is enough; two streams must not share one."""
+    """The dynamic scheduler's counter for the current stream on `device`: 2 int32 (the next
+    tile to hand out, the CTAs done claiming), zeroed once here. The kernel leaves it at zero
+    when it finishes (FlashFwdSm90.retire_cta), so launches need no memset; the static schedule
+    never touches it. Launches on one stream run in order, so one counter per stream is enough;
+    two streams must not share one (their kernels may run at the same time)."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
     counter = _tile_counters.get(key)
     if counter is None:
-        counter = _tile_counters[key] = torch.zeros(1, dtype=torch.int32, device=device)
+        counter = _tile_counters[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return counter
 
 
@@ -177,9 +179,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if cfg.persistent:
         num_ctas = min(num_tiles, persistent_ctas_cap or _sm_count(q.device.index))
     section = _l2_section(k.shape[1], cfg, h * b) if cfg.causal or cfg.local else 1
-    counter = _tile_counter(q.device)
-    if cfg.persistent and cfg.dynamic_sched:
-        counter.zero_()
+    counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
     if _HAVE_TVM_FFI:
         fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
     else:  # pragma: no cover - fallback without TVM-FFI
