@@ -102,6 +102,22 @@ class FwdConfig(_KernelConfig):
     # Off: K is released right after the QK^T wait, as before (kept to time the two against
     # each other).
     late_k_release: bool = True
+    # WGMMA B descriptors: slice the smem stage first and then the k-blocks (FA4/quack's
+    # gemm_w_idx), so the per-k descriptors are one 64-bit add of a constant to a per-stage base
+    # (UIADD3.64) instead of being rebuilt from (k, stage) with 32-bit ops and a carry. SASS only:
+    # hdim 128 steady-state step 497 -> ~455 instructions (uniform ops 83 -> ~40), same math.
+    desc_stage_first: bool = False
+    # Row max over a thread's columns with this many independent fmax chains (FA4: 4) instead of
+    # one serial chain of tile_n / 4 - 1 dependent FMNMX; the result is identical.
+    row_max_chains: int = 1
+    # With intra_wg_overlap and not rescale_o_before_pv: convert P to the P @ V operand before
+    # rescaling O at the end of the step (FA4's order) instead of after.
+    cvt_before_rescale: bool = False
+    # Start each row's block sum from the rescaled running sum (FA4's order: row_sum * scale +
+    # p0 + p1 + ...) instead of adding it last (row_sum * scale + (p0 + p1 + ...)). The row
+    # scale's exp2 is then needed at the start of the sum chain, so ptxas issues it right after
+    # the row max instead of last, and O's rescale can run between the exp2s once P @ V is done.
+    row_sum_scaled_first: bool = False
 
     @property
     def hdim_v(self) -> int:

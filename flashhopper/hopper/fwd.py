@@ -541,9 +541,15 @@ class FlashFwdSm90:
         # a fresh atom per call: its ACCUMULATE field is mutated while tracing
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k, stage], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
+        if cutlass.const_expr(self.cfg.desc_stage_first):
+            tCrB_stage = tCrB[None, None, None, stage]
+            for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                cute.gemm(atom, acc, tCrA[None, None, k], tCrB_stage[None, None, k], acc)
+                atom.set(warpgroup.Field.ACCUMULATE, True)
+        else:
+            for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k, stage], acc)
+                atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
 
     @cute.jit
@@ -558,7 +564,9 @@ class FlashFwdSm90:
             M.apply_mask(acc_S_rc, coord_rc, coord0_rc, m_block, n_block, seqlen_q, seqlen_k,
                          window_left, window_right, self.tile_m, self.tile_n, self.has_left,
                          self.has_right, mask_seqlen)
-        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first)
+        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
+                              max_chains=self.cfg.row_max_chains,
+                              sum_scaled_first=self.cfg.row_sum_scaled_first)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
@@ -592,9 +600,12 @@ class FlashFwdSm90:
             self.release_after(pipe_k, k_state, row_sum)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
+        if cutlass.const_expr(self.cfg.cvt_before_rescale):
+            acc_to_operand_a(acc_S, tOrP)
         if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
             S.rescale_rows(acc_O_rc, row_scale)
-        acc_to_operand_a(acc_S, tOrP)
+        if cutlass.const_expr(not self.cfg.cvt_before_rescale):
+            acc_to_operand_a(acc_S, tOrP)
 
     @cute.jit
     def release_after(self, pipe, state, row_sum):
