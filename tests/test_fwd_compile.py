@@ -39,6 +39,19 @@ def test_forward_hdim64_narrow_tile_compiles(dtype, mask):
     _check_forward(dtype, 64, MASKS[mask], tile_m=128, num_consumer_wg=2)
 
 
+# FA4's step schedule (docs/notes/fa4-schedule.md): K released and P @ V waited for right after the
+# row max, the row-scale exp2 first, stage-first descriptors, 4 row-max chains; every hdim, as the
+# GPU tests run it through FH_TEST_FWD_OVERRIDES
+FA4_SCHEDULE = {"late_k_release": False, "row_sum_scaled_first": True, "desc_stage_first": True,
+                "row_max_chains": 4, "cvt_before_rescale": True}
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+@pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
+def test_forward_fa4_schedule_compiles(hdim, mask):
+    _check_forward("bf16", hdim, MASKS[mask], **FA4_SCHEDULE)
+
+
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
 # P @ V issue must not serialize the WGMMAs or spill either way
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
