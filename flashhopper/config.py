@@ -262,6 +262,11 @@ class BwdConfig(_KernelConfig):
     # less shared memory read per dQ FLOP (A: dS, is read once per M tile); FA3 / FA4 split dQ this
     # way at hdim 64 (AtomLayoutMdQ = 2).
     dq_by_rows: bool = False
+    # kv_split "keys", dK += dS^T Q: the A operand from registers (the bf16 / fp16 dS^T fragment
+    # converted from dP^T, as dV takes P^T) instead of re-reading this warpgroup's dS^T from smem
+    # (RS instead of SS, as FA3 / FA4). dS^T is still written to smem for dQ = dS K; its fragment
+    # stays live until the dK GEMM has finished (docs/notes/bwd-keys-gap.md).
+    dk_rs: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -327,6 +332,9 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"dq_chunks {self.dq_chunks}: dQ chunks exist only for kv_split 'hdim'")
         if self.dq_by_rows and self.kv_split != "keys":
             raise ValueError("dq_by_rows exists only for kv_split 'keys'")
+        if self.dk_rs and self.kv_split != "keys":
+            raise ValueError("dk_rs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
+                             "kv_split 'hdim' computes dK^T = Q^T dS with dS from smem")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):

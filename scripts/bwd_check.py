@@ -20,6 +20,11 @@ hdim 64 with dQ split by query rows (BwdConfig.dq_by_rows, docs/notes/bwd-keys-g
     --no-bench --case-hdims 64 --bwd-config dq_by_rows=True
     --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default --bwd-config dq_by_rows=True
 
+hdim 64 / 96 / 128 with dK += dS^T Q taking dS^T from registers (BwdConfig.dk_rs, same note):
+
+    --no-bench --case-hdims 64,128 --bwd-config dk_rs=True
+    --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default --bwd-config dk_rs=True
+
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
 """

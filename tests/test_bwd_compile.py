@@ -89,6 +89,38 @@ def test_backward_dq_by_rows_needs_one_m_tile_per_warpgroup():
         bwd_config("bf16", 256, dq_by_rows=True)
 
 
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_dk_rs_compiles(dtype, hdim, mask):
+    # dK += dS^T Q with dS^T from registers (RS, as dV with P^T): the same WGMMAs and commit groups
+    # as the default kernel (hdim 64: dK's first half in dV's first group), still no spills
+    cfg = bwd_config(dtype, hdim, dk_rs=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, dk_rs=True, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+
+
+@pytest.mark.parametrize(("hdim", "fields", "mask"), [
+    (96, {}, "none"), (96, {}, "softcap"), (64, {"dq_by_rows": True}, "none"),
+    (64, {"dq_by_rows": True}, "causal"), (64, {"tile_m": 64}, "local"), (128, {"ds_stages": 2}, "causal")])
+def test_backward_dk_rs_variants_compile(hdim, fields, mask):
+    cfg = bwd_config("bf16", hdim, dk_rs=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, dk_rs=True, **fields, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+
+
+def test_deterministic_backward_dk_rs_compiles():
+    report = inspect_kernel("bwd", dtype="bf16", hdim=64, causal=True, deterministic=True, dk_rs=True)
+    assert report["spill_bytes"] == 0 and report["sass"]["LDL"] == 0 and report["sass"]["HGMMA_WAITS"] == 6
+
+
+def test_backward_dk_rs_needs_key_split():
+    with pytest.raises(ValueError, match="dk_rs"):
+        bwd_config("bf16", 256, dk_rs=True)
+    with pytest.raises(ValueError, match="dk_rs"):
+        bwd_config("bf16", 192, dk_rs=True)
+
+
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)
 def test_deterministic_backward_compiles(hdim):
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, local=True, deterministic=True)

@@ -11,7 +11,8 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
         S^T  = K Q^T        (SS)     P^T = exp2(S^T * scale_log2 - LSE_log2[q])
         dP^T = V dO^T       (SS)     dS^T = P^T * (dP^T - D[q])
         dV  += P^T dO       (RS: P^T stays in registers as the A operand)
-        dK  += dS^T Q       (SS: dS^T from smem, where dQ needs it anyway)
+        dK  += dS^T Q       (SS: dS^T from smem, where dQ needs it anyway; with BwdConfig.dk_rs
+                             RS from the dS^T fragment, as FA3 / FA4)
         dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
       (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv;
       the warpgroups split dQ by head dim, or by query rows with BwdConfig.dq_by_rows)
@@ -52,6 +53,21 @@ def issue_k_blocks(tiled_mma, acc, tCrA, tCrB, k_begin: cutlass.Constexpr[int],
     atom.set(warpgroup.Field.ACCUMULATE, True)
     for k in cutlass.range_constexpr(k_begin, k_end):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def issue_k_blocks2(tiled_mma, acc, tCrA, tCrB, acc2, tCrA2, tCrB2, k_begin: cutlass.Constexpr[int],
+                    k_end: cutlass.Constexpr[int]):
+    """k-blocks [k_begin, k_end) of two GEMMs of one (RS) tiled MMA, into `acc` then `acc2`, as
+    one commit group."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, True)
+    for k in cutlass.range_constexpr(k_begin, k_end):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    for k in cutlass.range_constexpr(k_begin, k_end):
+        cute.gemm(atom, acc2, tCrA2[None, None, k], tCrB2[None, None, k], acc2)
     warpgroup.commit_group()
 
 
@@ -278,9 +294,14 @@ class FlashBwdSm90(BwdKernelBase):
         tPrdO = wg_sdp.make_fragment_B(wg_sdp.partition_B(sdO))
         # dV += P^T dO, dK += dS^T Q: B = dO^T / Q^T views (head dim contiguous: MN-major)
         tVrdO = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_view(sdO)))
-        wg_dk = tiled_mma_dk.get_slice(wg * 128)
-        tKrdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
-        tKrQ = wg_dk.make_fragment_B(wg_dk.partition_B(L.transpose_view(sQ)))
+        if cutlass.const_expr(self.cfg.dk_rs):
+            # dK as dV: dS^T from registers (tKrdS_a below), dV's tiled MMA
+            tKrdS = None
+            tKrQ = wg_dkv.make_fragment_B(wg_dkv.partition_B(L.transpose_view(sQ)))
+        else:
+            wg_dk = tiled_mma_dk.get_slice(wg * 128)
+            tKrdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
+            tKrQ = wg_dk.make_fragment_B(wg_dk.partition_B(L.transpose_view(sQ)))
         # dQ = dS K: A = dS^T tile seen as (queries, keys), B = K^T (head dim, keys)
         tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(L.transpose_view(sdS)))
         tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sK)))
@@ -293,6 +314,11 @@ class FlashBwdSm90(BwdKernelBase):
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.hdim)), Float32)
         tPrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
         tPrP_as_acc = cute.make_tensor(tPrP.iterator, acc_S.layout)
+        if cutlass.const_expr(self.cfg.dk_rs):
+            # dS^T in 16 bits in dK's A operand layout (as P^T for dV), written through the
+            # accumulator layout by the conversion and read through it by stmatrix (same registers)
+            tKrdS_a = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_dP.layout), self.dtype)
+            rdS_dk = cute.make_tensor(tKrdS_a.iterator, acc_dP.layout)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_dP_rc = L.acc_rows_cols(acc_dP)
         coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
@@ -313,7 +339,10 @@ class FlashBwdSm90(BwdKernelBase):
             # accumulator registers: columns (queries) [k * chunk_cols, (k + 1) * chunk_cols)
             acc_S_as_a = cute.make_tensor(acc_S.iterator, tPrP.layout)
             tdSrdP = dS_copy.retile(acc_dP)
-            tdSrdS = dS_copy.retile(cute.make_rmem_tensor_like(acc_dP, self.dtype))
+            if cutlass.const_expr(self.cfg.dk_rs):
+                tdSrdS = dS_copy.retile(rdS_dk)
+            else:
+                tdSrdS = dS_copy.retile(cute.make_rmem_tensor_like(acc_dP, self.dtype))
             num_chunks = cute.size(tPrP, mode=[2])
             chunk_cols = cute.size(acc_S_rc, mode=[1]) // num_chunks
             self.check_chunks(acc_S_rc.layout, tPrP.layout, tdSrdP.layout, num_chunks, chunk_cols)
@@ -329,7 +358,8 @@ class FlashBwdSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.ds_stages > 1):
                 ds_buf = step % self.cfg.ds_stages
                 tdSsdS_i = tdSsdS[None, None, None, ds_buf]
-                tKrdS_i = tKrdS[None, None, None, ds_buf]
+                if cutlass.const_expr(not self.cfg.dk_rs):
+                    tKrdS_i = tKrdS[None, None, None, ds_buf]
                 tQrdS_i = tQrdS[None, None, None, ds_buf]
             pipe_q.consumer_wait(state)
             issue(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
@@ -370,8 +400,17 @@ class FlashBwdSm90(BwdKernelBase):
                     rdS_k = tdSrdS[(None, k), None, None]
                     rdS_k.store(tdSrdP[(None, k), None, None].load().to(self.dtype))
                     cute.copy(dS_copy_atom, rdS_k, tdSsdS_i[(None, k), None, None])
-                    if cutlass.const_expr(k == num_chunks // 2 - 1):
+                    if cutlass.const_expr(k == num_chunks // 2 - 1 and self.cfg.dk_rs):
+                        # dK's first half rides with dV's (dS^T k-blocks 0-3 are in registers)
+                        issue_k_blocks2(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, acc_dK, tKrdS_a,
+                                        tKrQ[None, None, None, state.index], 0, num_chunks // 2)
+                    elif cutlass.const_expr(k == num_chunks // 2 - 1):
                         issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, 0, num_chunks // 2)
+                    if cutlass.const_expr(k == num_chunks - 1 and self.cfg.dk_rs):
+                        # that group done: the first half of P^T and dS^T leave the registers before
+                        # the dQ accumulator needs them (with all of dS^T held to the end, ptxas
+                        # spilled 16-24 bytes in the loop, every mask but softcap)
+                        warpgroup.wait_group(0)
                 cute.arch.fence_view_async_shared()
                 issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
             else:
@@ -382,7 +421,10 @@ class FlashBwdSm90(BwdKernelBase):
                         p_ds(r=r, c=c, d_row=d_row)
                 tPrP_as_acc.store(acc_S.load().to(self.dtype))
                 issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
-                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                if cutlass.const_expr(self.cfg.dk_rs):
+                    rdS = rdS_dk
+                else:
+                    rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
                 rdS.store(acc_dP.load().to(self.dtype))
 
                 # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys)
@@ -390,8 +432,21 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
                 cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+            if cutlass.const_expr(self.cfg.dk_rs and not self.cfg.ds_before_dv):
+                # dV done (it ran under the dS^T stores and the barrier): P^T leaves the registers
+                # before the dQ accumulator joins dS^T (fp16 + softcap at hdim 128 spilled 16 bytes
+                # without this wait)
+                warpgroup.wait_group(0)
             issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
-            issue(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
+            if cutlass.const_expr(self.cfg.dk_rs and self.cfg.ds_before_dv):
+                # the second half of dK; the first went with dV's first half
+                issue_k_blocks(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index],
+                               num_chunks // 2, num_chunks)
+            elif cutlass.const_expr(self.cfg.dk_rs):
+                # dS^T from registers: they stay live until the wait_group(0) below
+                issue(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index], zero_init=False)
+            else:
+                issue(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
             warpgroup.wait_group(1)  # dQ done; dK still running
             # hand dQ to the writer warp once it has finished reading the previous tile
             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
