@@ -399,6 +399,10 @@ _BWD_TILE_M: dict[int, int] = {64: 128}
 # there. At 64-row steps two measured +0.4..+2.0% at hdim 96 (4 of 4 points) and -0.8..+4.4% at
 # 128 (noise): 96 takes them, 128 keeps one.
 _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
+# Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64
+# both measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%);
+# dk_rs at hdim 128 measured -7..+2% and stays off.
+_BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True}}
 
 
 @functools.cache  # on every backward call; BwdConfig is frozen
@@ -410,8 +414,11 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64),
-                    ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide)
+                    ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide, **_BWD_KEYS_SWITCHES.get(hdim, {}))
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
+        # dq_by_rows needs 64 query rows per warpgroup: a tile_m override drops it unless asked for
+        if cfg.dq_by_rows and "dq_by_rows" not in overrides and cfg.tile_m != 64 * cfg.num_consumer_wg:
+            cfg = dataclasses.replace(cfg, dq_by_rows=False)
     cfg.check()
     return cfg
