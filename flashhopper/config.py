@@ -267,6 +267,12 @@ class BwdConfig(_KernelConfig):
     # (RS instead of SS, as FA3 / FA4). dS^T is still written to smem for dQ = dS K; its fragment
     # stays live until the dK GEMM has finished (docs/notes/bwd-keys-gap.md).
     dk_rs: bool = False
+    # kv_split "keys": per-warpgroup dQ hand-off (FA3 / FA4). Each consumer warpgroup hands its part
+    # of the fp32 dQ smem tile (its head-dim columns; its 64 query rows with dq_by_rows) to the dQ
+    # writer warp through its own dQ-empty / dQ-full named-barrier pair (128 + 32 threads), and the
+    # writer adds each part with its own TMA reduce-add, instead of both warpgroups and the writer
+    # meeting on one pair of 288-thread barriers every step (docs/notes/bwd-keys-gap.md).
+    dq_per_wg: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -335,6 +341,9 @@ class BwdConfig(_KernelConfig):
         if self.dk_rs and self.kv_split != "keys":
             raise ValueError("dk_rs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' computes dK^T = Q^T dS with dS from smem")
+        if self.dq_per_wg and self.kv_split != "keys":
+            raise ValueError("dq_per_wg exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
+                             "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):

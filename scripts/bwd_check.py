@@ -25,6 +25,11 @@ hdim 64 / 96 / 128 with dK += dS^T Q taking dS^T from registers (BwdConfig.dk_rs
     --no-bench --case-hdims 64,128 --bwd-config dk_rs=True
     --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default --bwd-config dk_rs=True
 
+hdim 64 / 96 / 128 with the per-warpgroup dQ hand-off (BwdConfig.dq_per_wg, same note):
+
+    --no-bench --case-hdims 64,96,128 --bwd-config dq_per_wg=True
+    --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default --bwd-config dq_per_wg=True
+
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
 """

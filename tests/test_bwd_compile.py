@@ -121,6 +121,63 @@ def test_backward_dk_rs_needs_key_split():
         bwd_config("bf16", 192, dk_rs=True)
 
 
+def _dq_boxes(cfg) -> int:
+    """TMA reduce-adds per step: one per swizzle-atom column of each dQ part (the smem dQ tile is
+    bwd_layout.k_smem_layout: 32 fp32 columns, 16 at hdim 96 where a warpgroup's 48 columns are
+    not whole 32-column atoms)."""
+    def atom(cols):
+        return next(w for w in (32, 16, 8) if cols % w == 0)
+
+    wg = cfg.num_consumer_wg
+    width, per_wg = atom(cfg.hdim), cfg.hdim // wg
+    if per_wg % width and width % per_wg:
+        width = atom(per_wg)
+    if not cfg.dq_per_wg:
+        return cfg.hdim // width
+    return wg * (cfg.hdim if cfg.dq_by_rows else per_wg) // width
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("hdim", [64, 128])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_dq_per_wg_compiles(dtype, hdim, mask):
+    # per-warpgroup dQ hand-off: the consumer loop keeps its WGMMAs, commit groups and its two dQ
+    # barrier ops (their ids now in a register); the writer warp waits / arrives once per warpgroup
+    # (2 more BAR than the shared pair) and issues each warpgroup's part as its own TMA reduce-add
+    cfg = bwd_config(dtype, hdim, dq_per_wg=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, dq_per_wg=True, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    default = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])["sass"]
+    sass = report["sass"]
+    assert sass["BAR"] == default["BAR"] + 2 * (cfg.num_consumer_wg - 1)
+    assert sass["UTMAREDG"] == _dq_boxes(cfg)
+    assert default["UTMAREDG"] == _dq_boxes(bwd_config(dtype, hdim, **MASKS[mask]))
+    assert sass["HGMMA"] == default["HGMMA"] and sass["HGMMA_WAITS"] == default["HGMMA_WAITS"]
+
+
+@pytest.mark.parametrize(("hdim", "fields", "mask"), [
+    (96, {}, "none"), (64, {"tile_m": 64}, "causal"), (64, {"dq_by_rows": False}, "none"),
+    (128, {"dk_rs": True}, "none"), (128, {"ds_stages": 2}, "causal")])
+def test_backward_dq_per_wg_variants_compile(hdim, fields, mask):
+    cfg = bwd_config("bf16", hdim, dq_per_wg=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, dq_per_wg=True, **fields, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    assert report["sass"]["UTMAREDG"] == _dq_boxes(cfg)
+
+
+@pytest.mark.parametrize(("hdim", "mask"), [(128, "causal"), (64, "local")])
+def test_deterministic_backward_dq_per_wg_compiles(hdim, mask):
+    cfg = bwd_config("bf16", hdim, deterministic=True, dq_per_wg=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, deterministic=True, dq_per_wg=True, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    assert report["sass"]["UTMAREDG"] == _dq_boxes(cfg)
+
+
+def test_backward_dq_per_wg_needs_key_split():
+    with pytest.raises(ValueError, match="dq_per_wg"):
+        bwd_config("bf16", 256, dq_per_wg=True)
+
+
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)
 def test_deterministic_backward_compiles(hdim):
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, local=True, deterministic=True)

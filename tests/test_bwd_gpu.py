@@ -136,6 +136,25 @@ def test_backward_dk_rs(d, fields, dtype, b, sq, sk, hq, hk, causal, window, sof
         run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.parametrize(("d", "fields", "dtype"), [
+    (128, {"dq_per_wg": True}, _BF16), (128, {"dq_per_wg": True}, _FP16),
+    (128, {"dq_per_wg": True, "dk_rs": True}, _BF16), (128, {"dq_per_wg": True, "ds_stages": 2}, _BF16),
+    (64, {"dq_per_wg": True}, _BF16), (64, {"dq_per_wg": True}, _FP16),
+    (64, {"dq_per_wg": True, "dq_by_rows": False}, _BF16), (64, {"dq_per_wg": True, "tile_m": 64}, _BF16),
+    (96, {"dq_per_wg": True}, _BF16)])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
+])
+def test_backward_dq_per_wg(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
+    """Per-warpgroup dQ hand-off (BwdConfig.dq_per_wg: each warpgroup's part of the dQ tile on its
+    own barrier pair and its own TMA reduce-add) agrees with the reference."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
+
+
 # hdim 192 / 256 (hopper/bwd_wide.py) tile shapes and dO ring depths for timing: tile_n 80 with one
 # dO stage (FA3's hdim-256 tile; P / dS unswizzled, dQ in two chunks), FA4's 48, and one dO stage
 # at today's tiles. Sequence lengths that are not multiples of 80 / 48 test the key-block edges.
@@ -198,6 +217,7 @@ def test_unwritten_gradients_show():
     (128, False, (-1, -1), {}), (128, True, (-1, -1), {}), (64, False, (200, 50), {}),
     (96, True, (-1, -1), {}), (64, True, (-1, -1), {"dq_by_rows": True}),
     (64, True, (-1, -1), {"dk_rs": True}), (128, False, (-1, -1), {"dk_rs": True}),
+    (128, True, (-1, -1), {"dq_per_wg": True}), (64, False, (200, 50), {"dq_per_wg": True}),
     (256, False, (-1, -1), {}), (256, True, (-1, -1), {}), (192, False, (300, 0), {}),
     (192, True, (-1, -1), {})])
 def test_deterministic_is_bitwise_reproducible(d, causal, window, fields):

@@ -19,6 +19,8 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
   warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
       only pay a shared-memory store; with `deterministic` it adds the tiles of one query
       block in key-block order (a per-query-block semaphore), so dQ is bitwise reproducible.
+      With BwdConfig.dq_per_wg each warpgroup hands its own part of the tile over (its own
+      named-barrier pair with the writer) and each part gets its own TMA reduce-add.
   end: dK * softmax_scale and dV written to gmem (TMA). dQ tiles carry the scale; the caller
   casts dQaccum.
 """
@@ -42,6 +44,9 @@ from flashhopper.hopper.mma import issue_gemm
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
 _BAR_DQ_EMPTY = 2  # dQ writer -> consumers: the smem dQ tile may be overwritten
 _BAR_DQ_FULL = 3  # consumers -> dQ writer: the smem dQ tile holds this step's dQ
+# BwdConfig.dq_per_wg: warpgroup w's own pair instead of 2 and 3, 128 + 32 threads each:
+# _BAR_DQ_WG + w = its dQ part is empty (writer -> w), _BAR_DQ_WG + num_consumer_wg + w = full (w -> writer)
+_BAR_DQ_WG = 4
 
 
 @cute.jit
@@ -155,8 +160,12 @@ class FlashBwdSm90(BwdKernelBase):
         store_op = cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(store_op, mdK, sK_layout, (self.tile_n, self.hdim))
         tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(store_op, mdV, sK_layout, (self.tile_n, self.hdim))
+        # the writer's TMA box: the whole dQ tile, or with dq_per_wg one warpgroup's part of it
+        tma_dQ_layout = sdQ_layout
+        if cutlass.const_expr(self.cfg.dq_per_wg):
+            tma_dQ_layout = self.dq_part_layout(sdQ_layout, tiled_mma_dq)
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, sdQ_layout, (self.tile_m, self.hdim))
+            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, tma_dQ_layout, self.dq_part_shape())
 
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
@@ -232,8 +241,13 @@ class FlashBwdSm90(BwdKernelBase):
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
                              pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
             if warp_idx == 1:
-                self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
-                              m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right)
+                if cutlass.const_expr(self.cfg.dq_per_wg):
+                    self.write_dq_per_wg(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
+                                         m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left,
+                                         window_right)
+                else:
+                    self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
+                                  m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
@@ -275,6 +289,92 @@ class FlashBwdSm90(BwdKernelBase):
             else:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
+
+    @cute.jit
+    def write_dq_per_wg(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
+                        num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right):
+        """BwdConfig.dq_per_wg: warpgroup w's part of each step's dQ tile (dq_part_shape) is added
+        with its own TMA reduce-add as soon as w has written it (its dQ-full barrier), and w may
+        overwrite it once that TMA has read it (its dQ-empty barrier): the warpgroups meet the
+        writer, not each other. Deterministic: one semaphore turn per query block covers all parts,
+        issued in warpgroup order, and is handed on once all of them have landed in gmem."""
+        lane = cute.arch.lane_idx()
+        wg_threads = 128 + 32
+        num_wg = self.num_consumer_wg
+        part = self.dq_part_shape()
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            # part w of the previous step has been read (one bulk group per part, oldest first):
+            # warpgroup w may write its next part
+            for w in cutlass.range_constexpr(num_wg):
+                cute.arch.cp_async_bulk_wait_group(num_wg - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+            if cutlass.const_expr(self.cfg.deterministic):
+                sem = mdQsem[None, head, batch].iterator + m_block
+                turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
+            for w in cutlass.range_constexpr(num_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                if cutlass.const_expr(self.cfg.deterministic and w == 0):
+                    while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
+                        pass
+                # the whole warp runs the copy (it elects its issuing lane itself)
+                gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, self.dq_part_coord(m_block, w))
+                sdQ_w = cute.local_tile(sdQ, part, self.dq_part_coord(0, w))
+                tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                       cute.group_modes(sdQ_w, 0, 2),
+                                                       cute.group_modes(gdQ, 0, 2))
+                cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+                cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.cfg.deterministic):
+                # the next key block's CTA may add only once every part has landed in gmem
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_acq_rel_gpu()
+                cute.arch.sync_warp()
+                if lane == 0:
+                    cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+            cute.arch.sync_warp()
+        # smem must outlive the last reads
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    def dq_part_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the smem dQ tile that one TMA reduce-add covers: the whole tile, or with
+        dq_per_wg one warpgroup's part (its head-dim columns; its query rows with dq_by_rows)."""
+        if not self.cfg.dq_per_wg:
+            return (self.tile_m, self.hdim)
+        if self.cfg.dq_by_rows:
+            return (self.tile_m // self.num_consumer_wg, self.hdim)
+        return (self.tile_m, self.hdim // self.num_consumer_wg)
+
+    def dq_part_coord(self, m_block, w: int):
+        """Tile coordinate, in dq_part_shape units, of warpgroup w's part of query block m_block."""
+        if self.cfg.dq_by_rows:
+            return (m_block * self.num_consumer_wg + w, 0)
+        return (m_block, w)
+
+    def dq_part_layout(self, sdQ_layout, tiled_mma_dq):
+        """Warpgroup 0's part of the smem dQ tile, the TMA atom's smem side for dq_per_wg. The
+        other parts are the same layout at an offset; it must be whole swizzle periods (1 KiB at
+        most) for one atom to serve them all. Both are checked here, at trace time, and so is
+        that a thread of each warp of warpgroup w holds dQ accumulator elements only in part w."""
+        if _BAR_DQ_WG + 2 * self.num_consumer_wg > 16:
+            raise ValueError(f"dq_per_wg: {self.num_consumer_wg} warpgroups need more than 16 named barriers")
+        shape = self.dq_part_shape()
+        ident = cute.make_identity_tensor((self.tile_m, self.hdim))
+        for w in range(self.num_consumer_wg):
+            r0, c0 = (x * n for x, n in zip(self.dq_part_coord(0, w), shape, strict=True))
+            for t in (0, 31, 32, 77, 127):
+                coords = tiled_mma_dq.get_slice(w * 128 + t).partition_C(ident)
+                for i in range(cute.size(coords)):
+                    r, c = coords[i]
+                    if not (r0 <= r < r0 + shape[0] and c0 <= c < c0 + shape[1]):
+                        raise ValueError(f"dq_per_wg: warpgroup {w} holds dQ ({r}, {c}), outside its part")
+        parts = cute.zipped_divide(sdQ_layout.outer, shape)
+        rest = cute.get(parts, mode=[1])
+        for i in range(cute.size(rest)):
+            if (rest(i) * 4) % 1024:
+                raise ValueError(f"dq_per_wg: dQ part {i} starts at {rest(i)} fp32, not whole 1 KiB")
+        return cute.make_composed_layout(sdQ_layout.inner, 0, cute.get(parts, mode=[0]))
 
     @cute.jit
     def consume(self, sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
@@ -448,12 +548,20 @@ class FlashBwdSm90(BwdKernelBase):
             else:
                 issue(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
             warpgroup.wait_group(1)  # dQ done; dK still running
-            # hand dQ to the writer warp once it has finished reading the previous tile
-            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
+            # hand dQ to the writer warp once it has finished reading the previous tile (with
+            # dq_per_wg: this warpgroup's part, on this warpgroup's barriers)
+            if cutlass.const_expr(self.cfg.dq_per_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
+            else:
+                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
             acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
             cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
+            if cutlass.const_expr(self.cfg.dq_per_wg):
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+                                         number_of_threads=128 + 32)
+            else:
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
             pipe_do.consumer_release(state)
