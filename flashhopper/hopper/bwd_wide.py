@@ -31,15 +31,16 @@ head sharing that KV head (GQA needs no dK/dV reduction):
       buffers, then two TMA stores. dQ is added with the scale; the caller casts.
 
 Tile shape (BwdConfig tile_n, do_stages, dq_chunks; dispatched: hdim 256 at 64 x 80 with two Q
-stages and one dO stage, 192 at 64 x 96 with two of each). tile_n / W keys per warpgroup must be a multiple of 8 (WGMMA N of
-S and dP) and tile_n a multiple of 16 (K of dQ). Where the warpgroup's keys are not a whole number
-of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24 keys), P and dS use the unswizzled layout
-and two-matrix stmatrix (pds_smem_layout). At hdim 256 / tile_n 80, dK^T + dV^T are 160 registers
-a thread and a whole 64-register dQ tile does not fit beside them (ptxas spills and serializes
-every WGMMA), so dQ is computed in two 128-column chunks through the same registers: chunk 0 is
-issued before dV^T and its atomics run under dV^T, chunk 1 after them and its atomics under dK^T.
-Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with one); with one dO
-stage it is released as soon as dV^T has read it, so the next block's dO loads under dK^T.
+stages and one dO stage, 192 at 64 x 96 with two of each). tile_n / W keys per warpgroup must be a
+multiple of 8 (WGMMA N of S and dP) and tile_n a multiple of 16 (K of dQ). Where the warpgroup's
+keys are not a whole number of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24 keys), P and dS
+use the unswizzled layout and two-matrix stmatrix (pds_smem_layout). At hdim 256 / tile_n 80, dK^T +
+dV^T are 160 registers a thread and a whole 64-register dQ tile does not fit beside them (ptxas
+spills and serializes every WGMMA), so dQ is computed in two 128-column chunks through the same
+registers: chunk 0 is issued before dV^T and its atomics run under dV^T, chunk 1 after them and its
+atomics under dK^T. Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with
+one); with one dO stage it is released as soon as dV^T has read it, so the next block's dO loads
+under dK^T.
 """
 
 from __future__ import annotations
