@@ -414,6 +414,19 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
 _BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True}}
 
 
+def parse_overrides(text: str) -> dict:
+    """Config fields from the command line / environment: 'tile_n=80,do_stages=1' ->
+    {'tile_n': 80, 'do_stages': 1}; 'dq_by_rows=True' -> {'dq_by_rows': True} (true / false in any
+    case); 'default' or '' -> {}. For the tuning scripts and the test hook, not the call path."""
+    if text.strip() in ("", "default"):
+        return {}
+    fields = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, value = (x.strip() for x in item.split("=", 1))
+        fields[key] = value.lower() == "true" if value.lower() in ("true", "false") else int(value)
+    return fields
+
+
 @functools.cache  # on every backward call; BwdConfig is frozen
 def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, deterministic: bool = False, **overrides) -> BwdConfig:

@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, ".")
 from flashhopper.bench.grid import attention_flops, make_point  # noqa: E402
 from flashhopper.bench.runner import time_ms  # noqa: E402
+from flashhopper.config import parse_overrides  # noqa: E402
 from flashhopper.reference import attention_bwd_ref, attention_grads_in_dtype  # noqa: E402
 
 CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap
@@ -200,22 +201,6 @@ def main():
     if configs != [{}]:
         print("BwdConfig overrides:", "; ".join(str(c or "default") for c in configs), flush=True)
     return run(args, configs)
-
-
-def _override_value(text: str):
-    """'True' / 'false' -> bool (switches such as dq_by_rows), anything else -> int."""
-    text = text.strip()
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return int(text)
-
-
-def parse_overrides(text: str) -> dict:
-    """'tile_n=80,do_stages=1' -> {'tile_n': 80, 'do_stages': 1}; 'dq_by_rows=True' ->
-    {'dq_by_rows': True}; 'default' or '' -> {}."""
-    if text.strip() in ("", "default"):
-        return {}
-    return {k.strip(): _override_value(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
 def run(args, configs=({},)):

@@ -9,6 +9,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+from flashhopper.config import parse_overrides  # noqa: E402
 from flashhopper.hopper import runtime  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -16,13 +17,10 @@ parser.add_argument("--hdim", type=int, default=128)
 parser.add_argument("--seqlen", type=int, default=8192)
 parser.add_argument("--causal", action="store_true")
 parser.add_argument("--iters", type=int, default=3)
-parser.add_argument("--set", action="append", default=[], metavar="FIELD=BOOL",
-                    help="FwdConfig override, e.g. pingpong=false (repeatable)")
+parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="FwdConfig override, e.g. pingpong=false or row_max_chains=4 (repeatable)")
 args = parser.parse_args()
-overrides = {}
-for item in args.set:
-    key, _, value = item.partition("=")
-    overrides[key] = value.lower() in ("1", "true", "yes", "on")
+overrides = parse_overrides(",".join(args.set))
 
 b, h = 16384 // args.seqlen, 2048 // args.hdim
 q, k, v = (torch.randn(b, args.seqlen, h, args.hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))

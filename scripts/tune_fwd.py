@@ -111,31 +111,25 @@ FA4SCHED = [(hdim, causal, 16384, over) for hdim in (128, 64) for causal in (Fal
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
 
+# modes that repeat an interleaved list of (hdim, causal, seqlen, override) for some rounds
+INTERLEAVED = {"fa4sched": (FA4SCHED, RESCALE_ROUNDS), "overlap": (OVERLAP, RESCALE_ROUNDS),
+               "rescale": (RESCALE, RESCALE_ROUNDS), "tiles": (TILES, TILE_ROUNDS)}
+
 if __name__ == "__main__":
+    mode = next((m for m in INTERLEAVED if m in sys.argv), None)
     if "tiles64" in sys.argv:
         for causal, window, seqlen, dtype, over in TILES64:
             run(64, causal, seqlen, dtype, window, **over)
-    elif "fa4sched" in sys.argv:
-        for _ in range(RESCALE_ROUNDS):
-            for hdim, causal, seqlen, override in FA4SCHED:
-                run(hdim, causal, seqlen, **override)
-    elif "overlap" in sys.argv:
-        for _ in range(RESCALE_ROUNDS):
-            for hdim, causal, seqlen, override in OVERLAP:
-                run(hdim, causal, seqlen, **override)
-    elif "rescale" in sys.argv:
-        for _ in range(RESCALE_ROUNDS):
-            for hdim, causal, seqlen, override in RESCALE:
+    elif mode:
+        points, rounds = INTERLEAVED[mode]
+        for _ in range(rounds):
+            for hdim, causal, seqlen, override in points:
                 run(hdim, causal, seqlen, **override)
     elif "fp16" in sys.argv:
         for _ in range(DTYPE_ROUNDS):
             for hdim in (64, 128, 256):
                 for dtype in (torch.bfloat16, torch.float16):
                     run(hdim, False, 8192, dtype)
-    elif "tiles" in sys.argv:
-        for _ in range(TILE_ROUNDS):
-            for hdim, causal, seqlen, override in TILES:
-                run(hdim, causal, seqlen, **override)
     else:
         for hdim, causal, seqlen, override in PERSISTENT if "persistent" in sys.argv else VARIANTS:
             run(hdim, causal, seqlen, **override)

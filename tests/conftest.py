@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from flashhopper.config import parse_overrides
+
 
 def hopper_available() -> bool:
     try:
@@ -29,21 +31,12 @@ def _seed():
     torch.manual_seed(0)
 
 
-def _parse_fields(text: str) -> dict:
-    """`key=value,key=value` with True/False/ints, as scripts/bwd_check.py --bwd-config takes."""
-    fields = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, value = (x.strip() for x in item.split("=", 1))
-        fields[key] = {"True": True, "False": False}[value] if value in ("True", "False") else int(value)
-    return fields
-
-
 @pytest.fixture(autouse=True)
 def _env_config_overrides():
     """FH_TEST_FWD_OVERRIDES / FH_TEST_BWD_OVERRIDES run every test with those FwdConfig /
     BwdConfig fields replaced (e.g. to GPU-test a candidate default before it is made one)."""
-    fwd = _parse_fields(os.environ.get("FH_TEST_FWD_OVERRIDES", ""))
-    bwd = _parse_fields(os.environ.get("FH_TEST_BWD_OVERRIDES", ""))
+    fwd = parse_overrides(os.environ.get("FH_TEST_FWD_OVERRIDES", ""))
+    bwd = parse_overrides(os.environ.get("FH_TEST_BWD_OVERRIDES", ""))
     if not (fwd or bwd):
         yield
         return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from flashhopper.compile import inspect_kernel
@@ -66,11 +68,13 @@ def test_backward_double_buffered_ds_compiles(hdim, tile_m, mask):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_dq_by_rows_compiles(dtype, mask):
     # hdim 64 (128 rows): dQ split by query rows, one 64 x 64 tile per warpgroup: 8 WGMMAs of
-    # N 64 each instead of 16 of N 32, still asynchronous and spill-free
-    cfg = bwd_config(dtype, 64, dq_by_rows=True, **MASKS[mask])
-    report = inspect_kernel("bwd", dtype=dtype, hdim=64, dq_by_rows=True, **MASKS[mask])
+    # N 64 each instead of 16 of N 32, still asynchronous and spill-free (dispatched; here
+    # against the head-dim split, both with dK from smem)
+    cfg = bwd_config(dtype, 64, dk_rs=False, **MASKS[mask])
+    assert cfg.dq_by_rows
+    report = inspect_kernel("bwd", dtype=dtype, hdim=64, dk_rs=False, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
-    assert report["sass"]["HGMMA"] == _keys_hgmma(bwd_config(dtype, 64, **MASKS[mask])) - 8
+    assert report["sass"]["HGMMA"] == _keys_hgmma(dataclasses.replace(cfg, dq_by_rows=False)) - 8
     assert report["sass"]["UTMAREDG"] >= 1
 
 

@@ -20,6 +20,7 @@ class BwdKernelBase:
         self.dtype = L.CUTE_DTYPES[cfg.dtype]
         self.tile_m, self.tile_n, self.hdim = cfg.tile_m, cfg.tile_n, cfg.hdim
         self.num_stages = cfg.num_stages
+        self.do_stages = cfg.num_do_stages  # the Q ring's depth except in the wide kernel
         self.num_consumer_wg = cfg.num_consumer_wg
         self.num_consumer_threads = 128 * cfg.num_consumer_wg
         self.has_right = cfg.causal or cfg.local
@@ -49,7 +50,8 @@ class BwdKernelBase:
                 tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
                 head_kv, batch, ratio, m_min, num_m, num_steps):
         """Warp 0: K and V of this key block once, then Q + LSE row and dO + D row of every
-        (query head, query block) step into the two rings, query block fastest."""
+        (query head, query block) step into the two rings, query block fastest. The dO ring has
+        its own depth (`do_stages`) only in the wide kernel; otherwise it steps with the Q ring."""
         one = cute.make_layout(1)
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
@@ -63,7 +65,13 @@ class BwdKernelBase:
         cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of
+        # `state` made before the loop would be carried as a second, never advanced, state)
+        do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
         for step in cutlass.range(num_steps, unroll=1):
+            do_state = do_ring
+            if cutlass.const_expr(self.do_stages == self.num_stages):
+                do_state = state
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
@@ -84,12 +92,14 @@ class BwdKernelBase:
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
             cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
                       tma_bar_ptr=pipe_q.producer_get_barrier(state))
-            pipe_do.producer_acquire(state)
-            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
-            cute.copy(tma_atom_D, tDgD, tDsD[None, state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(state))
+            pipe_do.producer_acquire(do_state)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, do_state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
+            cute.copy(tma_atom_D, tDgD, tDsD[None, do_state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
             state.advance()
+            if cutlass.const_expr(self.do_stages != self.num_stages):
+                do_ring.advance()
 
     @cute.jit
     def store_dkv(self, mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx):

@@ -30,16 +30,17 @@ head sharing that KV head (GQA needs no dK/dV reduction):
   end: dK^T * softmax_scale and dV^T stored transposed (stmatrix.trans) into K's and V's smem
       buffers, then two TMA stores. dQ is added with the scale; the caller casts.
 
-Tile shape (BwdConfig tile_n, do_stages, dq_chunks; dispatched: hdim 256 at 64 x 64 with two Q and
-two dO stages, 192 at 64 x 96). tile_n / W keys per warpgroup must be a multiple of 8 (WGMMA N of
-S and dP) and tile_n a multiple of 16 (K of dQ). Where the warpgroup's keys are not a whole number
-of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24 keys), P and dS use the unswizzled layout
-and two-matrix stmatrix (pds_smem_layout). At hdim 256 / tile_n 80, dK^T + dV^T are 160 registers
-a thread and a whole 64-register dQ tile does not fit beside them (ptxas spills and serializes
-every WGMMA), so dQ is computed in two 128-column chunks through the same registers: chunk 0 is
-issued before dV^T and its atomics run under dV^T, chunk 1 after them and its atomics under dK^T.
-Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with one); with one dO
-stage it is released as soon as dV^T has read it, so the next block's dO loads under dK^T.
+Tile shape (BwdConfig tile_n, do_stages, dq_chunks; dispatched: hdim 256 at 64 x 80 with two Q
+stages and one dO stage, 192 at 64 x 96 with two of each). tile_n / W keys per warpgroup must be a
+multiple of 8 (WGMMA N of S and dP) and tile_n a multiple of 16 (K of dQ). Where the warpgroup's
+keys are not a whole number of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24 keys), P and dS
+use the unswizzled layout and two-matrix stmatrix (pds_smem_layout). At hdim 256 / tile_n 80, dK^T +
+dV^T are 160 registers a thread and a whole 64-register dQ tile does not fit beside them (ptxas
+spills and serializes every WGMMA), so dQ is computed in two 128-column chunks through the same
+registers: chunk 0 is issued before dV^T and its atomics run under dV^T, chunk 1 after them and its
+atomics under dK^T. Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with
+one); with one dO stage it is released as soon as dV^T has read it, so the next block's dO loads
+under dK^T.
 """
 
 from __future__ import annotations
@@ -71,7 +72,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         super().__init__(cfg)
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.hdim_per_wg = cfg.hdim // cfg.num_consumer_wg
-        self.do_stages = cfg.num_do_stages
         self.dq_chunks = cfg.num_dq_chunks
 
     def pds_smem_layout(self):
@@ -246,60 +246,6 @@ class FlashBwdWideSm90(BwdKernelBase):
                          sdS, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
                          seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
-
-    @cute.jit
-    def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
-                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
-                head_kv, batch, ratio, m_min, num_m, num_steps):
-        """BwdKernelBase.produce with the dO ring at its own depth (`do_stages`)."""
-        one = cute.make_layout(1)
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        pipe_kv.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of
-        # `state` made before the loop would be carried as a second, never advanced, state)
-        do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
-        for step in cutlass.range(num_steps, unroll=1):
-            do_state = do_ring
-            if cutlass.const_expr(self.do_stages == self.num_stages):
-                do_state = state
-            head = head_kv * ratio + step // num_m
-            m_block = m_min + step % num_m
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
-                                               cute.group_modes(gQ, 0, 2))
-            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
-                                                   cute.group_modes(gdO, 0, 2))
-            # the host pads the rows to whole query blocks, so the row tile never runs past them
-            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
-            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
-            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
-                                               cute.group_modes(gLSE, 0, 1))
-            tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
-                                               cute.group_modes(gD, 0, 1))
-            pipe_q.producer_acquire(state)
-            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
-                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
-            cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
-                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
-            pipe_do.producer_acquire(do_state)
-            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, do_state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
-            cute.copy(tma_atom_D, tDgD, tDsD[None, do_state.index],
-                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
-            state.advance()
-            if cutlass.const_expr(self.do_stages != self.num_stages):
-                do_ring.advance()
 
     @cute.jit
     def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
