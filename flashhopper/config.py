@@ -410,8 +410,11 @@ _BWD_TILE_M: dict[int, int] = {64: 128}
 _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64
 # both measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%);
-# dk_rs at hdim 128 measured -7..+2% and stays off.
-_BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True}}
+# dk_rs at hdim 128 measured -7..+2% and stays off. The per-warpgroup dQ hand-off (dq_per_wg)
+# measured +3.1..+4.8% at hdim 64 and +1.1..+5.5% at hdim 128 (8 of 8 points, session 5); hdim 96
+# has the same 64-row step as 128 and takes it too.
+_BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True},
+                                       96: {"dq_per_wg": True}, 128: {"dq_per_wg": True}}
 
 
 def parse_overrides(text: str) -> dict:

@@ -111,5 +111,6 @@ class _HopperAttention(torch.autograd.Function):
 
 def _tma_ready(t: torch.Tensor) -> torch.Tensor:
     """The kernels read through TMA (the layout the inputs are validated for). Gradients handed to
-    backward (expanded, sliced) need not have it; copy those."""
-    return t if layout_problem("dout", t) is None else t.contiguous()
+    backward (expanded, sliced) need not have it; copy those (a clone, not .contiguous(): a
+    contiguous view at an unaligned offset would come back as it is)."""
+    return t if layout_problem("dout", t) is None else t.clone(memory_format=torch.contiguous_format)

@@ -10,6 +10,10 @@ OUT_DIR="${OUT:-/tmp/fh_out}"
 mkdir -p "$OUT_DIR"
 HDIM="${HDIM:-128}"
 SEQLEN="${SEQLEN:-16384}"
+# the sections alone print only summaries (issue rate, cycles per issued instruction); the stall
+# reasons are these per-reason ratios (warps stalled per issued instruction), plus the tensor pipe
+STALL_METRICS='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
+STALL_METRICS+=',sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'
 declare -A VARIANTS=(
   [default]=""
   [fa4_pair]="--set late_k_release=false --set row_sum_scaled_first=true"
@@ -19,10 +23,11 @@ for name in default fa4_pair; do
   echo "== $tag"
   # shellcheck disable=SC2086
   ncu --clock-control none -k regex:FlashFwdSm90 -c 1 --launch-skip 1 \
-    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --csv \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    --metrics "$STALL_METRICS" --csv \
     python3 scripts/run_one_fwd.py --hdim "$HDIM" --seqlen "$SEQLEN" ${VARIANTS[$name]} \
     > "$OUT_DIR/stalls_$tag.csv" 2> "$OUT_DIR/stalls_$tag.err"
   # the largest stall reasons (cycles per issued instruction) and the issue rate
-  grep -E "Stall|Issued Warp|No Eligible|Active Warps" "$OUT_DIR/stalls_$tag.csv" \
-    | awk -F'","' '{gsub(/"/, "", $NF); print $(NF-2) ": " $NF}' | sort -t: -k2 -gr | head -14
+  grep -E "issue_stalled|hmma|Issued Warp|No Eligible|Active Warps" "$OUT_DIR/stalls_$tag.csv" \
+    | awk -F'","' '{gsub(/"/, "", $NF); print $(NF-2) ": " $NF}' | sort -t: -k2 -gr | head -16
 done

@@ -145,17 +145,18 @@ def _dq_boxes(cfg) -> int:
 @pytest.mark.parametrize("hdim", [64, 128])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_dq_per_wg_compiles(dtype, hdim, mask):
-    # per-warpgroup dQ hand-off: the consumer loop keeps its WGMMAs, commit groups and its two dQ
-    # barrier ops (their ids now in a register); the writer warp waits / arrives once per warpgroup
-    # (2 more BAR than the shared pair) and issues each warpgroup's part as its own TMA reduce-add
+    # per-warpgroup dQ hand-off (dispatched at hdim 64 / 96 / 128) against the shared one: the
+    # consumer loop keeps its WGMMAs, commit groups and its two dQ barrier ops (their ids now in a
+    # register); the writer warp waits / arrives once per warpgroup (2 more BAR than the shared
+    # pair) and issues each warpgroup's part as its own TMA reduce-add
     cfg = bwd_config(dtype, hdim, dq_per_wg=True, **MASKS[mask])
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, dq_per_wg=True, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
-    default = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])["sass"]
+    default = inspect_kernel("bwd", dtype=dtype, hdim=hdim, dq_per_wg=False, **MASKS[mask])["sass"]
     sass = report["sass"]
     assert sass["BAR"] == default["BAR"] + 2 * (cfg.num_consumer_wg - 1)
     assert sass["UTMAREDG"] == _dq_boxes(cfg)
-    assert default["UTMAREDG"] == _dq_boxes(bwd_config(dtype, hdim, **MASKS[mask]))
+    assert default["UTMAREDG"] == _dq_boxes(bwd_config(dtype, hdim, dq_per_wg=False, **MASKS[mask]))
     assert sass["HGMMA"] == default["HGMMA"] and sass["HGMMA_WAITS"] == default["HGMMA_WAITS"]
 
 

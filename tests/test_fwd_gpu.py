@@ -257,7 +257,7 @@ def test_wide_key_tiles(tile_n, dtype, causal, window, monkeypatch):
 @pytest.mark.parametrize("d,causal,window,overlap", [
     (128, False, (-1, -1), True), (128, True, (-1, -1), True), (128, False, (100, 20), True),
     (256, False, (-1, -1), True), (256, True, (-1, -1), True), (256, False, (100, 20), True),
-    (256, True, (-1, -1), False),
+    (256, True, (-1, -1), False), (128, True, (-1, -1), False), (64, True, (-1, -1), False),
 ])
 def test_rescale_o_before_pv(d, causal, window, overlap, rescale_early, monkeypatch):
     """O multiplied by the row scale before P @ V is issued, under QK^T (FwdConfig.

@@ -4,10 +4,15 @@ Both come out as (b, h, sq_pad) rows padded to whole query blocks, so the main k
 block's rows with one TMA and no bounds test: padded rows get D = 0 and LSE = +inf (P = 0), as do
 rows that saw no key in the forward (LSE = -inf there).
 
-Doing this in torch cost a fp32 copy of dO and of O plus their product: about 0.3 ms per call on
-the benchmark grid's 16k tokens, a third of the whole backward at seqlen 1k. Here it is one pass
-that reads O and dO once. One warp per row: lane l reads columns l, l + 32, ... so each load
-instruction of the warp is one contiguous run, and a warp shuffle sums the row.
+One pass that reads O and dO once; it should run at HBM speed (16k tokens x 2048 of O and dO,
+128 MiB, ~30 us on the H200). A group of `lanes_per_row` lanes shares a row, each lane loading
+16-byte vectors (lane l of the group takes vectors l, l + lanes, ...: each load instruction of
+the warp reads whole rows contiguously), and a butterfly shuffle within the group sums the row.
+Every load of the CTA's rows is issued before the first product, so each thread has
+ROWS_PER_CTA / rows_per_pass x 2 vectors in flight. (The first version, a warp per row with
+2-byte loads and one row at a time, took 76 us at hdim 64 and 50 us at hdim 128:
+scripts/bwd_parts.py, docs/benchmarks.md.) O and dO are the main kernel's TMA operands, so they
+are 16-byte aligned with 16-byte row strides here too.
 """
 
 from __future__ import annotations
@@ -25,14 +30,29 @@ from flashhopper.hopper import layout as L
 LOG2E = math.log2(math.e)
 ROWS_PER_CTA = 64
 WARPS = 8
+VEC = 8  # 16-bit elements per 16-byte load
+
+
+def lanes_per_row(hdim: int) -> int:
+    """Lanes sharing a row: the largest power of two (<= 32) that divides the row's 16-byte
+    vectors, so every lane of the group loads the same number of them (64: 8, 96: 4, 128: 16,
+    192: 8, 256: 32)."""
+    vectors, lanes = hdim // VEC, 1
+    while lanes < 32 and vectors % (2 * lanes) == 0:
+        lanes *= 2
+    return lanes
 
 
 class BwdPreprocess:
     def __init__(self, dtype: str, hdim: int):
-        if hdim % 32:
-            raise ValueError(f"hdim {hdim} must be a multiple of 32 for the backward preprocess")
+        if hdim % VEC:
+            raise ValueError(f"hdim {hdim} must be a multiple of {VEC} for the backward preprocess")
         self.dtype = L.CUTE_DTYPES[dtype]
         self.hdim = hdim
+        self.lanes = lanes_per_row(hdim)
+        self.rows_per_pass = 32 * WARPS // self.lanes
+        if ROWS_PER_CTA % self.rows_per_pass:
+            raise ValueError(f"hdim {hdim}: {self.rows_per_pass} rows per pass do not divide {ROWS_PER_CTA}")
 
     @cute.jit
     def __call__(
@@ -52,23 +72,38 @@ class BwdPreprocess:
                mD: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
-        warp = cute.arch.make_warp_uniform(tidx // 32)
-        lane = tidx % 32
         seqlen_q = mO.shape[1]
-        rows_per_warp = ROWS_PER_CTA // WARPS
-        for i in cutlass.range_constexpr(rows_per_warp):
-            row = m_block * ROWS_PER_CTA + warp * rows_per_warp + i
-            acc = Float32(0.0)
+        lanes = self.lanes
+        passes = ROWS_PER_CTA // self.rows_per_pass
+        vecs = self.hdim // VEC // lanes
+        group_row = tidx // lanes
+        lane = tidx % lanes
+        rO = cute.make_rmem_tensor((VEC, vecs, passes), self.dtype)
+        rdO = cute.make_rmem_tensor((VEC, vecs, passes), self.dtype)
+        rLSE = cute.make_rmem_tensor((passes,), Float32)
+        rO.fill(0.0)
+        rdO.fill(0.0)
+        rLSE.fill(-math.inf)
+        for p in cutlass.range_constexpr(passes):
+            row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
             if row < seqlen_q:
-                for j in cutlass.range_constexpr(self.hdim // 32):
-                    col = lane + 32 * j
-                    acc += mO[batch, row, head, col].to(Float32) * mdO[batch, row, head, col].to(Float32)
-            acc = cute.arch.warp_reduction(acc, operator.add)
+                rLSE[p] = mLSE[batch, head, row]  # the group's lanes read one address: one transaction
+                gO = mO[batch, row, head, None]
+                gdO = mdO[batch, row, head, None]
+                for v in cutlass.range_constexpr(vecs):
+                    cute.autovec_copy(cute.local_tile(gO, (VEC,), (lane + v * lanes,)), rO[None, v, p])
+                    cute.autovec_copy(cute.local_tile(gdO, (VEC,), (lane + v * lanes,)), rdO[None, v, p])
+        for p in cutlass.range_constexpr(passes):
+            row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
+            acc = Float32(0.0)
+            for v in cutlass.range_constexpr(vecs):
+                for e in cutlass.range_constexpr(VEC):
+                    acc += rO[e, v, p].to(Float32) * rdO[e, v, p].to(Float32)
+            acc = cute.arch.warp_reduction(acc, operator.add, threads_in_group=lanes)
             if lane == 0:
+                # +inf for padded rows and rows that saw no key (their LSE stayed -inf)
                 lse2 = Float32(math.inf)
-                if row < seqlen_q:
-                    lse = mLSE[batch, head, row]
-                    if lse != -math.inf:
-                        lse2 = lse * LOG2E
+                if rLSE[p] != -math.inf:
+                    lse2 = rLSE[p] * LOG2E
                 mLSE2[batch, head, row] = lse2
                 mD[batch, head, row] = acc

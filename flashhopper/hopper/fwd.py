@@ -469,7 +469,10 @@ class FlashFwdSm90:
                 to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
                 acc_to_operand_a(acc_S, tOrP)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
-        self.pingpong_prime(wg, n_top > n_min)
+        # decided once: the serial path moves n_top below, and a prime without its finish leaves
+        # a hand-off pending that deadlocks the next persistent tile (1-block causal tiles)
+        pingpong_active = n_top > n_min
+        self.pingpong_prime(wg, pingpong_active)
         if cutlass.const_expr(not self.cfg.intra_wg_overlap):
             if num_blocks > 0:
                 step(n_block=n_max - 1, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=True)
@@ -507,7 +510,7 @@ class FlashFwdSm90:
                 step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
                 k_state.advance()
                 v_state.advance()
-        self.pingpong_finish(wg, n_top > n_min)
+        self.pingpong_finish(wg, pingpong_active)
 
         if cutlass.const_expr(self.cfg.o_buffer):
             # every QK^T of this tile is complete: the producer may bring the next tile's Q now,

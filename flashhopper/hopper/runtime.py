@@ -235,9 +235,9 @@ def _fake_pre(dtype: str, hdim: int):
     dt = _NAME_TO_CUTE[dtype]
     b, sq, h, sq_pad = (cute.sym_int() for _ in range(4))
 
-    def t4():
-        strides = tuple(cute.sym_int64() for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dt, (b, sq, h, hdim), strides, assumed_align=dt.width // 8)
+    def t4():  # O and dO are the main kernel's TMA operands: 16-byte aligned, 16-byte strides
+        strides = tuple(cute.sym_int64(divisibility=16 // (dt.width // 8)) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dt, (b, sq, h, hdim), strides, assumed_align=16)
 
     def rows(n):
         strides = (cute.sym_int64(), cute.sym_int64(), 1)
