@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute warp-state breakdown of the forward's steady state: where the consumer warps wait
 # (tensor pipe, MUFU, barriers, mbarriers), our step schedule against FA4's (docs/notes/
-# fa4-schedule.md: its schedule measured 2-10% slower at hdim 128; this is to find out why).
+# fa4-schedule.md: its schedule measured 2-10% slower at hdim 128; this is to find out why), and
+# FA4's own kernel.
 # On the GPU machine after `source .device/setup.sh`; never changes clocks. ~1 min per variant.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,12 +18,13 @@ STALL_METRICS+=',sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained
 declare -A VARIANTS=(
   [default]=""
   [fa4_pair]="--set late_k_release=false --set row_sum_scaled_first=true"
+  [fa4_kernel]="--fa4"
 )
-for name in default fa4_pair; do
+for name in default fa4_pair fa4_kernel; do
   tag="hdim${HDIM}_${SEQLEN}_${name}"
   echo "== $tag"
   # shellcheck disable=SC2086
-  ncu --clock-control none -k regex:FlashFwdSm90 -c 1 --launch-skip 1 \
+  ncu --clock-control none -k 'regex:FlashFwdSm90|FlashAttentionForwardSm90' -c 1 --launch-skip 1 \
     --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
     --metrics "$STALL_METRICS" --csv \
     python3 scripts/run_one_fwd.py --hdim "$HDIM" --seqlen "$SEQLEN" ${VARIANTS[$name]} \
