@@ -1,5 +1,9 @@
 """Where the backward's time goes: GPU time per kernel (preprocess, dQaccum memset, main kernel,
-dQ cast) of one `runtime.backward` call, from torch.profiler, at grid points.
+dQ cast) of one `runtime.backward` call, from torch.profiler, at grid points; next to it the
+per-call time the benchmark sees (`time_ms`, i.e. triton's do_bench, L2 flushed before each call)
+and back-to-back CUDA-event time over 10 calls. In session 5 the kernel sum at hdim 64 / 128 was
+8-10% below the benchmark's time (not at hdim 256): idle GPU between the kernels would show here
+as bench/events > kernels.
 
     source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/bwd_parts.py [hdims] [seqlens]
 """
@@ -7,6 +11,7 @@ dQ cast) of one `runtime.backward` call, from torch.profiler, at grid points.
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import sys
 
@@ -15,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, ".")
 from flashhopper.bench.grid import make_point  # noqa: E402
+from flashhopper.bench.runner import time_ms  # noqa: E402
 from flashhopper.hopper import runtime  # noqa: E402
 
 REPS = 10
@@ -49,8 +55,18 @@ def point(d, causal, s):
         if e.device_type.name == "CUDA":
             us[kind(e.key)] += e.device_time_total / REPS
     total = sum(us.values())
+    call = functools.partial(runtime.backward, q, k, v, out, do, lse, scale, causal, (-1, -1), 0.0)
+    bench_us = time_ms(call) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPS):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    events_us = start.elapsed_time(end) * 1e3 / REPS
     parts = " ".join(f"{k} {v:7.1f} ({v / total:4.0%})" for k, v in sorted(us.items(), key=lambda kv: -kv[1]))
-    print(f"{d:>4} {'yes' if causal else 'no':>6} {s:>6} total {total:8.1f} us: {parts}", flush=True)
+    print(f"{d:>4} {'yes' if causal else 'no':>6} {s:>6} kernels {total:8.1f} us, bench {bench_us:8.1f}, "
+          f"events {events_us:8.1f}: {parts}", flush=True)
 
 
 def main():
