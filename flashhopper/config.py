@@ -118,6 +118,13 @@ class FwdConfig(_KernelConfig):
     # scale's exp2 is then needed at the start of the sum chain, so ptxas issues it right after
     # the row max instead of last, and O's rescale can run between the exp2s once P @ V is done.
     row_sum_scaled_first: bool = False
+    # Each consumer warpgroup writes and stores its own 64 rows of O (own named barrier, own TMA
+    # store) instead of all consumers meeting at one epilogue barrier, and the ping-pong token is
+    # primed once per CTA and carried from tile to tile instead of being primed and taken back per
+    # tile. Then warpgroup 0 starts the next tile while warpgroup 1 finishes this one (its last
+    # P @ V and epilogue), instead of both re-aligning at every tile end: the half-step ping-pong
+    # offset is paid once per CTA, not once per tile (docs/notes/fwd-wg-epilogue.md).
+    wg_epilogue: bool = False
 
     @property
     def hdim_v(self) -> int:

@@ -3,6 +3,7 @@
     python scripts/tune_fwd.py            # the built-in list; prints TFLOP/s per variant
     python scripts/tune_fwd.py persistent # one CTA per tile / persistent static / dynamic
     python scripts/tune_fwd.py persistent_wide  # hdim 192 / 256 causal: one CTA per tile vs dynamic
+    python scripts/tune_fwd.py wg_epilogue      # per-warpgroup epilogue, carried ping-pong token
     python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
     python scripts/tune_fwd.py tiles      # hdim 128 non-causal: 128x128 vs 128x160 vs 128x176, 8k and 16k
     python scripts/tune_fwd.py tiles64    # hdim 64, short queries: 192 x 128 vs 128 x 128 rows
@@ -114,12 +115,22 @@ FA4SCHED = [(hdim, causal, 16384, over) for hdim in (128, 64) for causal in (Fal
 PERSISTENT_WIDE = [(hdim, True, seqlen, over) for hdim in (256, 192) for seqlen in (512, 1024, 2048, 8192)
                    for over in ({"persistent": False}, {"persistent": True, "dynamic_sched": True})]
 
+# per-warpgroup epilogue + ping-pong token carried across tiles (FwdConfig.wg_epilogue) against
+# the shared epilogue: the per-tile cost it removes weighs most where tiles are short
+WG_EPILOGUE = [(hdim, causal, seqlen, {"wg_epilogue": on})
+               for hdim, causal, seqlen in [(128, False, 512), (128, False, 1024), (128, False, 8192),
+                                            (128, True, 1024), (128, True, 8192), (64, False, 512),
+                                            (64, False, 8192), (64, True, 8192), (256, True, 512),
+                                            (256, False, 8192)]
+               for on in (False, True)]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
 
 # modes that repeat an interleaved list of (hdim, causal, seqlen, override) for some rounds
-INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
+INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "wg_epilogue": (WG_EPILOGUE, 2),
+               "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS)}
 

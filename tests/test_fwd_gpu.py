@@ -271,3 +271,28 @@ def test_rescale_o_before_pv(d, causal, window, overlap, rescale_early, monkeypa
             run_case(2, sq, sk, 4, 2, d, causal=causal, window=window)
         monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
         run_case(2, 700, 333, 4, 1, d, causal=causal, window=window)
+
+
+@pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {}), (128, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (128, torch.float16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, False, (-1, -1), 0.0, {}),
+    (64, torch.bfloat16, True, (-1, -1), 5.0, {}), (96, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (256, torch.bfloat16, False, (-1, -1), 0.0, {}), (256, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (192, torch.float16, False, (64, 64), 0.0, {}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {"intra_wg_overlap": False}),
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {"persistent": True, "dynamic_sched": False}),
+])
+def test_wg_epilogue(d, dtype, causal, window, softcap, fields, monkeypatch):
+    """Per-warpgroup epilogue with the ping-pong token carried across tiles (FwdConfig.wg_epilogue):
+    one-block tiles (no ping-pong section), ragged ends, the O part of a warpgroup whose rows are
+    all past seqlen_q, persistent CTAs walking many tiles (where a token left unbalanced would
+    deadlock or a part stored from the wrong rows would show), and the dynamic and static
+    schedulers."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(wg_epilogue=True, **fields):
+        for sq, sk in [(1000, 1000), (17, 4097), (4097, 17), (1, 1), (300, 517), (100, 80), (65, 65)]:
+            run_case(2, sq, sk, 4, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+        run_case(2, 700, 333, 4, 1, d, dtype, causal=causal, window=window, softcap=softcap)
+        run_case(3, 1000, 1000, 2, 2, d, dtype, causal=causal, window=window, softcap=softcap)

@@ -37,6 +37,8 @@ from flashhopper.hopper.mma import acc_to_operand_a
 # Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
 _BAR_EPILOGUE = 1
 _BAR_PINGPONG = 2
+# FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
+_BAR_EPILOGUE_WG = 5
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 
@@ -131,9 +133,15 @@ class FlashFwdSm90:
         tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
             load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
         )
-        tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
-        )
+        if cutlass.const_expr(self.cfg.wg_epilogue):
+            # one warpgroup's 64 rows: the other parts are the same layout at whole-KiB offsets
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, self.o_part_layout(sO_layout), (64, self.hdim_v)
+            )
+        else:
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
+            )
 
         self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
@@ -276,6 +284,10 @@ class FlashFwdSm90:
             q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
+            consumer_wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
+            if cutlass.const_expr(self.cfg.wg_epilogue):
+                # the ping-pong token, primed once and carried across tiles (taken back at the end)
+                self.pingpong_prime(consumer_wg, True)
             tile = bidx
             if cutlass.const_expr(dynamic):
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, _SCHED_STAGES)
@@ -299,9 +311,15 @@ class FlashFwdSm90:
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
                     tile += grid_size
-            if tidx < 128 + 32:
-                # the last tile's O store must finish reading smem before the CTA exits
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(self.cfg.wg_epilogue):
+                self.pingpong_finish(consumer_wg, True)
+                if (tidx - 128) % 128 < 32:
+                    # each warpgroup's first warp issued its own O stores
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            else:
+                if tidx < 128 + 32:
+                    # the last tile's O store must finish reading smem before the CTA exits
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def publish_tile(self, pipe_sched, sTile, state, tile, lane):
@@ -472,7 +490,8 @@ class FlashFwdSm90:
         # decided once: the serial path moves n_top below, and a prime without its finish leaves
         # a hand-off pending that deadlocks the next persistent tile (1-block causal tiles)
         pingpong_active = n_top > n_min
-        self.pingpong_prime(wg, pingpong_active)
+        if cutlass.const_expr(not self.cfg.wg_epilogue):
+            self.pingpong_prime(wg, pingpong_active)
         if cutlass.const_expr(not self.cfg.intra_wg_overlap):
             if num_blocks > 0:
                 step(n_block=n_max - 1, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=True)
@@ -510,7 +529,8 @@ class FlashFwdSm90:
                 step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
                 k_state.advance()
                 v_state.advance()
-        self.pingpong_finish(wg, pingpong_active)
+        if cutlass.const_expr(not self.cfg.wg_epilogue):
+            self.pingpong_finish(wg, pingpong_active)
 
         if cutlass.const_expr(self.cfg.o_buffer):
             # every QK^T of this tile is complete: the producer may bring the next tile's Q now,
@@ -683,12 +703,32 @@ class FlashFwdSm90:
 
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        if cutlass.const_expr(self.cfg.o_buffer):
-            if tidx < 32:  # the previous tile's O store must be done reading sO
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-        # nobody writes sO before that, nor (when sO is Q's buffer) before every consumer is
-        # done with its QK^T
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        if cutlass.const_expr(self.cfg.wg_epilogue):
+            self.store_o_per_wg(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch)
+        else:
+            if cutlass.const_expr(self.cfg.o_buffer):
+                if tidx < 32:  # the previous tile's O store must be done reading sO
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            # nobody writes sO before that, nor (when sO is Q's buffer) before every consumer is
+            # done with its QK^T
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            if tidx < 32:
+                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hdim_v), (m_block, 0))
+                tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
+                                                   cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+                cute.copy(tma_atom_O, tOsO, tOgO)
+                cute.arch.cp_async_bulk_commit_group()
+                if cutlass.const_expr(not self.cfg.o_buffer):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(not self.cfg.o_buffer):
+                # Q's buffer is free for the next tile only once the store has read it
+                cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+
+    @cute.jit
+    def o_to_smem(self, rO, sO, tiled_mma_pv, tidx):
+        """stmatrix this thread's O fragment into sO, fenced for a TMA store."""
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                         self.dtype)
         # The stmatrix addresses depend only on the thread: LLVM hoists them out of the tile loop
@@ -699,18 +739,47 @@ class FlashFwdSm90:
         cute.copy(smem_atom, smem_copy.retile(rO), smem_copy.partition_D(sO))
         # make the generic-proxy smem writes visible to the TMA (async proxy) before the store
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        if tidx < 32:
-            gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hdim_v), (m_block, 0))
+
+    @cute.jit
+    def store_o_per_wg(self, rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch):
+        """FwdConfig.wg_epilogue: this warpgroup's 64 rows of O through its own part of sO and its
+        own TMA store, synchronized on its own barrier only. The rows are the ones its QK^T read
+        from Q, so with O staged in Q's buffer no other warpgroup still needs them."""
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        first_warp = tidx % 128 < 32
+        if cutlass.const_expr(self.cfg.o_buffer):
+            if first_warp:  # this warpgroup's previous store must be done reading its part
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE_WG + wg, number_of_threads=128)
+        self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE_WG + wg, number_of_threads=128)
+        if first_warp:
+            gO = cute.local_tile(mO[None, None, head, batch], (64, self.hdim_v),
+                                 (m_block * self.num_consumer_wg + wg, 0))
+            sO_wg = cute.local_tile(sO, (64, self.hdim_v), (wg, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
-                                               cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
+                                               cute.group_modes(sO_wg, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(not self.cfg.o_buffer):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         if cutlass.const_expr(not self.cfg.o_buffer):
-            # Q's buffer is free for the next tile only once the store has read it
-            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            # these rows of Q's buffer are free for the next tile once the store has read them
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE_WG + wg, number_of_threads=128)
+
+    def o_part_layout(self, sO_layout):
+        """One warpgroup's 64 rows of the sO layout (the TMA store's smem side with wg_epilogue).
+        The other parts must be the same layout at whole-KiB offsets, so that the swizzle, which
+        acts on address bits, lines up for every part; checked at trace time."""
+        if _BAR_EPILOGUE_WG + self.num_consumer_wg > 16:
+            raise ValueError(f"wg_epilogue: {self.num_consumer_wg} warpgroups need more than 16 "
+                             "named barriers")
+        parts = cute.zipped_divide(sO_layout.outer, (64, self.hdim_v))
+        rest = cute.get(parts, mode=[1])
+        for i in range(cute.size(rest)):
+            if (rest(i) * self.cfg.elem_bytes) % 1024:
+                raise ValueError(f"wg_epilogue: O part {i} starts at element {rest(i)}, not a whole KiB")
+        return cute.make_composed_layout(sO_layout.inner, 0, cute.get(parts, mode=[0]))
 
 
 def softmax_constants(softmax_scale: float, softcap: float) -> tuple[float, float]:
