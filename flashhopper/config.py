@@ -246,6 +246,14 @@ _BWD_HDIM_REG_SLACK = 32
 # kv_split "keys": most fp32 accumulator registers per consumer thread for S^T + dP^T + dK + dV
 # (tile_m + hdim), see BwdConfig._check_key_split
 _BWD_KEYS_ACC_REGS = 192
+# query-row steps that are not a multiple of 64 (WGMMA M of dQ = dS K): dQ runs transposed,
+# dQ^T = K^T dS^T (BwdConfig.dq_transposed), with the head dim as M. hdim -> (tile_m, accumulator
+# registers it was compile-probed to fit in): FA3 / FA4's 80-row step at hdim 128 without a mask,
+# 208 = 40 + 40 (S^T, dP^T) + 64 + 64 (dK, dV), 16 over _BWD_KEYS_ACC_REGS. It runs in the
+# ds_before_dv order (S^T / dP^T die k-block by k-block under dV's first half) and compiles with
+# 6 commit groups and no spills for every dtype, mask, ds_stages, dk_rs and dq_per_wg setting
+# (docs/notes/bwd-keys-gap.md); not dispatched: unmeasured
+_BWD_KEYS_DQ_T = {128: (80, 208)}
 
 
 @dataclass(frozen=True)
@@ -310,10 +318,22 @@ class BwdConfig(_KernelConfig):
         return 1 if dkv + max(sdp, dq) + _BWD_HDIM_REG_SLACK <= self.consumer_regs else 2
 
     @property
+    def dq_transposed(self) -> bool:
+        """kv_split "keys" with a query-row step that is no multiple of 64 (80 at hdim 128):
+        hopper/bwd.py computes dQ^T = K^T dS^T, the warpgroups splitting the head dim as M."""
+        return self.kv_split == "keys" and self.tile_m % 64 != 0
+
+    @property
     def ds_before_dv(self) -> bool:
         """hopper/bwd.py's per-step order at 128 queries: dS^T to smem (k-block by k-block from
         the fp32 accumulator) before the dV GEMM is issued, instead of after."""
         return self.kv_split == "keys" and self.tile_m > 64
+
+    @property
+    def row_stride(self) -> int:
+        """fp32 elements between the LSE (and D) rows of two ring stages in smem: a TMA
+        destination must be 128-byte aligned, so 80 rows (320 B) take 96."""
+        return -(-self.tile_m // 32) * 32
 
     def smem_bytes(self) -> int:
         """K, V once (their buffers also stage dK, dV for the TMA stores); Q and dO rings with the
@@ -322,7 +342,7 @@ class BwdConfig(_KernelConfig):
         stages = self.num_stages + self.num_do_stages  # Q stages + dO stages
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = stages * self.tile_m * self.hdim * 2
-        rows = stages * self.tile_m * 4
+        rows = stages * self.row_stride * 4
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else self.ds_stages)
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" else 0
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
@@ -366,16 +386,31 @@ class BwdConfig(_KernelConfig):
         if self.dq_by_rows and self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"dq_by_rows needs tile_m {64 * self.num_consumer_wg} (64 query rows per "
                              f"consumer warpgroup), not {self.tile_m}")
-        if self.tile_m % 64:
+        cap = _BWD_KEYS_ACC_REGS
+        if self.dq_transposed:
+            self._check_dq_transposed()
+            cap = _BWD_KEYS_DQ_T[self.hdim][1]
+        elif self.tile_m % 64:
             raise ValueError(f"tile_m {self.tile_m} must be a multiple of 64 (WGMMA M of dQ)")
         # per thread: S^T + dP^T (64 keys x tile_m, twice) and dK + dV (64 keys x hdim, twice) are
         # tile_m + hdim fp32 registers, all live while the S^T / dP^T GEMMs run. hdim 64 at
         # tile_m 128 (192) is the most that ptxas fits in 240 with the WGMMAs kept asynchronous
         # (hopper/bwd.py, ds_before_dv); beyond that it serializes them or spills.
-        if self.tile_m + self.hdim > _BWD_KEYS_ACC_REGS:
+        if self.tile_m + self.hdim > cap:
             raise ValueError(f"accumulators need {self.tile_m + self.hdim} registers per thread "
-                             f"(S^T, dP^T, dK, dV), more than {_BWD_KEYS_ACC_REGS} of "
+                             f"(S^T, dP^T, dK, dV), more than {cap} of "
                              f"{self.consumer_regs}")
+
+    def _check_dq_transposed(self) -> None:
+        """tile_m not a multiple of 64: only the compile-probed shape (_BWD_KEYS_DQ_T)."""
+        probed = {d: m for d, (m, _) in _BWD_KEYS_DQ_T.items()}
+        if probed.get(self.hdim) != self.tile_m:
+            raise ValueError(f"tile_m {self.tile_m} must be a multiple of 64 (WGMMA M of dQ), or with dQ "
+                             f"computed transposed (dQ^T = K^T dS^T) one of (hdim, tile_m) "
+                             f"{sorted(probed.items())}, not ({self.hdim}, {self.tile_m})")
+        if self.hdim != 64 * self.num_consumer_wg:
+            raise ValueError(f"tile_m {self.tile_m}: dQ^T = K^T dS^T needs 64 head-dim rows (WGMMA M) per "
+                             f"consumer warpgroup, hdim {self.hdim} with {self.num_consumer_wg}")
 
     def _check_hdim_split(self) -> None:
         wg = self.num_consumer_wg

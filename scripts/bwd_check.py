@@ -30,6 +30,13 @@ hdim 64 / 96 / 128 with the per-warpgroup dQ hand-off (BwdConfig.dq_per_wg, same
     --no-bench --case-hdims 64,96,128 --bwd-config dq_per_wg=True
     --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default --bwd-config dq_per_wg=True
 
+hdim 128 with 80 query rows per step (BwdConfig tile_m=80, dQ^T = K^T dS^T; FA3 / FA4's tile without
+a mask; same note):
+
+    --no-bench --case-hdims 128 --bwd-config tile_m=80 --bwd-config tile_m=80,dk_rs=True
+    --no-cases --hdims 128 --seqlens 1024,8192 --bwd-config default --bwd-config tile_m=80 \
+        --bwd-config tile_m=80,dk_rs=True
+
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
 """

@@ -15,8 +15,9 @@ KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (
 
 def _keys_hgmma(cfg) -> int:
     """WGMMAs per query block: S^T and dP^T (hdim / 16 k-blocks each), dV and dK (tile_m / 16
-    each), dQ (tile_m / 64 M tiles x tile_n / 16 k-blocks; one M tile with dq_by_rows)."""
-    dq_m_tiles = 1 if cfg.dq_by_rows else cfg.tile_m // 64
+    each), dQ (tile_m / 64 M tiles x tile_n / 16 k-blocks; one M tile with dq_by_rows, and for
+    dQ^T = K^T dS^T, whose M is the warpgroup's 64 head-dim rows)."""
+    dq_m_tiles = 1 if cfg.dq_by_rows or cfg.dq_transposed else cfg.tile_m // 64
     return 2 * cfg.hdim // 16 + 2 * cfg.tile_m // 16 + dq_m_tiles * (cfg.tile_n // 16)
 
 
@@ -181,6 +182,42 @@ def test_deterministic_backward_dq_per_wg_compiles(hdim, mask):
 def test_backward_dq_per_wg_needs_key_split():
     with pytest.raises(ValueError, match="dq_per_wg"):
         bwd_config("bf16", 256, dq_per_wg=True)
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_80_rows_compiles(dtype, mask):
+    # hdim 128 with FA3 / FA4's 80 query rows per step (not dispatched): S^T / dP^T of 64 x 80,
+    # dV / dK over 5 k-blocks (2 + 3, ds_before_dv), dQ^T = K^T dS^T as 8 WGMMAs of 64 x 80:
+    # 34 WGMMAs in 6 commit groups with 208 accumulator registers, no spills
+    cfg = bwd_config(dtype, 128, tile_m=80, **MASKS[mask])
+    assert cfg.dq_transposed and cfg.ds_before_dv and cfg.dq_per_wg
+    report = inspect_kernel("bwd", dtype=dtype, hdim=128, tile_m=80, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    assert report["sass"]["HGMMA"] == 34
+    assert report["sass"]["UTMAREDG"] == _dq_boxes(cfg)
+
+
+@pytest.mark.parametrize(("fields", "mask"), [
+    ({"dk_rs": True}, "none"), ({"dk_rs": True}, "softcap"), ({"ds_stages": 2}, "none"),
+    ({"dq_per_wg": False}, "none"), ({"deterministic": True}, "causal"),
+    ({"deterministic": True, "dq_per_wg": False}, "none")])
+def test_backward_80_rows_variants_compile(fields, mask):
+    cfg = bwd_config("bf16", 128, tile_m=80, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=128, tile_m=80, **fields, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    assert report["sass"]["UTMAREDG"] == _dq_boxes(cfg)
+
+
+@pytest.mark.parametrize(("hdim", "fields", "match"), [
+    (64, {"tile_m": 80}, "tile_m 80 must be a multiple of 64"),
+    (96, {"tile_m": 80}, "tile_m 80 must be a multiple of 64"),
+    (128, {"tile_m": 48}, "tile_m 48 must be a multiple of 64"),
+    (128, {"tile_m": 80, "dq_by_rows": True}, "dq_by_rows"),
+    (256, {"tile_m": 80}, "tile_m 80 must be 64")])
+def test_backward_80_rows_only_at_hdim128(hdim, fields, match):
+    with pytest.raises(ValueError, match=match):
+        bwd_config("bf16", hdim, **fields)
 
 
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)

@@ -155,6 +155,39 @@ def test_backward_dq_per_wg(d, fields, dtype, b, sq, sk, hq, hk, causal, window,
         run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
 
 
+_80 = {"tile_m": 80}
+
+
+@pytest.mark.parametrize(("fields", "dtype"), [
+    (_80, _BF16), (_80, _FP16), ({**_80, "dk_rs": True}, _BF16), ({**_80, "ds_stages": 2}, _BF16),
+    ({**_80, "dq_per_wg": False}, _BF16)])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),  # query blocks 0..3 full, block 3 ends at 320 > 300
+    (1, 17, 1000, 2, 2, False, (-1, -1), 0.0),  # one partial query block
+    (2, 80, 80, 4, 1, False, (-1, -1), 0.0),  # exactly one block, GQA 4:1
+    (1, 81, 129, 2, 2, False, (-1, -1), 0.0),  # one query row into the second block
+    (1, 1000, 700, 6, 2, False, (-1, -1), 0.0),  # sq > sk, 1040 padded rows (1088 preprocess rows)
+    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),  # 80-row blocks on a 128-key diagonal
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
+])
+def test_backward_80_rows(fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
+    """hdim 128 with 80 query rows per step (BwdConfig tile_m=80: dQ^T = K^T dS^T, 4-byte dQ
+    stores, LSE / D stages 384 bytes apart) agrees with the reference, masks included."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, 128, dtype=dtype, causal=causal, window=window, softcap=softcap)
+
+
+def test_backward_80_rows_writes_every_gradient():
+    q, k, v, dout = make_inputs(2, 333, 517, 4, 2, 128, torch.bfloat16, "bshd", 12)
+    out, lse = runtime.forward(q, k, v, 0.125, False, (-1, -1), 0.0)
+    dk = torch.full_like(k, float("nan"))
+    dv = torch.full_like(v, float("nan"))
+    with runtime.bwd_config_overrides(**_80):
+        dq, dk, dv = runtime.backward(q, k, v, out, dout, lse, 0.125, False, (-1, -1), 0.0, dk=dk, dv=dv)
+    assert not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()
+
+
 # hdim 192 / 256 (hopper/bwd_wide.py) tile shapes and dO ring depths for timing: tile_n 80 with one
 # dO stage (FA3's hdim-256 tile; P / dS unswizzled, dQ in two chunks), FA4's 48, and one dO stage
 # at today's tiles. Sequence lengths that are not multiples of 80 / 48 test the key-block edges.
@@ -233,6 +266,8 @@ def test_unwritten_gradients_show():
     (96, True, (-1, -1), {}), (64, True, (-1, -1), {"dq_by_rows": True}),
     (64, True, (-1, -1), {"dk_rs": True}), (128, False, (-1, -1), {"dk_rs": True}),
     (128, True, (-1, -1), {"dq_per_wg": True}), (64, False, (200, 50), {"dq_per_wg": True}),
+    (128, False, (-1, -1), {"tile_m": 80}), (128, True, (-1, -1), {"tile_m": 80}),
+    (128, False, (-1, -1), {"tile_m": 80, "dq_per_wg": False}),
     (256, False, (-1, -1), {}), (256, True, (-1, -1), {}), (192, False, (300, 0), {}),
     (192, True, (-1, -1), {})])
 def test_deterministic_is_bitwise_reproducible(d, causal, window, fields):

@@ -248,3 +248,32 @@ def test_do_stages_default_follows_num_stages():
     assert cfg.do_stages == 0 and cfg.num_do_stages == cfg.num_stages == 2
     one = dataclasses.replace(cfg, num_stages=1)
     assert one.num_do_stages == 1 and one.smem_bytes() < cfg.smem_bytes()
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_backward_80_rows_config(mask):
+    # hdim 128 at FA3 / FA4's 80 query rows (a switch, not dispatched): dQ computed transposed, the
+    # 208-register accumulator exception, LSE / D stages 128-byte aligned for their TMA
+    assert not config.bwd_config("bf16", 128, **mask).dq_transposed
+    cfg = config.bwd_config("bf16", 128, tile_m=80, **mask)
+    assert cfg.dq_transposed and cfg.ds_before_dv and not cfg.dq_by_rows
+    assert cfg.tile_m + cfg.hdim == 208 and cfg.row_stride == 96
+    stages = cfg.num_stages + cfg.num_do_stages
+    kv, q_do, ds, dq = 2 * 128 * 128 * 2, stages * 80 * 128 * 2, 128 * 80 * 2, 80 * 128 * 4
+    assert cfg.smem_bytes() == 1024 + kv + q_do + stages * 96 * 4 + ds + dq + 8 * (2 + 2 * stages)
+    assert dataclasses.replace(cfg, ds_stages=2).smem_bytes() <= SMEM_CAPACITY
+    # whole 32-row multiples keep their rows unpadded (the dispatched kernels' smem is unchanged)
+    assert all(config.bwd_config("bf16", d).row_stride == config.bwd_config("bf16", d).tile_m
+               for d in config.BWD_HDIMS)
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    ({"hdim": 64, "tile_m": 80}, r"one of \(hdim, tile_m\) \[\(128, 80\)\]"),
+    ({"hdim": 128, "tile_m": 48}, "must be a multiple of 64"),
+    ({"hdim": 128, "tile_m": 80, "dq_by_rows": True}, "dq_by_rows needs tile_m 128"),
+    ({"hdim": 128, "tile_m": 80, "num_consumer_wg": 1, "tile_n": 64}, "64 head-dim rows"),
+])
+def test_backward_80_rows_refused_elsewhere(fields, match):
+    cfg = config.BwdConfig(**{"dtype": "bf16", **fields})
+    with pytest.raises(ValueError, match=match):
+        cfg.check()

@@ -15,7 +15,9 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
                              RS from the dS^T fragment, as FA3 / FA4)
         dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
       (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv;
-      the warpgroups split dQ by head dim, or by query rows with BwdConfig.dq_by_rows)
+      the warpgroups split dQ by head dim, or by query rows with BwdConfig.dq_by_rows; with
+      80 rows at hdim 128, BwdConfig.dq_transposed, they compute dQ^T = K^T dS^T, 80 not being
+      a WGMMA M, and store it as columns of the fp32 dQ tile)
   warp 1 (dQ writer): TMA reduce-add of each dQ tile into the fp32 dQaccum, so the consumers
       only pay a shared-memory store; with `deterministic` it adds the tiles of one query
       block in key-block order (a per-query-block semaphore), so dQ is bitwise reproducible.
@@ -115,7 +117,12 @@ class FlashBwdSm90(BwdKernelBase):
             self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.hdim))
         # dQ (tile_m x d) = dS (tile_m x tile_n) K: the warpgroups split the head dim, or with
         # dq_by_rows the query rows (64 each, WGMMA N = the whole head dim)
-        if cutlass.const_expr(self.cfg.dq_by_rows):
+        if cutlass.const_expr(self.cfg.dq_transposed):
+            # tile_m 80 is no WGMMA M: dQ^T (d x tile_m) = K^T dS^T, the warpgroups split the head
+            # dim as M (64 rows each), N = the query rows
+            tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.tile_m))
+        elif cutlass.const_expr(self.cfg.dq_by_rows):
             tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=atoms, tiler_mn=(64, self.hdim))
         else:
@@ -132,7 +139,8 @@ class FlashBwdSm90(BwdKernelBase):
         # (with dq_by_rows by 64-row halves, which any row-major layout splits cleanly)
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_consumer_wg)
         # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
-        sRow_layout = cute.make_layout((self.tile_m, self.num_stages))
+        # (stages 128-byte aligned: TMA destinations)
+        sRow_layout = cute.make_layout((self.tile_m, self.num_stages), stride=(1, self.cfg.row_stride))
 
         @cute.struct
         class SharedStorage:
@@ -346,6 +354,12 @@ class FlashBwdSm90(BwdKernelBase):
             return (self.tile_m // self.num_consumer_wg, self.hdim)
         return (self.tile_m, self.hdim // self.num_consumer_wg)
 
+    def dq_acc_shape(self) -> tuple[int, int]:
+        """(M, N) of the dQ GEMM: (tile_m, hdim), or (hdim, tile_m) for dQ^T (dq_transposed)."""
+        if self.cfg.dq_transposed:
+            return (self.hdim, self.tile_m)
+        return (self.tile_m, self.hdim)
+
     def dq_part_coord(self, m_block, w: int):
         """Tile coordinate, in dq_part_shape units, of warpgroup w's part of query block m_block."""
         if self.cfg.dq_by_rows:
@@ -360,13 +374,15 @@ class FlashBwdSm90(BwdKernelBase):
         if _BAR_DQ_WG + 2 * self.num_consumer_wg > 16:
             raise ValueError(f"dq_per_wg: {self.num_consumer_wg} warpgroups need more than 16 named barriers")
         shape = self.dq_part_shape()
-        ident = cute.make_identity_tensor((self.tile_m, self.hdim))
+        ident = cute.make_identity_tensor(self.dq_acc_shape())
         for w in range(self.num_consumer_wg):
             r0, c0 = (x * n for x, n in zip(self.dq_part_coord(0, w), shape, strict=True))
             for t in (0, 31, 32, 77, 127):
                 coords = tiled_mma_dq.get_slice(w * 128 + t).partition_C(ident)
                 for i in range(cute.size(coords)):
                     r, c = coords[i]
+                    if self.cfg.dq_transposed:
+                        r, c = c, r
                     if not (r0 <= r < r0 + shape[0] and c0 <= c < c0 + shape[1]):
                         raise ValueError(f"dq_per_wg: warpgroup {w} holds dQ ({r}, {c}), outside its part")
         parts = cute.zipped_divide(sdQ_layout.outer, shape)
@@ -402,16 +418,22 @@ class FlashBwdSm90(BwdKernelBase):
             wg_dk = tiled_mma_dk.get_slice(wg * 128)
             tKrdS = wg_dk.make_fragment_A(wg_dk.partition_A(sdS))
             tKrQ = wg_dk.make_fragment_B(wg_dk.partition_B(L.transpose_view(sQ)))
-        # dQ = dS K: A = dS^T tile seen as (queries, keys), B = K^T (head dim, keys)
-        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(L.transpose_view(sdS)))
-        tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sK)))
+        if cutlass.const_expr(self.cfg.dq_transposed):
+            # dQ^T = K^T dS^T: A = K^T (head dim, keys), B = the dS^T tile seen as (queries, keys),
+            # both MN-major: the same smem views as dQ = dS K with the operands swapped
+            tQrK = wg_dq.make_fragment_A(wg_dq.partition_A(L.transpose_view(sK)))
+            tQrdS = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sdS)))
+        else:
+            # dQ = dS K: A = dS^T tile seen as (queries, keys), B = K^T (head dim, keys)
+            tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(L.transpose_view(sdS)))
+            tQrK = wg_dq.make_fragment_B(wg_dq.partition_B(L.transpose_view(sK)))
 
         shape_sdp = (self.tile_n, self.tile_m)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.hdim)), Float32)
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.tile_n, self.hdim)), Float32)
-        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, self.hdim)), Float32)
+        acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C(self.dq_acc_shape()), Float32)
         tPrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
         tPrP_as_acc = cute.make_tensor(tPrP.iterator, acc_S.layout)
         if cutlass.const_expr(self.cfg.dk_rs):
@@ -428,11 +450,20 @@ class FlashBwdSm90(BwdKernelBase):
             cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
         dS_copy = cute.make_tiled_copy_C(dS_copy_atom, tiled_mma_sdp).get_slice(tidx)
         tdSsdS = dS_copy.partition_D(sdS)
-        # dQ fragments to smem as 8-byte stores: the WGMMA C layout gives each thread column pairs
-        dQ_copy = cute.make_tiled_copy_C(
-            cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
-            tiled_mma_dq).get_slice(tidx)
-        tdQsdQ = dQ_copy.partition_D(sdQ)
+        if cutlass.const_expr(self.cfg.dq_transposed):
+            # a thread's dQ^T column pairs are adjacent query rows of the row-major fp32 tile:
+            # 4-byte stores (per warp and register 8 head-dim columns x 4 rows two apart, which
+            # the 128-byte swizzle spreads over all 32 banks)
+            dQ_copy = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=32),
+                tiled_mma_dq).get_slice(tidx)
+            tdQsdQ = dQ_copy.partition_D(L.transpose_view(sdQ))
+        else:
+            # dQ fragments to smem as 8-byte stores: the WGMMA C layout gives each thread column pairs
+            dQ_copy = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
+                tiled_mma_dq).get_slice(tidx)
+            tdQsdQ = dQ_copy.partition_D(sdQ)
         dq_threads = self.num_consumer_threads + 32
         if cutlass.const_expr(self.cfg.ds_before_dv):
             # k-block k of P^T (the dV GEMM's A operand) and stmatrix k of dS^T cover the same
@@ -537,7 +568,10 @@ class FlashBwdSm90(BwdKernelBase):
                 # before the dQ accumulator joins dS^T (fp16 + softcap at hdim 128 spilled 16 bytes
                 # without this wait)
                 warpgroup.wait_group(0)
-            issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
+            if cutlass.const_expr(self.cfg.dq_transposed):
+                issue(tiled_mma_dq, acc_dQ, tQrK, tQrdS_i, zero_init=True)
+            else:
+                issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
             if cutlass.const_expr(self.cfg.dk_rs and self.cfg.ds_before_dv):
                 # the second half of dK; the first went with dV's first half
                 issue_k_blocks(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index],

@@ -19,6 +19,7 @@ import cutlass.cute as cute
 import torch
 
 from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config, fwd_narrow_tile
+from flashhopper.hopper.bwd_pre import ROWS_PER_CTA
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
 from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
 
@@ -278,8 +279,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
-    lse_log2 = torch.empty((b, h, sq_pad), dtype=torch.float32, device=q.device)
-    d_rows = torch.empty((b, h, sq_pad), dtype=torch.float32, device=q.device)
+    # the preprocess writes whole blocks of its ROWS_PER_CTA rows: with 80-row query blocks the
+    # kernel's last block may end inside one of them (the rows past sq_pad are never read)
+    rows = -(-sq_pad // ROWS_PER_CTA) * ROWS_PER_CTA
+    lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
+    d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     pre(out, dout, lse, lse_log2, d_rows)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     if deterministic:
