@@ -187,6 +187,14 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
     # WGMMAs that wait for the warpgroup's previous ones (gsb0): one per commit group when ptxas
     # keeps the async pipeline, every one of them when it has serialized the kernel's WGMMAs
     sass["HGMMA_WAITS"] = sum(1 for op, args in instructions if op.startswith("HGMMA") and "gsb0" in args)
+    # 16-byte global loads (the backward preprocess is written to use only these for O and dO)
+    sass["LDG.128"] = sum(1 for op, _ in instructions if op.startswith("LDG") and op.endswith(".128"))
+    # thread-block clusters: multicast TMA loads, mbarrier arrives that go through the cluster's
+    # shared window (.RED: to a peer CTA, or to our own by its cluster address), cluster barriers
+    ops = [op for op, _ in instructions]
+    sass["UTMALDG_MULTICAST"] = sum(1 for op in ops if op.startswith("UTMALDG") and "MULTICAST" in op)
+    sass["SYNCS_ARRIVE_RED"] = sum(1 for op in ops if op.startswith("SYNCS.ARRIVE") and ".RED" in op)
+    sass["UCGABAR"] = sum(1 for op in ops if op.startswith("UCGABAR"))
     return {
         "function": name,
         "registers": main.get("REG", 0),

@@ -125,6 +125,10 @@ class FwdConfig(_KernelConfig):
     # P @ V and epilogue), instead of both re-aligning at every tile end: the half-step ping-pong
     # offset is paid once per CTA, not once per tile (docs/notes/fwd-wg-epilogue.md).
     wg_epilogue: bool = False
+    # 2: thread-block clusters of two CTAs on adjacent query blocks of one (head, batch); each CTA
+    # loads half of every K and V tile and multicasts it to both, halving L2->SM traffic for K/V
+    # (hopper/fwd_cluster.py, docs/notes/fwd-cluster.md). No causal/local mask, static schedule only.
+    cluster_m: int = 1
 
     @property
     def hdim_v(self) -> int:
@@ -181,6 +185,7 @@ class FwdConfig(_KernelConfig):
             raise ValueError("num_stages must be >= 1")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+        self._check_cluster()
         cons, prod = self.consumer_regs, self.producer_regs
         total = WARPGROUP_THREADS * (prod + cons * self.num_consumer_wg)
         if total > REGS_PER_SM:
@@ -192,6 +197,21 @@ class FwdConfig(_KernelConfig):
                 f"accumulators need {self.accumulator_regs()} registers per thread, "
                 f"too many for {cons} consumer registers"
             )
+
+
+    def _check_cluster(self) -> None:
+        if self.cluster_m == 1:
+            return
+        if self.cluster_m != 2:
+            raise ValueError(f"cluster_m {self.cluster_m} not in (1, 2)")
+        if self.causal or self.local:
+            raise ValueError("cluster_m=2 needs no causal/local mask: the two query blocks of a cluster "
+                             "must visit the same key blocks")
+        if self.dynamic_sched:
+            raise ValueError("cluster_m=2 takes the static schedule only (one cluster per pair of query "
+                             "blocks, or persistent=True with dynamic_sched=False): the dynamic scheduler "
+                             "claims tiles per CTA, not per cluster")
+        # each CTA loads tile_n / 2 rows of K and V: whole 8-row swizzle atoms since tile_n % 16 == 0
 
 
 def _fwd_persistent(hdim: int, masked: bool) -> bool:
@@ -221,6 +241,17 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128)
     cfg.check()
     return cfg
+
+
+def fwd_grid(cfg: FwdConfig, seqlen_q: int, num_pairs: int, max_ctas: int | None) -> int:
+    """CTAs to launch: one per tile, or at most `max_ctas` (persistent). With cluster_m = 2 a tile
+    is a pair of query blocks (an odd count rounds up: the last pair's second CTA computes a block
+    past seqlen_q and writes nothing) and the grid is whole clusters."""
+    m = cfg.cluster_m
+    num_tiles = -(-seqlen_q // (cfg.tile_m * m)) * num_pairs
+    if max_ctas is not None:
+        num_tiles = min(num_tiles, max(1, max_ctas // m))
+    return num_tiles * m
 
 
 # Backward (first version): one CTA per 128-key block, two consumer warpgroups of 64 keys,

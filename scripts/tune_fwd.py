@@ -10,6 +10,7 @@
     python scripts/tune_fwd.py rescale    # O rescaled before P @ V (under QK^T) vs after its wait
     python scripts/tune_fwd.py overlap    # K released after the softmax (P @ V wait pinned) vs before
     python scripts/tune_fwd.py fa4sched   # FA4's step schedule (early K release, rescale among exp2s) vs ours
+    python scripts/tune_fwd.py cluster    # 2x1 cluster with K/V multicast vs the dispatched kernel (no mask)
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -124,6 +125,14 @@ WG_EPILOGUE = [(hdim, causal, seqlen, {"wg_epilogue": on})
                                             (256, False, 8192)]
                for on in (False, True)]
 
+# FwdConfig.cluster_m = 2 (docs/notes/fwd-cluster.md): two CTAs on adjacent query blocks share each
+# K/V tile by TMA multicast, on the static schedule (one cluster per pair of query blocks, or
+# persistent clusters striding over pairs). The dispatched kernel (persistent, dynamic scheduler)
+# and the same static schedules without the cluster separate the multicast from the schedule.
+_STATIC = ({"persistent": False, "dynamic_sched": False}, {"persistent": True, "dynamic_sched": False})
+CLUSTER = [(hdim, False, seqlen, over) for hdim in (128, 256) for seqlen in (2048, 8192, 16384)
+           for over in ({}, *_STATIC, *({**o, "cluster_m": 2} for o in _STATIC))]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -132,7 +141,7 @@ DTYPE_ROUNDS = 3
 INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "wg_epilogue": (WG_EPILOGUE, 2),
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
-               "tiles": (TILES, TILE_ROUNDS)}
+               "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -240,9 +240,28 @@ def test_deterministic_wide_backward_compiles(hdim, mask):
 
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_backward_preprocess_compiles(hdim):
+    """O and dO are read with 16-byte loads, every one of a thread's rows before the first
+    product: 2 tensors x rows per thread x vectors per lane of them (hopper/bwd_pre.py)."""
+    import tempfile
+
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.bwd_pre import ROWS_PER_CTA, VEC, WARPS, lanes_per_row
     from flashhopper.hopper.runtime import compile_bwd_pre
 
-    assert compile_bwd_pre("bf16", hdim, tvm_ffi=False) is not None
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = compile_bwd_pre("bf16", hdim, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
+        cubin = compiled.__cubin__
+    lanes = lanes_per_row(hdim)
+    rows_per_thread = ROWS_PER_CTA // (32 * WARPS // lanes)
+    report = inspect_cubin(cubin)
+    assert report["spill_bytes"] == 0 and report["sass"]["LDL"] == 0
+    assert report["sass"]["LDG.128"] == 2 * rows_per_thread * (hdim // VEC // lanes)
+
+
+def test_preprocess_lanes_per_row():
+    from flashhopper.hopper.bwd_pre import lanes_per_row
+
+    assert {d: lanes_per_row(d) for d in (64, 96, 128, 192, 256)} == {64: 8, 96: 4, 128: 16, 192: 8, 256: 32}
 
 
 def _check_wide_report(report, cfg, mask):

@@ -15,6 +15,7 @@ from flashhopper.config import (
     WARPGROUP_THREADS,
     FwdConfig,
     fwd_config,
+    fwd_grid,
 )
 
 # causal and local are never both set: the runtime folds a causal window into `local`
@@ -277,3 +278,48 @@ def test_backward_80_rows_refused_elsewhere(fields, match):
     cfg = config.BwdConfig(**{"dtype": "bf16", **fields})
     with pytest.raises(ValueError, match=match):
         cfg.check()
+
+
+def test_cluster_is_off_in_every_dispatched_config():
+    for dtype, hdim, mask, softcap in DISPATCHED:
+        assert fwd_config(dtype, hdim, softcap=softcap, **mask).cluster_m == 1
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("softcap", [False, True])
+@pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
+def test_cluster_m2_valid_without_mask_on_the_static_schedule(hdim, softcap, persistent):
+    cfg = dataclasses.replace(fwd_config("bf16", hdim, softcap=softcap), cluster_m=2, persistent=persistent,
+                              dynamic_sched=False)
+    cfg.check()
+    # the cluster shares K/V through the same smem: no budget changes
+    assert cfg.smem_bytes() == dataclasses.replace(cfg, cluster_m=1).smem_bytes()
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"causal": True}, "cluster_m=2 needs no causal/local mask"),
+    ({"local": True}, "cluster_m=2 needs no causal/local mask"),
+    ({"persistent": True, "dynamic_sched": True}, "cluster_m=2 takes the static schedule only"),
+    ({"cluster_m": 4}, r"cluster_m 4 not in \(1, 2\)"),
+    ({"cluster_m": 0}, r"cluster_m 0 not in \(1, 2\)"),
+])
+def test_cluster_refusals_name_the_reason(fields, message):
+    base = FwdConfig(dtype="bf16", hdim=128, cluster_m=2)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(base, **fields).check()
+
+
+def test_cluster_grid_rounds_query_blocks_to_pairs():
+    one = FwdConfig(dtype="bf16", hdim=128)
+    two = dataclasses.replace(one, cluster_m=2)
+    # one CTA per tile; 4097 queries are 33 blocks of 128 -> 17 pairs (the last CTA has no rows)
+    assert fwd_grid(one, 4097, 6, None) == 33 * 6
+    assert fwd_grid(two, 4097, 6, None) == 2 * 17 * 6
+    assert fwd_grid(two, 1, 1, None) == 2
+    assert fwd_grid(two, 256, 3, None) == 2 * 3
+    # persistent: whole clusters, at least one, never more than the tiles
+    assert fwd_grid(one, 4097, 6, 132) == 132
+    assert fwd_grid(two, 4097, 6, 132) == 132
+    assert fwd_grid(two, 4097, 6, 3) == 2
+    assert fwd_grid(two, 4097, 6, 1) == 2
+    assert fwd_grid(two, 100, 1, 132) == 2

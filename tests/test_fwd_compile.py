@@ -155,3 +155,32 @@ def test_mask_columns_are_thread0_columns_plus_one_offset():
         assert len(rc) == 64 * tile_n // 128
         offsets = {(a[0] - b[0], a[1] - b[1]) for a, b in zip(rc, rc0, strict=True)}
         assert len(offsets) == 1, (wg, tile_n, t, offsets)
+
+
+# FwdConfig.cluster_m = 2 (hopper/fwd_cluster.py): 2x1 cluster along M, K/V tiles split in halves and
+# multicast to both CTAs; the static schedule (the dynamic one is refused), no causal/local mask
+CLUSTER = {"cluster_m": 2, "dynamic_sched": False}
+
+
+@pytest.mark.parametrize("softcap", [False, True])
+@pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_cluster_compiles(dtype, hdim, softcap):
+    mask = {"softcap": True} if softcap else {}
+    if softcap and (dtype, hdim) != ("bf16", 128):
+        pytest.skip("softcap checked once (bf16, hdim 128): it does not touch the loads")
+    if dtype == "fp16" and hdim not in (128, 256):
+        pytest.skip("fp16 checked at hdim 128 and 256: the loads do not depend on the dtype")
+    sass = _check_forward(dtype, hdim, mask, **CLUSTER)["sass"]
+    # 5 load sites (Q; first K, K and V in the loop, last V), each one TMA per swizzle-atom column
+    # block of the tile: Q stays per CTA, all four K/V sites multicast
+    boxes = sass["UTMALDG"] // 5
+    assert sass["UTMALDG"] == 5 * boxes and sass["UTMALDG_MULTICAST"] == 4 * boxes
+    # K and V consumer releases arrive through the cluster window (lane r -> rank r); Q's stays local
+    assert sass["SYNCS_ARRIVE_RED"] >= 2
+    assert sass["UCGABAR"] == 2  # barrier init made visible cluster-wide: one arrive, one wait
+
+
+def test_forward_default_has_no_cluster_instructions():
+    sass = inspect_kernel("fwd", dtype="bf16", hdim=128)["sass"]
+    assert sass["UTMALDG_MULTICAST"] == 0 and sass["SYNCS_ARRIVE_RED"] == 0 and sass["UCGABAR"] == 0

@@ -296,3 +296,65 @@ def test_wg_epilogue(d, dtype, causal, window, softcap, fields, monkeypatch):
         monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
         run_case(2, 700, 333, 4, 1, d, dtype, causal=causal, window=window, softcap=softcap)
         run_case(3, 1000, 1000, 2, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+
+
+# FwdConfig.cluster_m = 2: two CTAs per cluster on adjacent query blocks share each K/V tile by TMA
+# multicast (hopper/fwd_cluster.py). Query lengths with an odd number of query blocks (1, 17, 300,
+# 4097 at 128 rows; 17, 500 at 192) leave the last pair's second CTA without rows: it still loads
+# its half of K/V for its peer and must write nothing (out/lse are NaN-poisoned by run_case).
+_CLUSTER_SEQLENS = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (17, 4097), (4097, 17), (300, 517),
+                    (256, 1000), (500, 129)]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("d,dtype,softcap", [(128, torch.bfloat16, 0.0), (128, torch.float16, 0.0),
+                                             (256, torch.bfloat16, 0.0), (256, torch.float16, 0.0),
+                                             (64, torch.bfloat16, 0.0), (96, torch.bfloat16, 0.0),
+                                             (192, torch.bfloat16, 0.0), (128, torch.bfloat16, 5.0)])
+def test_cluster(d, dtype, softcap, persistent, monkeypatch):
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(cluster_m=2, persistent=persistent, dynamic_sched=False):
+        for sq, sk in _CLUSTER_SEQLENS:
+            run_case(2, sq, sk, 4, 2, d, dtype, softcap=softcap)
+        run_case(1, 1111, 1500, 8, 1, d, dtype, softcap=softcap)  # GQA 8:1, 9 query blocks at 128 rows
+        run_case(3, 640, 640, 2, 2, d, dtype, softcap=softcap)  # 5 query blocks at 128 rows, batch 3
+        if persistent:
+            # one cluster walks every pair of every (head, batch); then two clusters
+            for cap in (1, 3, 4):
+                monkeypatch.setattr(runtime, "persistent_ctas_cap", cap)
+                run_case(2, 700, 333, 4, 1, d, dtype, softcap=softcap)
+                run_case(1, 4097, 300, 3, 3, d, dtype, softcap=softcap)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_cluster_repeated_launches_are_identical(persistent, monkeypatch):
+    """Many short clusters back to back (1-2 key blocks: the producer tail and the cluster
+    barrier at start-up dominate): a teardown race would show as a hang or a changed result."""
+    from flashhopper.hopper import runtime
+
+    torch.manual_seed(0)
+    q = torch.randn(4, 333, 16, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(4, 200, 4, 128, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    with runtime.config_overrides(cluster_m=2, persistent=persistent, dynamic_sched=False):
+        if persistent:
+            monkeypatch.setattr(runtime, "persistent_ctas_cap", 8)
+        first, first_lse = forward(q, k, v, 0.088, False, (-1, -1), 0.0)
+        for _ in range(200):
+            out, lse = forward(q, k, v, 0.088, False, (-1, -1), 0.0)
+        torch.cuda.synchronize()
+        assert torch.equal(out, first) and torch.equal(lse, first_lse)
+        run_case(4, 333, 200, 16, 4, 128)  # and that shape against the reference
+
+
+def test_cluster_refused_with_causal_or_the_dynamic_scheduler():
+    from flashhopper.hopper import runtime
+
+    q = torch.randn(1, 256, 2, 128, device=DEV, dtype=torch.bfloat16)
+    with runtime.config_overrides(cluster_m=2, dynamic_sched=False):
+        with pytest.raises(ValueError, match="causal/local"):
+            forward(q, q, q, 0.088, True, (-1, -1), 0.0)
+    with runtime.config_overrides(cluster_m=2, persistent=True, dynamic_sched=True):
+        with pytest.raises(ValueError, match="static schedule"):
+            forward(q, q, q, 0.088, False, (-1, -1), 0.0)

@@ -29,6 +29,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from flashhopper.config import FwdConfig
+from flashhopper.hopper import fwd_cluster as C
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
@@ -68,6 +69,7 @@ class FlashFwdSm90:
         self.has_right = cfg.causal or cfg.local
         self.has_left = cfg.local
         self.has_softcap = cfg.softcap
+        self.cluster_m = cfg.cluster_m
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -127,12 +129,22 @@ class FlashFwdSm90:
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_layout, (self.tile_m, self.hdim))
-        tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
-            load_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim)
-        )
-        tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-            load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
-        )
+        if cutlass.const_expr(self.cluster_m > 1):
+            # each CTA of the cluster loads 1/cluster_m of a K/V tile and multicasts it
+            kv_op = C.kv_tma_op(self.cluster_m)
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+                kv_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim),
+                num_multicast=self.cluster_m)
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                kv_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v),
+                num_multicast=self.cluster_m)
+        else:
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+                load_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim)
+            )
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
+            )
         if cutlass.const_expr(self.cfg.wg_epilogue):
             # one warpgroup's 64 rows: the other parts are the same layout at whole-KiB offsets
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
@@ -143,13 +155,19 @@ class FlashFwdSm90:
                 cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
             )
 
-        self.kernel(
+        kernel = self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage,
-        ).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        )
+        if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
+            kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
+                          cluster=(self.cluster_m, 1, 1), stream=stream, min_blocks_per_mp=1)
+        else:
+            kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream,
+                          min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -202,15 +220,22 @@ class FlashFwdSm90:
             tx_count=cute.size_in_bytes(self.dtype, sQ_layout),
             barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True,
         )
+        cluster = self.cluster_m > 1
+        # with a cluster the K/V empty barriers also count the peer's consumer warps (their lane 1
+        # arrives remotely), and the full barriers still expect the whole tile (both halves land)
+        kv_consumers, kv_cluster = consumers, None
+        if cutlass.const_expr(cluster):
+            kv_consumers = C.kv_consumer_group(self.cluster_m, self.num_consumer_threads)
+            kv_cluster = C.cta_layout_vmnk(self.cluster_m)
         pipe_k = pipeline.PipelineTmaAsync.create(
-            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            num_stages=self.num_stages, producer_group=producer, consumer_group=kv_consumers,
             tx_count=cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1])),
-            barrier_storage=storage.mbar_K.data_ptr(), defer_sync=True,
+            barrier_storage=storage.mbar_K.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
         )
         pipe_v = pipeline.PipelineTmaAsync.create(
-            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            num_stages=self.num_stages, producer_group=producer, consumer_group=kv_consumers,
             tx_count=cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1])),
-            barrier_storage=storage.mbar_V.data_ptr(), defer_sync=True,
+            barrier_storage=storage.mbar_V.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
         )
         dynamic = self.cfg.dynamic_sched
         if cutlass.const_expr(dynamic):
@@ -221,8 +246,10 @@ class FlashFwdSm90:
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
             sTile = storage.sTile.get_tensor(cute.make_layout(_SCHED_STAGES))
-        pipeline.pipeline_init_arrive(is_relaxed=True)
-        pipeline.pipeline_init_wait()
+        # with a cluster: no producer may multicast into the peer, nor arrive on its barriers,
+        # before the peer's barriers are initialized (cluster-wide arrive / wait)
+        pipeline.pipeline_init_arrive(cluster_shape_mn=kv_cluster, is_relaxed=True)
+        pipeline.pipeline_init_wait(cluster_shape_mn=kv_cluster)
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -237,6 +264,14 @@ class FlashFwdSm90:
                               tile_n=self.tile_n, has_left=self.has_left, has_right=self.has_right)
         coords = partial(self.tile_coords, num_m_blocks=num_m_blocks, num_pairs=num_pairs,
                          num_heads=num_heads, l2_section=l2_section)
+        # static schedule: this CTA's first tile and the stride (a cluster tile is a pair of
+        # query blocks; both CTAs of a cluster walk the same pairs)
+        tile_first, tile_stride, rank = bidx, grid_size, 0
+        if cutlass.const_expr(cluster):
+            rank, tile_first, tile_stride, num_tiles, num_m_pairs = C.schedule(
+                self.cluster_m, bidx, grid_size, num_m_blocks, num_pairs)
+            coords = partial(self.cluster_tile_coords, rank=rank, num_m_blocks=num_m_pairs,
+                             num_pairs=num_pairs, num_heads=num_heads, l2_section=l2_section)
 
         # Both roles walk the same static tile sequence (tile = blockIdx.x, += gridDim.x); the
         # pipeline states carry over from tile to tile.
@@ -270,14 +305,20 @@ class FlashFwdSm90:
                     # the end marker (an index past the last tile) lets the consumers leave
                     self.publish_tile(pipe_sched, sTile, sched_state, tile, lane)
                 else:
+                    tile = tile_first
                     while tile < num_tiles:
                         m_block, head, batch = coords(tile)
                         n_min, n_max = block_range(m_block)
                         q_state, k_state, v_state = self.produce(
                             mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                             pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
-                            q_state, k_state, v_state)
-                        tile += grid_size
+                            q_state, k_state, v_state, rank=rank)
+                        tile += tile_stride
+                    if cutlass.const_expr(cluster):
+                        # the peer's consumers arrive on our empty barriers until they release
+                        # their last stage: stay until every stage is empty again
+                        pipe_k.producer_tail(k_state)
+                        pipe_v.producer_tail(v_state)
         else:
             if cutlass.const_expr(self.cfg.reg_realloc):
                 cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
@@ -303,6 +344,7 @@ class FlashFwdSm90:
                     tile = self.read_tile(pipe_sched, sTile, sched_state)
                     sched_state.advance()
             else:
+                tile = tile_first
                 while tile < num_tiles:
                     m_block, head, batch = coords(tile)
                     n_min, n_max = block_range(m_block)
@@ -310,7 +352,7 @@ class FlashFwdSm90:
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
-                    tile += grid_size
+                    tile += tile_stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
                 if (tidx - 128) % 128 < 32:
@@ -381,19 +423,29 @@ class FlashFwdSm90:
         return m_block, pair % num_heads, pair // num_heads
 
     @cute.jit
+    def cluster_tile_coords(self, tile, rank, num_m_blocks, num_pairs, num_heads, l2_section):
+        """cluster tile index -> (this CTA's m_block, head, batch): the pair's block `rank`."""
+        m_pair, head, batch = self.tile_coords(tile, num_m_blocks, num_pairs, num_heads, l2_section)
+        return m_pair * self.cluster_m + rank, head, batch
+
+    @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
-                q_state, k_state, v_state):
+                q_state, k_state, v_state, rank=0):
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (None, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim_v), (None, 0))
         no_cluster = cute.make_layout(1)
+        # K/V: with a cluster, this CTA's slice of each tile (rank of cluster_m), multicast
+        kv_cluster = no_cluster
+        if cutlass.const_expr(self.cluster_m > 1):
+            kv_cluster = cute.make_layout(self.cluster_m)
         tQsQ, tQgQ = cpasync.tma_partition(
             tma_atom_Q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_K, 0, no_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tma_atom_K, rank, kv_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_V, 0, no_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            tma_atom_V, rank, kv_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
         # K of block n goes out before V of block n+1: the consumers need K(n) first (QK^T of
         # block n is issued before P @ V of block n+1), so V never holds K back. The first K
@@ -421,8 +473,12 @@ class FlashFwdSm90:
     @cute.jit
     def load_stage(self, tma_atom, tXgX, tXsX, pipe, n_block, state):
         pipe.producer_acquire(state)
-        cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index],
-                  tma_bar_ptr=pipe.producer_get_barrier(state))
+        if cutlass.const_expr(self.cluster_m > 1):
+            cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(state), mcast_mask=C.mcast_mask(self.cluster_m))
+        else:
+            cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @cute.jit
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,

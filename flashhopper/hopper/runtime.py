@@ -18,7 +18,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config, fwd_narrow_tile
+from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config, fwd_grid, fwd_narrow_tile
 from flashhopper.hopper.bwd_pre import ROWS_PER_CTA
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
 from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
@@ -175,10 +175,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if lse is None:
         lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    num_tiles = -(-sq // cfg.tile_m) * h * b
-    num_ctas = num_tiles
-    if cfg.persistent:
-        num_ctas = min(num_tiles, persistent_ctas_cap or _sm_count(q.device.index))
+    num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
+                         else None)
     section = _l2_section(k.shape[1], cfg, h * b) if cfg.causal or cfg.local else 1
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
     if _HAVE_TVM_FFI:
