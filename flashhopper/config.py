@@ -319,6 +319,12 @@ class BwdConfig(_KernelConfig):
     # writer adds each part with its own TMA reduce-add, instead of both warpgroups and the writer
     # meeting on one pair of 288-thread barriers every step (docs/notes/bwd-keys-gap.md).
     dq_per_wg: bool = False
+    # kv_split "keys" at 128-row steps (hdim 64): FA3 / FA4's step order instead of ds_before_dv.
+    # All of dS^T is formed, converted and written to smem, then dV is issued as one group, and
+    # the wait that frees P^T (dV done) comes after the dQ issue instead of inside the dS^T loop,
+    # so this warpgroup's tensor work never drains mid-step; dO's stage goes back to the producer
+    # at that wait rather than at the end of the step (docs/notes/bwd-keys-gap.md, session 5).
+    ds_then_dv: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -358,7 +364,13 @@ class BwdConfig(_KernelConfig):
     def ds_before_dv(self) -> bool:
         """hopper/bwd.py's per-step order at 128 queries: dS^T to smem (k-block by k-block from
         the fp32 accumulator) before the dV GEMM is issued, instead of after."""
-        return self.kv_split == "keys" and self.tile_m > 64
+        return self.kv_split == "keys" and self.tile_m > 64 and not self.dv_after_ds
+
+    @property
+    def dv_after_ds(self) -> bool:
+        """ds_then_dv where it applies: not with softcap, whose P^T and dS^T are both formed
+        after the dP^T wait from tanh (one more fp32 tile live: 28 bytes of spills in that order)."""
+        return self.ds_then_dv and self.kv_split == "keys" and self.tile_m > 64 and not self.softcap
 
     @property
     def row_stride(self) -> int:
@@ -399,6 +411,9 @@ class BwdConfig(_KernelConfig):
         if self.dk_rs and self.kv_split != "keys":
             raise ValueError("dk_rs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' computes dK^T = Q^T dS with dS from smem")
+        if self.ds_then_dv and (self.kv_split != "keys" or self.tile_m <= 64):
+            raise ValueError("ds_then_dv exists only for kv_split 'keys' with tile_m > 64 (hdim 64's "
+                             "128-row step; 64-row steps already issue dV after dS)")
         if self.dq_per_wg and self.kv_split != "keys":
             raise ValueError("dq_per_wg exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")

@@ -37,6 +37,12 @@ a mask; same note):
     --no-cases --hdims 128 --seqlens 1024,8192 --bwd-config default --bwd-config tile_m=80 \
         --bwd-config tile_m=80,dk_rs=True
 
+hdim 64 in FA3 / FA4's step order (BwdConfig.ds_then_dv: all of dS^T stored, then dV as one group;
+same note):
+
+    --no-bench --case-hdims 64 --bwd-config ds_then_dv=True
+    --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default --bwd-config ds_then_dv=True
+
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
 """

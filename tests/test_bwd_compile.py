@@ -220,6 +220,44 @@ def test_backward_80_rows_only_at_hdim128(hdim, fields, match):
         bwd_config("bf16", hdim, **fields)
 
 
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_ds_then_dv_compiles(dtype, mask):
+    # hdim 64 in FA3 / FA4's step order: all of dS^T stored before dV is issued as one group, so
+    # one commit group and one wait fewer than ds_before_dv (S^T, dP^T, dV, dQ, dK) and the
+    # WGMMAs still asynchronous (ptxas serialized them when dV went out before dS^T's conversion)
+    cfg = bwd_config(dtype, 64, ds_then_dv=True, **MASKS[mask])
+    # softcap keeps ds_before_dv (it spilled in this order)
+    assert cfg.tile_m == 128 and cfg.ds_before_dv == (mask == "softcap")
+    report = inspect_kernel("bwd", dtype=dtype, hdim=64, ds_then_dv=True, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    default = inspect_kernel("bwd", dtype=dtype, hdim=64, **MASKS[mask])["sass"]
+    assert report["sass"]["HGMMA"] == default["HGMMA"]
+    assert report["sass"]["BAR"] == default["BAR"]
+
+
+@pytest.mark.parametrize(("fields", "mask"), [
+    ({"dk_rs": False}, "none"), ({"dk_rs": False}, "causal"), ({"dq_by_rows": False}, "none"),
+    ({"dq_per_wg": False}, "causal")])
+def test_backward_ds_then_dv_variants_compile(fields, mask):
+    cfg = bwd_config("bf16", 64, ds_then_dv=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=64, ds_then_dv=True, **fields, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+
+
+def test_deterministic_backward_ds_then_dv_compiles():
+    cfg = bwd_config("bf16", 64, causal=True, deterministic=True, ds_then_dv=True)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=64, causal=True, deterministic=True, ds_then_dv=True)
+    _check_keys_report(report, cfg, "causal")
+
+
+def test_backward_ds_then_dv_needs_128_rows():
+    for kwargs in ({"hdim": 128}, {"hdim": 256}, {"hdim": 64, "tile_m": 64}):
+        hdim = kwargs.pop("hdim")
+        with pytest.raises(ValueError, match="ds_then_dv"):
+            bwd_config("bf16", hdim, ds_then_dv=True, **kwargs)
+
+
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)
 def test_deterministic_backward_compiles(hdim):
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, local=True, deterministic=True)

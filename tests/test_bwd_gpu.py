@@ -188,6 +188,23 @@ def test_backward_80_rows_writes_every_gradient():
     assert not dq.isnan().any() and not dk.isnan().any() and not dv.isnan().any()
 
 
+@pytest.mark.parametrize(("fields", "dtype"), [
+    ({"ds_then_dv": True}, _BF16), ({"ds_then_dv": True}, _FP16),
+    ({"ds_then_dv": True, "dk_rs": False}, _BF16), ({"ds_then_dv": True, "dq_by_rows": False}, _BF16),
+    ({"ds_then_dv": True, "dq_per_wg": False}, _BF16)])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
+])
+def test_backward_ds_then_dv(fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
+    """hdim 64 in FA3 / FA4's step order (BwdConfig.ds_then_dv: all of dS^T stored before one dV
+    group, dO released once dV is done) agrees with the reference; softcap keeps ds_before_dv."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, 64, dtype=dtype, causal=causal, window=window, softcap=softcap)
+
+
 # hdim 192 / 256 (hopper/bwd_wide.py) tile shapes and dO ring depths for timing: tile_n 80 with one
 # dO stage (FA3's hdim-256 tile; P / dS unswizzled, dQ in two chunks), FA4's 48, and one dO stage
 # at today's tiles. Sequence lengths that are not multiples of 80 / 48 test the key-block edges.
@@ -268,6 +285,7 @@ def test_unwritten_gradients_show():
     (128, True, (-1, -1), {"dq_per_wg": True}), (64, False, (200, 50), {"dq_per_wg": True}),
     (128, False, (-1, -1), {"tile_m": 80}), (128, True, (-1, -1), {"tile_m": 80}),
     (128, False, (-1, -1), {"tile_m": 80, "dq_per_wg": False}),
+    (64, True, (-1, -1), {"ds_then_dv": True}),
     (256, False, (-1, -1), {}), (256, True, (-1, -1), {}), (192, False, (300, 0), {}),
     (192, True, (-1, -1), {})])
 def test_deterministic_is_bitwise_reproducible(d, causal, window, fields):

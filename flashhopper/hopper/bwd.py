@@ -14,7 +14,8 @@ One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every 
         dK  += dS^T Q       (SS: dS^T from smem, where dQ needs it anyway; with BwdConfig.dk_rs
                              RS from the dS^T fragment, as FA3 / FA4)
         dS^T -> smem;  dQ(q-block) = dS K (SS, both warpgroups' keys) -> fp32 tile in smem
-      (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv;
+      (at 128 rows dS^T goes to smem before the dV GEMM is issued: BwdConfig.ds_before_dv, k-block
+      by k-block with dV in halves, or all of it first with BwdConfig.ds_then_dv as FA3 / FA4;
       the warpgroups split dQ by head dim, or by query rows with BwdConfig.dq_by_rows; with
       80 rows at hdim 128, BwdConfig.dq_transposed, they compute dQ^T = K^T dS^T, 80 not being
       a WGMMA M, and store it as columns of the fp32 dQ tile)
@@ -544,6 +545,25 @@ class FlashBwdSm90(BwdKernelBase):
                         warpgroup.wait_group(0)
                 cute.arch.fence_view_async_shared()
                 issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
+            elif cutlass.const_expr(self.cfg.dv_after_ds):
+                # 128 queries in FA3 / FA4's order: P^T and dS^T both in 16 bits before any of
+                # this step's dV / dK work is queued, so no in-flight WGMMA pins the fp32 S^T / dP^T
+                # registers they come from (with dV issued before dS^T's conversion, ptxas
+                # serialized every WGMMA for lack of registers, C7512)
+                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                    d_row = sD[coord_rc[0, c][1], state.index]
+                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                        p_ds(r=r, c=c, d_row=d_row)
+                tPrP_as_acc.store(acc_S.load().to(self.dtype))
+                if cutlass.const_expr(self.cfg.dk_rs):
+                    rdS = rdS_dk
+                else:
+                    rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+                self.ds_free_barrier()
+                cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
+                issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
+                cute.arch.fence_view_async_shared()
             else:
                 # dS^T = P^T (dP^T - D[query])
                 for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
@@ -563,7 +583,7 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
                 cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-            if cutlass.const_expr(self.cfg.dk_rs and not self.cfg.ds_before_dv):
+            if cutlass.const_expr(self.cfg.dk_rs and not self.cfg.ds_before_dv and not self.cfg.dv_after_ds):
                 # dV done (it ran under the dS^T stores and the barrier): P^T leaves the registers
                 # before the dQ accumulator joins dS^T (fp16 + softcap at hdim 128 spilled 16 bytes
                 # without this wait)
@@ -572,6 +592,11 @@ class FlashBwdSm90(BwdKernelBase):
                 issue(tiled_mma_dq, acc_dQ, tQrK, tQrdS_i, zero_init=True)
             else:
                 issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
+            if cutlass.const_expr(self.cfg.dv_after_ds):
+                # dV done while dQ is queued behind it: the tensor pipe keeps this warpgroup's work,
+                # P^T's registers are free before dK's issue, and dO's stage is no longer read
+                warpgroup.wait_group(1)
+                pipe_do.consumer_release(state)
             if cutlass.const_expr(self.cfg.dk_rs and self.cfg.ds_before_dv):
                 # the second half of dK; the first went with dV's first half
                 issue_k_blocks(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index],
@@ -598,7 +623,8 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
             warpgroup.wait_group(0)
             pipe_q.consumer_release(state)
-            pipe_do.consumer_release(state)
+            if cutlass.const_expr(not self.cfg.dv_after_ds):
+                pipe_do.consumer_release(state)
             state.advance()
 
         # dK, dV through smem (K and V's buffers, free once every warpgroup's last dQ GEMM is
