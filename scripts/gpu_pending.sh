@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# The GPU work waiting at the end of session 5, in three device calls of <= 10 minutes each:
+# The GPU work waiting at the end of session 5, in four device calls of <= 10 minutes each:
 #
-#   source .device/setup.sh && bash scripts/gpu_pending.sh tests     # correctness, parallel
-#   source .device/setup.sh && bash scripts/gpu_pending.sh timings   # switch A/B timings, serial
-#   source .device/setup.sh && bash scripts/gpu_pending.sh grids     # forward + backward grids
+#   source .device/setup.sh && bash scripts/gpu_pending.sh tests         # correctness, parallel
+#   source .device/setup.sh && bash scripts/gpu_pending.sh fwd_timings   # forward switch A/B, serial
+#   source .device/setup.sh && bash scripts/gpu_pending.sh bwd_timings   # backward switch A/B, serial
+#   source .device/setup.sh && bash scripts/gpu_pending.sh grids         # forward + backward grids
+#
+# Most of a timing step is compiling each variant once (~5 s each on the GPU machine); the
+# modes interleave variants over rounds so that clock drift shows as spread.
 #
 # Each step has its own time limit and the whole call a deadline (DEADLINE seconds, default 570),
 # so a hang costs one step, not the call. Logs and JSON go to $OUT (or /tmp/fh_out); a short
@@ -39,21 +43,31 @@ tests)
   bg bwd80_cases 300 python3 scripts/bwd_check.py --no-bench --case-hdims 128 --bwd-config tile_m=80 \
     --bwd-config tile_m=80,dk_rs=True
   bg bwd80_fp16 300 python3 scripts/bwd_check.py --no-bench --case-hdims 128 --fp16 --bwd-config tile_m=80
+  bg bwd64_cases 300 python3 scripts/bwd_check.py --no-bench --case-hdims 64 --bwd-config ds_then_dv=True
   wait
-  for f in fwd_tests bwd_tests bwd80_cases bwd80_fp16; do
+  for f in fwd_tests bwd_tests bwd80_cases bwd80_fp16 bwd64_cases; do
     echo "--- $f: $(grep -E 'passed|failed|cases failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
     grep -E "^FAILED|^FAIL " "$O/$f.log" | head -8
   done
   ;;
-timings)
+fwd_timings)
   run wg_epilogue python3 scripts/tune_fwd.py wg_epilogue
-  run bwd80 python3 scripts/bwd_check.py --no-cases --hdims 128 --seqlens 1024,8192 --bwd-config default \
-    --bwd-config tile_m=80 --bwd-config tile_m=80,dk_rs=True --bwd-config tile_m=80,ds_stages=2
-  run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
+  run cluster python3 scripts/tune_fwd.py cluster
   run persistent_wide python3 scripts/tune_fwd.py persistent_wide
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in wg_epilogue bwd80 bwd_parts persistent_wide; do
-    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }
+  for f in wg_epilogue cluster persistent_wide; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -40; }
+  done
+  ;;
+bwd_timings)
+  run bwd80 python3 scripts/bwd_check.py --no-cases --hdims 128 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config tile_m=80 --bwd-config tile_m=80,dk_rs=True --bwd-config tile_m=80,ds_stages=2
+  run bwd64 python3 scripts/bwd_check.py --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config ds_then_dv=True --bwd-config ds_then_dv=True,dk_rs=False
+  run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in bwd80 bwd64 bwd_parts; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }
   done
   ;;
 grids)
@@ -65,7 +79,7 @@ grids)
   [ -f "$O/stalls.log" ] && quiet "$O/stalls.log" | tail -50
   ;;
 *)
-  echo "usage: bash scripts/gpu_pending.sh tests|timings|grids" >&2
+  echo "usage: bash scripts/gpu_pending.sh tests|fwd_timings|bwd_timings|grids" >&2
   exit 2
   ;;
 esac
