@@ -473,7 +473,7 @@ class FlashBwdSm90(BwdKernelBase):
                 run_step(step, m_block, state, legacy_probs)
                 state.advance()
         else:
-            self.check_coord_offsets(tiled_mma_sdp, shape_sdp)
+            self.check_coord_offsets(tiled_mma_sdp, shape_sdp, self.num_consumer_threads)
             # thread 0's coordinates, compile-time values; a thread's are these plus one runtime
             # (key, query) offset (as in the forward's apply_mask, and for the same reason)
             ident = cute.make_identity_tensor(shape_sdp)
@@ -705,13 +705,13 @@ class FlashBwdSm90(BwdKernelBase):
         return partial(probs, sLSE=sLSE, limits=None if test == "none" else limits(m_block), test=test)
 
     @staticmethod
-    def check_coord_offsets(tiled_mma, shape):
+    def check_coord_offsets(tiled_mma, shape, num_threads: int):
         """Trace-time check for mask_runs: every thread's accumulator coordinates are thread 0's
         plus one (row, column) offset, so comparing thread 0's compile-time ones against limits
         shifted by that offset tests the thread's own."""
         ident = cute.make_identity_tensor(shape)
         coords0 = tiled_mma.get_slice(0).partition_C(ident)
-        for t in (1, 3, 4, 31, 32, 77, 127, 128, 161, 255):
+        for t in (t for t in (1, 3, 4, 31, 32, 77, 127, 128, 161, 255, 383) if t < num_threads):
             coords = tiled_mma.get_slice(t).partition_C(ident)
             offsets = {tuple(a - b for a, b in zip(coords[i], coords0[i], strict=True))
                        for i in range(cute.size(coords))}
