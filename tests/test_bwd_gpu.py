@@ -201,7 +201,9 @@ def test_backward_mask_runs_variants(d, fields, b, sq, sk, hq, hk, causal, windo
                          [_MASK_RUNS_CASES[i] for i in (0, 1, 3, 4, 5, 6)])
 def test_backward_mask_runs_matches_default_bitwise(d, b, sq, sk, hq, hk, causal, window, softcap):
     """mask_runs only drops selects that keep a value: with deterministic dQ the gradients equal the
-    default kernel's bit for bit (the same P^T, dS^T and the same WGMMA / reduce order)."""
+    default kernel's bit for bit (the same P^T, dS^T and the same WGMMA / reduce order). Should this
+    fail while test_backward_mask_runs passes, suspect ptxas contracting a multiply-add differently
+    in one of the two step bodies before the mask."""
     q, k, v, dout = make_inputs(b, sq, sk, hq, hk, d, torch.bfloat16, "bshd", 11)
     grads = []
     for fields in ({}, {"mask_runs": True}):
