@@ -325,6 +325,12 @@ class BwdConfig(_KernelConfig):
     # so this warpgroup's tensor work never drains mid-step; dO's stage goes back to the producer
     # at that wait rather than at the end of the step (docs/notes/bwd-keys-gap.md, session 5).
     ds_then_dv: bool = False
+    # kv_split "keys": only the steps whose query block crosses the causal / right-window edge or
+    # the left-window edge of this CTA's key block (and every step of the last, ragged key block)
+    # take the masked body, the others one with no mask code (as the forward's runs of key
+    # blocks); the masked body compares thread 0's compile-time coordinates against one limit per
+    # key row. Same step order (docs/notes/bwd-keys-gap.md).
+    mask_runs: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -414,6 +420,8 @@ class BwdConfig(_KernelConfig):
         if self.ds_then_dv and (self.kv_split != "keys" or self.tile_m <= 64):
             raise ValueError("ds_then_dv exists only for kv_split 'keys' with tile_m > 64 (hdim 64's "
                              "128-row step; 64-row steps already issue dV after dS)")
+        if self.mask_runs and self.kv_split != "keys":
+            raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":
             raise ValueError("dq_per_wg exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")

@@ -43,6 +43,11 @@ same note):
     --no-bench --case-hdims 64 --bwd-config ds_then_dv=True
     --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default --bwd-config ds_then_dv=True
 
+hdim 64 / 96 / 128 with masked steps only at the mask edges (BwdConfig.mask_runs, same note):
+
+    --no-bench --case-hdims 64,96,128 --bwd-config mask_runs=True   (and again with --fp16)
+    --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default --bwd-config mask_runs=True
+
 Each case prints max |err| of dq, dk, dv next to PyTorch's own error (same dtype) and the bound
 2 * err_pt + 1e-3. dk and dv are NaN-poisoned before the call so unwritten elements show.
 """

@@ -21,11 +21,12 @@ def _keys_hgmma(cfg) -> int:
     return 2 * cfg.hdim // 16 + 2 * cfg.tile_m // 16 + dq_m_tiles * (cfg.tile_n // 16)
 
 
-def _check_keys_report(report, cfg, mask):
+def _check_keys_report(report, cfg, mask, bodies: int = 1):
+    """`bodies`: copies of the consumer step in the kernel (mask_runs: masked and mask-free)."""
     sass = report["sass"]
-    assert sass["HGMMA"] == _keys_hgmma(cfg)
+    assert sass["HGMMA"] == bodies * _keys_hgmma(cfg)
     # one wait per commit group: S^T, dP^T, dV (two halves with ds_before_dv), dQ, dK
-    assert sass["HGMMA_WAITS"] == (6 if cfg.ds_before_dv else 5), "ptxas serialized the WGMMAs"
+    assert sass["HGMMA_WAITS"] == bodies * (6 if cfg.ds_before_dv else 5), "ptxas serialized the WGMMAs"
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] == cfg.smem_bytes() <= SMEM_CAPACITY
     assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
@@ -256,6 +257,40 @@ def test_backward_ds_then_dv_needs_128_rows():
         hdim = kwargs.pop("hdim")
         with pytest.raises(ValueError, match="ds_then_dv"):
             bwd_config("bf16", hdim, ds_then_dv=True, **kwargs)
+
+
+def _mask_runs_bodies(cfg) -> int:
+    """mask_runs: the masked step and the mask-free one, except at hdim 128 + softcap with no
+    right bound, where the mask-free step keeps the key < seqlen_k test (hopper/bwd.py) and so is
+    the masked one."""
+    return 1 if cfg.softcap and cfg.hdim >= 128 and not (cfg.causal or cfg.local) else 2
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("hdim", KEYS_HDIMS)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_mask_runs_compiles(dtype, hdim, mask):
+    # each step picks the masked or the mask-free body (a branch between whole steps): both keep
+    # their WGMMAs asynchronous (one wait per commit group each), no spills
+    cfg = bwd_config(dtype, hdim, mask_runs=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, mask_runs=True, **MASKS[mask])
+    _check_keys_report(report, cfg, mask, bodies=_mask_runs_bodies(cfg))
+
+
+@pytest.mark.parametrize(("hdim", "fields", "mask"), [
+    (64, {"deterministic": True}, "causal"), (64, {"deterministic": True}, "local"),
+    (128, {"deterministic": True}, "local"), (64, {"tile_m": 64}, "causal"), (64, {"tile_m": 64}, "local"),
+    (64, {"dk_rs": False, "dq_per_wg": False}, "causal"), (128, {"ds_stages": 2}, "local"),
+    (96, {"deterministic": True}, "causal")])
+def test_backward_mask_runs_variants_compile(hdim, fields, mask):
+    cfg = bwd_config("bf16", hdim, mask_runs=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, mask_runs=True, **fields, **MASKS[mask])
+    _check_keys_report(report, cfg, mask, bodies=_mask_runs_bodies(cfg))
+
+
+def test_backward_mask_runs_needs_key_split():
+    with pytest.raises(ValueError, match="mask_runs"):
+        bwd_config("bf16", 256, mask_runs=True)
 
 
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)

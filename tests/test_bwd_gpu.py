@@ -205,6 +205,74 @@ def test_backward_ds_then_dv(fields, dtype, b, sq, sk, hq, hk, causal, window, s
         run_case(b, sq, sk, hq, hk, 64, dtype=dtype, causal=causal, window=window, softcap=softcap)
 
 
+# BwdConfig.mask_runs: masked steps only where the query block crosses the causal / window edges
+# of the key block or the key block is the ragged last one. Odd lengths (ragged key blocks and
+# padded query blocks), seqlen_q < and > seqlen_k (diag of both signs), GQA, causal, symmetric,
+# asymmetric and one-sided windows, softcap, and whole blocks (no ragged CTA: mask-free steps only
+# in the non-causal kernel, both bodies in the causal one).
+_MASK_RUNS_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
+    (2, 517, 300, 4, 2, True, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (1, 640, 1024, 2, 1, False, (37, 300), 0.0),
+    (1, 1024, 640, 4, 2, False, (300, 37), 0.0),
+    (1, 768, 768, 2, 2, True, (-1, -1), 3.0),
+    (1, 650, 900, 2, 2, False, (-1, 70), 0.0),
+    (1, 900, 650, 2, 2, False, (70, -1), 0.0),
+    (2, 256, 384, 4, 4, False, (-1, -1), 5.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
+    (1, 1, 17, 2, 2, False, (-1, -1), 0.0),
+]
+
+
+@pytest.mark.parametrize(("d", "fields", "dtype"), [
+    (64, {"mask_runs": True}, _BF16), (64, {"mask_runs": True}, _FP16),
+    (64, {"mask_runs": True, "tile_m": 64}, _BF16), (96, {"mask_runs": True}, _BF16),
+    (128, {"mask_runs": True}, _BF16), (128, {"mask_runs": True}, _FP16)])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _MASK_RUNS_CASES)
+def test_backward_mask_runs(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
+    """Masked / mask-free steps per query block (BwdConfig.mask_runs) agree with the reference."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize(("d", "fields"), [
+    (64, {"mask_runs": True, "dk_rs": False, "dq_per_wg": False}), (64, {"mask_runs": True, "ds_stages": 1}),
+    (128, {"mask_runs": True, "ds_stages": 2}), (128, {"mask_runs": True, "dq_per_wg": False})])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [_MASK_RUNS_CASES[i] for i in (0, 2, 4, 6)])
+def test_backward_mask_runs_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap",
+                         [_MASK_RUNS_CASES[i] for i in (0, 1, 3, 4, 5, 6)])
+def test_backward_mask_runs_matches_default_bitwise(d, b, sq, sk, hq, hk, causal, window, softcap):
+    """mask_runs only drops selects that keep a value: with deterministic dQ the gradients equal the
+    default kernel's bit for bit (the same P^T, dS^T and the same WGMMA / reduce order). Should this
+    fail while test_backward_mask_runs passes, suspect ptxas contracting a multiply-add differently
+    in one of the two step bodies before the mask."""
+    q, k, v, dout = make_inputs(b, sq, sk, hq, hk, d, torch.bfloat16, "bshd", 11)
+    grads = []
+    for fields in ({}, {"mask_runs": True}):
+        with runtime.bwd_config_overrides(**fields):
+            qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+            out = flash_attn_func(qg, kg, vg, causal=causal, window_size=window, softcap=softcap,
+                                  deterministic=True)
+            grads.append(torch.autograd.grad(out, (qg, kg, vg), dout))
+    for name, a, b_ in zip("qkv", *grads, strict=True):
+        assert torch.equal(a, b_), f"d{name}: mask_runs differs from the default kernel"
+
+
+@pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (128, False, (200, 50)),
+                                             (96, False, (-1, -1))])
+def test_deterministic_mask_runs_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(mask_runs=True):
+        _check_deterministic(d, causal, window)
+
+
 # hdim 192 / 256 (hopper/bwd_wide.py) tile shapes and dO ring depths for timing: tile_n 80 with one
 # dO stage (FA3's hdim-256 tile; P / dS unswizzled, dQ in two chunks), FA4's 48, and one dO stage
 # at today's tiles. Sequence lengths that are not multiples of 80 / 48 test the key-block edges.

@@ -40,6 +40,7 @@ from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.hopper import layout as L
+from flashhopper.hopper import mask as M
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
@@ -437,6 +438,7 @@ class FlashBwdSm90(BwdKernelBase):
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C(self.dq_acc_shape()), Float32)
         tPrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
         tPrP_as_acc = cute.make_tensor(tPrP.iterator, acc_S.layout)
+        tKrdS_a = rdS_dk = None
         if cutlass.const_expr(self.cfg.dk_rs):
             # dS^T in 16 bits in dK's A operand layout (as P^T for dV), written through the
             # accumulator layout by the conversion and read through it by stmatrix (same registers)
@@ -465,7 +467,7 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
                 tiled_mma_dq).get_slice(tidx)
             tdQsdQ = dQ_copy.partition_D(sdQ)
-        dq_threads = self.num_consumer_threads + 32
+        acc_S_as_a = tdSrdP = tdSrdS = None
         if cutlass.const_expr(self.cfg.ds_before_dv):
             # k-block k of P^T (the dV GEMM's A operand) and stmatrix k of dS^T cover the same
             # accumulator registers: columns (queries) [k * chunk_cols, (k + 1) * chunk_cols)
@@ -479,153 +481,75 @@ class FlashBwdSm90(BwdKernelBase):
             chunk_cols = cute.size(acc_S_rc, mode=[1]) // num_chunks
             self.check_chunks(acc_S_rc.layout, tPrP.layout, tdSrdP.layout, num_chunks, chunk_cols)
 
-        issue = issue_gemm
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         diag = seqlen_k - seqlen_q
-        for step in cutlass.range(num_steps, unroll=1):
-            m_block = m_min + step % num_m
-            tdSsdS_i, tKrdS_i, tQrdS_i = tdSsdS, tKrdS, tQrdS
-            if cutlass.const_expr(self.cfg.ds_stages > 1):
-                ds_buf = step % self.cfg.ds_stages
-                tdSsdS_i = tdSsdS[None, None, None, ds_buf]
-                if cutlass.const_expr(not self.cfg.dk_rs):
-                    tKrdS_i = tKrdS[None, None, None, ds_buf]
-                tQrdS_i = tQrdS[None, None, None, ds_buf]
-            pipe_q.consumer_wait(state)
-            issue(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
-            pipe_do.consumer_wait(state)
-            issue(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, state.index], zero_init=True)
-            warpgroup.wait_group(1)
 
-            to_probs = partial(self.scores_to_probs, acc_S_rc=acc_S_rc, coord_rc=coord_rc,
-                               sLSE=sLSE[None, state.index], m_block=m_block, n_block=n_block, diag=diag,
-                               seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
-                               scale_log2=scale_log2)
-            p_ds = partial(self.p_ds_element, acc_S_rc=acc_S_rc, acc_dP_rc=acc_dP_rc, to_probs=to_probs)
-            if cutlass.const_expr(self.has_softcap):
-                # only tanh here, under the dP GEMM: keeping (1 - tanh^2) in registers until
-                # dS would spill, so P and dS are both formed after the wait from tanh
-                for j in cutlass.range(cute.size(acc_S), unroll_full=True):
-                    acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
-            else:
-                # P^T = exp2(S^T * scale_log2 - LSE_log2[query]) under the dP GEMM
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                        acc_S_rc[r, c] = to_probs(r=r, c=c, s=acc_S_rc[r, c])
-            warpgroup.wait_group(0)
-            if cutlass.const_expr(self.cfg.ds_before_dv):
-                # 128 queries: S^T and dP^T take 64 + 64 fp32 registers, too many to also hold
-                # the bf16 P^T and dS^T while the whole dV GEMM runs. So, as in FA3, dS^T goes to
-                # smem first, one 16-query k-block at a time (dS^T, then that k-block of P^T and
-                # dS^T in bf16 from the fp32 values, so both die at once), and the dV GEMM
-                # follows in two halves: k-blocks 0-3 under the second half of the dS^T work.
-                self.ds_free_barrier()
-                tVrdO_i = tVrdO[None, None, None, state.index]
-                for k in cutlass.range_constexpr(num_chunks):
-                    for c in cutlass.range_constexpr(k * chunk_cols, (k + 1) * chunk_cols):
-                        d_row = sD[coord_rc[0, c][1], state.index]
-                        for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                            p_ds(r=r, c=c, d_row=d_row)
-                    tPrP[None, None, k].store(acc_S_as_a[None, None, k].load().to(self.dtype))
-                    rdS_k = tdSrdS[(None, k), None, None]
-                    rdS_k.store(tdSrdP[(None, k), None, None].load().to(self.dtype))
-                    cute.copy(dS_copy_atom, rdS_k, tdSsdS_i[(None, k), None, None])
-                    if cutlass.const_expr(k == num_chunks // 2 - 1 and self.cfg.dk_rs):
-                        # dK's first half rides with dV's (dS^T k-blocks 0-3 are in registers)
-                        issue_k_blocks2(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, acc_dK, tKrdS_a,
-                                        tKrQ[None, None, None, state.index], 0, num_chunks // 2)
-                    elif cutlass.const_expr(k == num_chunks // 2 - 1):
-                        issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, 0, num_chunks // 2)
-                    if cutlass.const_expr(k == num_chunks - 1 and self.cfg.dk_rs):
-                        # that group done: the first half of P^T and dS^T leave the registers before
-                        # the dQ accumulator needs them (with all of dS^T held to the end, ptxas
-                        # spilled 16-24 bytes in the loop, every mask but softcap)
-                        warpgroup.wait_group(0)
-                cute.arch.fence_view_async_shared()
-                issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
-            elif cutlass.const_expr(self.cfg.dv_after_ds):
-                # 128 queries in FA3 / FA4's order: P^T and dS^T both in 16 bits before any of
-                # this step's dV / dK work is queued, so no in-flight WGMMA pins the fp32 S^T / dP^T
-                # registers they come from (with dV issued before dS^T's conversion, ptxas
-                # serialized every WGMMA for lack of registers, C7512)
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    d_row = sD[coord_rc[0, c][1], state.index]
-                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                        p_ds(r=r, c=c, d_row=d_row)
-                tPrP_as_acc.store(acc_S.load().to(self.dtype))
-                if cutlass.const_expr(self.cfg.dk_rs):
-                    rdS = rdS_dk
+        run_step = partial(self.consumer_step, pipe_q=pipe_q, pipe_do=pipe_do, wg=wg,
+                           tiled_mma_sdp=tiled_mma_sdp, tiled_mma_dkv=tiled_mma_dkv,
+                           tiled_mma_dk=tiled_mma_dk, tiled_mma_dq=tiled_mma_dq, acc_S=acc_S, acc_dP=acc_dP,
+                           acc_dV=acc_dV, acc_dK=acc_dK, acc_dQ=acc_dQ, acc_S_rc=acc_S_rc,
+                           acc_dP_rc=acc_dP_rc, coord_rc=coord_rc, sLSE=sLSE, sD=sD, tSrK=tSrK, tSrQ=tSrQ,
+                           tPrV=tPrV, tPrdO=tPrdO, tVrdO=tVrdO, tKrQ=tKrQ, tKrdS=tKrdS, tQrdS=tQrdS,
+                           tQrK=tQrK, tPrP=tPrP, tPrP_as_acc=tPrP_as_acc, tKrdS_a=tKrdS_a, rdS_dk=rdS_dk,
+                           acc_S_as_a=acc_S_as_a, tdSrdP=tdSrdP, tdSrdS=tdSrdS, dS_copy_atom=dS_copy_atom,
+                           dS_copy=dS_copy, tdSsdS=tdSsdS, dQ_copy=dQ_copy, tdQsdQ=tdQsdQ,
+                           softcap_pre=softcap_pre, softmax_scale=softmax_scale)
+        if cutlass.const_expr(not self.cfg.mask_runs):
+            legacy_probs = partial(self.legacy_probs, acc_S_rc=acc_S_rc, coord_rc=coord_rc, n_block=n_block,
+                                   diag=diag, seqlen_k=seqlen_k, window_left=window_left,
+                                   window_right=window_right, scale_log2=scale_log2)
+            for step in cutlass.range(num_steps, unroll=1):
+                m_block = m_min + step % num_m
+                run_step(step, m_block, state, legacy_probs)
+                state.advance()
+        else:
+            self.check_coord_offsets(tiled_mma_sdp, shape_sdp, self.num_consumer_threads)
+            # thread 0's coordinates, compile-time values; a thread's are these plus one runtime
+            # (key, query) offset (as in the forward's apply_mask, and for the same reason)
+            ident = cute.make_identity_tensor(shape_sdp)
+            coord0_rc = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(ident))
+            key_off = coord_rc[0, 0][0] - coord0_rc[0, 0][0]
+            query_off = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
+            limits = partial(self.row_limits, coord0_rc=coord0_rc, n_block=n_block, key_off=key_off,
+                             query_off=query_off, diag=diag, seqlen_k=seqlen_k, window_left=window_left,
+                             window_right=window_right)
+            probs = partial(self.run_probs, coord_rc=coord_rc, coord0_rc=coord0_rc, scale_log2=scale_log2)
+            masked_test = "edges" if cutlass.const_expr(self.has_right) else "keys"
+            # hdim 128 + softcap: with no test at all ptxas scheduled the free body's exp2 / dS
+            # math so that it spilled 16-24 bytes (4-6 loop scalars around the dV GEMM); with
+            # the per-row key < seqlen_k select of the old body it does not
+            free_test = "keys" if cutlass.const_expr(self.has_softcap and self.hdim >= 128) else "none"
+            masked_probs = partial(self.make_probs, limits=limits, probs=probs, test=masked_test)
+            free_probs = partial(self.make_probs, limits=limits, probs=probs, test=free_test)
+            m_right, m_left = self.mask_run_bounds(n_block, m_min, num_m, diag, seqlen_k, window_left,
+                                                   window_right)
+            # Per query head of the group: [m_min, m_right) masked (the causal / right-window edge;
+            # every step of the ragged last key block), [m_right, m_left) mask-free, [m_left, m_end)
+            # masked (the left-window edge), ascending as before, so the producer, the dQ writer and
+            # deterministic mode's turns see the same steps. One loop with a warp-uniform branch
+            # between whole steps rather than one loop per run: at hdim 128 the nested
+            # (query head, run) loops carried two more counters than ptxas had registers for.
+            # without a right bound only the ragged last key block is masked, every step of it
+            ragged = (n_block + 1) * self.tile_n > seqlen_k
+            for step in cutlass.range(num_steps, unroll=1):
+                m_block = m_min + step % num_m
+                masked = ragged
+                if cutlass.const_expr(self.has_right):
+                    masked = m_block < m_right
+                if cutlass.const_expr(self.has_left):
+                    masked = masked or m_block >= m_left
+                if cutlass.const_expr(masked_test == free_test):
+                    run_step(step, m_block, state, masked_probs)
+                elif not masked:
+                    # the mask-free body first: ptxas keeps the loop-invariant WGMMA descriptor
+                    # values in uniform registers for the body placed first and rebuilds them in
+                    # the other one (+60 uniform instructions a step), and most steps are free
+                    run_step(step, m_block, state, free_probs)
                 else:
-                    rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-                rdS.store(acc_dP.load().to(self.dtype))
-                self.ds_free_barrier()
-                cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
-                issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
-                cute.arch.fence_view_async_shared()
-            else:
-                # dS^T = P^T (dP^T - D[query])
-                for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                    d_row = sD[coord_rc[0, c][1], state.index]
-                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                        p_ds(r=r, c=c, d_row=d_row)
-                tPrP_as_acc.store(acc_S.load().to(self.dtype))
-                issue(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
-                if cutlass.const_expr(self.cfg.dk_rs):
-                    rdS = rdS_dk
-                else:
-                    rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-                rdS.store(acc_dP.load().to(self.dtype))
-
-                # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys)
-                self.ds_free_barrier()
-                cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
-                cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-            if cutlass.const_expr(self.cfg.dk_rs and not self.cfg.ds_before_dv and not self.cfg.dv_after_ds):
-                # dV done (it ran under the dS^T stores and the barrier): P^T leaves the registers
-                # before the dQ accumulator joins dS^T (fp16 + softcap at hdim 128 spilled 16 bytes
-                # without this wait)
-                warpgroup.wait_group(0)
-            if cutlass.const_expr(self.cfg.dq_transposed):
-                issue(tiled_mma_dq, acc_dQ, tQrK, tQrdS_i, zero_init=True)
-            else:
-                issue(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
-            if cutlass.const_expr(self.cfg.dv_after_ds):
-                # dV done while dQ is queued behind it: the tensor pipe keeps this warpgroup's work,
-                # P^T's registers are free before dK's issue, and dO's stage is no longer read
-                warpgroup.wait_group(1)
-                pipe_do.consumer_release(state)
-            if cutlass.const_expr(self.cfg.dk_rs and self.cfg.ds_before_dv):
-                # the second half of dK; the first went with dV's first half
-                issue_k_blocks(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index],
-                               num_chunks // 2, num_chunks)
-            elif cutlass.const_expr(self.cfg.dk_rs):
-                # dS^T from registers: they stay live until the wait_group(0) below
-                issue(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index], zero_init=False)
-            else:
-                issue(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
-            warpgroup.wait_group(1)  # dQ done; dK still running
-            # hand dQ to the writer warp once it has finished reading the previous tile (with
-            # dq_per_wg: this warpgroup's part, on this warpgroup's barriers)
-            if cutlass.const_expr(self.cfg.dq_per_wg):
-                cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
-            else:
-                cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
-            acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
-            cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
-            cute.arch.fence_view_async_shared()
-            if cutlass.const_expr(self.cfg.dq_per_wg):
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
-                                         number_of_threads=128 + 32)
-            else:
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
-            warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
-            if cutlass.const_expr(not self.cfg.dv_after_ds):
-                pipe_do.consumer_release(state)
-            state.advance()
+                    run_step(step, m_block, state, masked_probs)
+                state.advance()
 
         # dK, dV through smem (K and V's buffers, free once every warpgroup's last dQ GEMM is
         # done) and TMA stores, which also drop the rows past seqlen_k. dK carries the softmax
@@ -643,6 +567,157 @@ class FlashBwdSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+
+    @cute.jit
+    def consumer_step(self, step, m_block, state, make_to_probs, pipe_q, pipe_do, wg,
+                      tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, acc_S, acc_dP, acc_dV,
+                      acc_dK, acc_dQ, acc_S_rc, acc_dP_rc, coord_rc, sLSE, sD, tSrK, tSrQ, tPrV, tPrdO,
+                      tVrdO, tKrQ, tKrdS, tQrdS, tQrK, tPrP, tPrP_as_acc, tKrdS_a, rdS_dk, acc_S_as_a,
+                      tdSrdP, tdSrdS, dS_copy_atom, dS_copy, tdSsdS, dQ_copy, tdQsdQ, softcap_pre,
+                      softmax_scale):
+        """One step: the query block m_block (of one query head) against this CTA's keys. Every
+        WGMMA it issues is waited for inside it, so the mask_runs runs may pick a different body
+        per step with no branch between an issue and its wait."""
+        if cutlass.const_expr(self.cfg.ds_before_dv):
+            num_chunks = cute.size(tPrP, mode=[2])
+            chunk_cols = cute.size(acc_S_rc, mode=[1]) // num_chunks
+        dq_threads = self.num_consumer_threads + 32
+        tdSsdS_i, tKrdS_i, tQrdS_i = tdSsdS, tKrdS, tQrdS
+        if cutlass.const_expr(self.cfg.ds_stages > 1):
+            ds_buf = step % self.cfg.ds_stages
+            tdSsdS_i = tdSsdS[None, None, None, ds_buf]
+            if cutlass.const_expr(not self.cfg.dk_rs):
+                tKrdS_i = tKrdS[None, None, None, ds_buf]
+            tQrdS_i = tQrdS[None, None, None, ds_buf]
+        pipe_q.consumer_wait(state)
+        issue_gemm(tiled_mma_sdp, acc_S, tSrK, tSrQ[None, None, None, state.index], zero_init=True)
+        pipe_do.consumer_wait(state)
+        issue_gemm(tiled_mma_sdp, acc_dP, tPrV, tPrdO[None, None, None, state.index], zero_init=True)
+        warpgroup.wait_group(1)
+
+        to_probs = make_to_probs(m_block, sLSE[None, state.index])
+        p_ds = partial(self.p_ds_element, acc_S_rc=acc_S_rc, acc_dP_rc=acc_dP_rc, to_probs=to_probs)
+        if cutlass.const_expr(self.has_softcap):
+            # only tanh here, under the dP GEMM: keeping (1 - tanh^2) in registers until
+            # dS would spill, so P and dS are both formed after the wait from tanh
+            for j in cutlass.range(cute.size(acc_S), unroll_full=True):
+                acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+        else:
+            # P^T = exp2(S^T * scale_log2 - LSE_log2[query]) under the dP GEMM
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    acc_S_rc[r, c] = to_probs(r=r, c=c, s=acc_S_rc[r, c])
+        warpgroup.wait_group(0)
+        if cutlass.const_expr(self.cfg.ds_before_dv):
+            # 128 queries: S^T and dP^T take 64 + 64 fp32 registers, too many to also hold
+            # the bf16 P^T and dS^T while the whole dV GEMM runs. So, as in FA3, dS^T goes to
+            # smem first, one 16-query k-block at a time (dS^T, then that k-block of P^T and
+            # dS^T in bf16 from the fp32 values, so both die at once), and the dV GEMM
+            # follows in two halves: k-blocks 0-3 under the second half of the dS^T work.
+            self.ds_free_barrier()
+            tVrdO_i = tVrdO[None, None, None, state.index]
+            for k in cutlass.range_constexpr(num_chunks):
+                for c in cutlass.range_constexpr(k * chunk_cols, (k + 1) * chunk_cols):
+                    d_row = sD[coord_rc[0, c][1], state.index]
+                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                        p_ds(r=r, c=c, d_row=d_row)
+                tPrP[None, None, k].store(acc_S_as_a[None, None, k].load().to(self.dtype))
+                rdS_k = tdSrdS[(None, k), None, None]
+                rdS_k.store(tdSrdP[(None, k), None, None].load().to(self.dtype))
+                cute.copy(dS_copy_atom, rdS_k, tdSsdS_i[(None, k), None, None])
+                if cutlass.const_expr(k == num_chunks // 2 - 1 and self.cfg.dk_rs):
+                    # dK's first half rides with dV's (dS^T k-blocks 0-3 are in registers)
+                    issue_k_blocks2(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, acc_dK, tKrdS_a,
+                                    tKrQ[None, None, None, state.index], 0, num_chunks // 2)
+                elif cutlass.const_expr(k == num_chunks // 2 - 1):
+                    issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, 0, num_chunks // 2)
+                if cutlass.const_expr(k == num_chunks - 1 and self.cfg.dk_rs):
+                    # that group done: the first half of P^T and dS^T leave the registers before
+                    # the dQ accumulator needs them (with all of dS^T held to the end, ptxas
+                    # spilled 16-24 bytes in the loop, every mask but softcap)
+                    warpgroup.wait_group(0)
+            cute.arch.fence_view_async_shared()
+            issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
+        elif cutlass.const_expr(self.cfg.dv_after_ds):
+            # 128 queries in FA3 / FA4's order: P^T and dS^T both in 16 bits before any of
+            # this step's dV / dK work is queued, so no in-flight WGMMA pins the fp32 S^T / dP^T
+            # registers they come from (with dV issued before dS^T's conversion, ptxas
+            # serialized every WGMMA for lack of registers, C7512)
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                d_row = sD[coord_rc[0, c][1], state.index]
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    p_ds(r=r, c=c, d_row=d_row)
+            tPrP_as_acc.store(acc_S.load().to(self.dtype))
+            if cutlass.const_expr(self.cfg.dk_rs):
+                rdS = rdS_dk
+            else:
+                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+            rdS.store(acc_dP.load().to(self.dtype))
+            self.ds_free_barrier()
+            cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
+            issue_gemm(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
+            cute.arch.fence_view_async_shared()
+        else:
+            # dS^T = P^T (dP^T - D[query])
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                d_row = sD[coord_rc[0, c][1], state.index]
+                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+                    p_ds(r=r, c=c, d_row=d_row)
+            tPrP_as_acc.store(acc_S.load().to(self.dtype))
+            issue_gemm(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
+            if cutlass.const_expr(self.cfg.dk_rs):
+                rdS = rdS_dk
+            else:
+                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+            rdS.store(acc_dP.load().to(self.dtype))
+
+            # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys)
+            self.ds_free_barrier()
+            cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
+            cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+        if cutlass.const_expr(self.cfg.dk_rs and not self.cfg.ds_before_dv and not self.cfg.dv_after_ds):
+            # dV done (it ran under the dS^T stores and the barrier): P^T leaves the registers
+            # before the dQ accumulator joins dS^T (fp16 + softcap at hdim 128 spilled 16 bytes
+            # without this wait)
+            warpgroup.wait_group(0)
+        if cutlass.const_expr(self.cfg.dq_transposed):
+            issue_gemm(tiled_mma_dq, acc_dQ, tQrK, tQrdS_i, zero_init=True)
+        else:
+            issue_gemm(tiled_mma_dq, acc_dQ, tQrdS_i, tQrK, zero_init=True)
+        if cutlass.const_expr(self.cfg.dv_after_ds):
+            # dV done while dQ is queued behind it: the tensor pipe keeps this warpgroup's work,
+            # P^T's registers are free before dK's issue, and dO's stage is no longer read
+            warpgroup.wait_group(1)
+            pipe_do.consumer_release(state)
+        if cutlass.const_expr(self.cfg.dk_rs and self.cfg.ds_before_dv):
+            # the second half of dK; the first went with dV's first half
+            issue_k_blocks(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index],
+                           num_chunks // 2, num_chunks)
+        elif cutlass.const_expr(self.cfg.dk_rs):
+            # dS^T from registers: they stay live until the wait_group(0) below
+            issue_gemm(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index], zero_init=False)
+        else:
+            issue_gemm(tiled_mma_dk, acc_dK, tKrdS_i, tKrQ[None, None, None, state.index], zero_init=False)
+        warpgroup.wait_group(1)  # dQ done; dK still running
+        # hand dQ to the writer warp once it has finished reading the previous tile (with
+        # dq_per_wg: this warpgroup's part, on this warpgroup's barriers)
+        if cutlass.const_expr(self.cfg.dq_per_wg):
+            cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
+        else:
+            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
+        acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
+        cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
+        cute.arch.fence_view_async_shared()
+        if cutlass.const_expr(self.cfg.dq_per_wg):
+            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+                                     number_of_threads=128 + 32)
+        else:
+            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(state)
+        if cutlass.const_expr(not self.cfg.dv_after_ds):
+            pipe_do.consumer_release(state)
 
     @cute.jit
     def ds_free_barrier(self):
@@ -680,6 +755,94 @@ class FlashBwdSm90(BwdKernelBase):
             acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row) * (Float32(1.0) - t * t)
         else:
             acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
+
+    def legacy_probs(self, m_block, sLSE, **fields):
+        """to_probs of one step without mask_runs: every element tests its own coordinates."""
+        return partial(self.scores_to_probs, sLSE=sLSE, m_block=m_block, **fields)
+
+    def make_probs(self, m_block, sLSE, limits, probs, test: str):
+        """to_probs of one step of a mask_runs run; `test` (run_probs) picks the body."""
+        return partial(probs, sLSE=sLSE, limits=None if test == "none" else limits(m_block), test=test)
+
+    @staticmethod
+    def check_coord_offsets(tiled_mma, shape, num_threads: int):
+        """Trace-time check for mask_runs: every thread's accumulator coordinates are thread 0's
+        plus one (row, column) offset, so comparing thread 0's compile-time ones against limits
+        shifted by that offset tests the thread's own."""
+        ident = cute.make_identity_tensor(shape)
+        coords0 = tiled_mma.get_slice(0).partition_C(ident)
+        for t in (t for t in (1, 3, 4, 31, 32, 77, 127, 128, 161, 255, 383) if t < num_threads):
+            coords = tiled_mma.get_slice(t).partition_C(ident)
+            offsets = {tuple(a - b for a, b in zip(coords[i], coords0[i], strict=True))
+                       for i in range(cute.size(coords))}
+            if len(offsets) != 1:
+                raise ValueError(f"mask_runs: thread {t}'s accumulator coordinates are not thread 0's "
+                                 f"plus one offset ({sorted(offsets)})")
+
+    @cute.jit
+    def mask_run_bounds(self, n_block, m_min, num_m, diag, seqlen_k, window_left, window_right):
+        """mask_runs: [m_min, m_right) and [m_left, m_min + num_m) are the query blocks that need
+        the mask for this key block, the blocks between see all of its keys. A query block needs
+        it when its lowest query does not see the highest key (causal / right window) or its
+        highest query does not see the lowest key (left window); in the ragged last key block
+        every step does (keys past seqlen_k). Padded queries past seqlen_q need nothing: their
+        LSE is +inf, so P is 0 there anyway."""
+        m_end = m_min + num_m
+        n0 = n_block * self.tile_n
+        m_right = m_min
+        if cutlass.const_expr(self.has_right):
+            # lowest m with m * tile_m + diag + right >= n0 + tile_n - 1
+            m_right = M.floor_div(n0 + self.tile_n - 1 - diag - window_right + self.tile_m - 1, self.tile_m)
+            m_right = cutlass.max(m_min, cutlass.min(m_end, m_right))
+        m_right = m_end if n0 + self.tile_n > seqlen_k else m_right
+        m_left = m_end
+        if cutlass.const_expr(self.has_left):
+            # lowest m with (m + 1) * tile_m - 1 + diag - left > n0
+            m_left = M.floor_div(n0 + 1 - diag + window_left, self.tile_m)
+            m_left = cutlass.max(m_right, cutlass.min(m_end, m_left))
+        return m_right, m_left
+
+    @cute.jit
+    def row_limits(self, m_block, coord0_rc, n_block, key_off, query_off, diag, seqlen_k, window_left,
+                   window_right):
+        """mask_runs, one masked step: per key row r of the thread, query column c (thread 0's,
+        a compile-time value) sees the key iff lo[r] <= c (right bound; set past every column for
+        keys past seqlen_k) and c <= hi[r] (left bound); without a right bound in[r] says whether
+        the key is below seqlen_k. Two rows a thread, against 32 or 16 columns: the per-row limits
+        cost a few instructions, each element one compare with an immediate (two with a left
+        bound) and its select."""
+        # (key - query) of this thread's element (row 0, column 0 of thread 0's coordinates) - diag
+        base = n_block * self.tile_n + key_off - m_block * self.tile_m - query_off - diag
+        keys_in = seqlen_k - n_block * self.tile_n - key_off
+        lo, hi, row_in = [], [], []
+        for r in cutlass.range_constexpr(cute.size(coord0_rc, mode=[0])):
+            key0 = coord0_rc[r, 0][0]
+            inside = keys_in > key0
+            row_in.append(inside)
+            if cutlass.const_expr(self.has_right):
+                lo_r = base + key0 - window_right
+                lo.append(lo_r if inside else Int32(self.tile_m))
+            if cutlass.const_expr(self.has_left):
+                hi.append(base + key0 + window_left)
+        return lo, hi, row_in
+
+    @cute.jit
+    def run_probs(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], s, coord_rc, coord0_rc, sLSE,
+                  scale_log2, limits, test: cutlass.Constexpr[str]):
+        """P^T[r, c] in a mask_runs step. test "none": no test (a mask-free step); "keys": only
+        key < seqlen_k, a per-row predicate; "edges": the compile-time column against the row's
+        limits (row_limits), which also hold the seqlen_k bound."""
+        p = cute.math.exp2(s * scale_log2 - sLSE[coord_rc[0, c][1]], fastmath=True)
+        if cutlass.const_expr(test != "none"):
+            lo, hi, row_in = limits
+            col = coord0_rc[r, c][1]
+            visible = row_in[r]
+            if cutlass.const_expr(test == "edges"):
+                visible = lo[r] <= col
+                if cutlass.const_expr(self.has_left):
+                    visible = visible and hi[r] >= col
+            p = p if visible else Float32(0.0)
+        return p
 
     @cute.jit
     def scores_to_probs(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], s, acc_S_rc, coord_rc,
