@@ -44,8 +44,9 @@ tests)
     --bwd-config tile_m=80,dk_rs=True
   bg bwd80_fp16 300 python3 scripts/bwd_check.py --no-bench --case-hdims 128 --fp16 --bwd-config tile_m=80
   bg bwd64_cases 300 python3 scripts/bwd_check.py --no-bench --case-hdims 64 --bwd-config ds_then_dv=True
+  bg mask_runs_cases 300 python3 scripts/bwd_check.py --no-bench --case-hdims 64,96,128 --bwd-config mask_runs=True
   wait
-  for f in fwd_tests bwd_tests bwd80_cases bwd80_fp16 bwd64_cases; do
+  for f in fwd_tests bwd_tests bwd80_cases bwd80_fp16 bwd64_cases mask_runs_cases; do
     echo "--- $f: $(grep -E 'passed|failed|cases failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
     grep -E "^FAILED|^FAIL " "$O/$f.log" | head -8
   done
@@ -64,9 +65,11 @@ bwd_timings)
     --bwd-config tile_m=80 --bwd-config tile_m=80,dk_rs=True --bwd-config tile_m=80,ds_stages=2
   run bwd64 python3 scripts/bwd_check.py --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default \
     --bwd-config ds_then_dv=True --bwd-config ds_then_dv=True,dk_rs=False
+  run mask_runs python3 scripts/bwd_check.py --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config mask_runs=True
   run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in bwd80 bwd64 bwd_parts; do
+  for f in bwd80 bwd64 mask_runs bwd_parts; do
     [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }
   done
   ;;
