@@ -117,6 +117,14 @@ def test_backward_hdim64_variants(fields, b, sq, sk, hq, hk, d, causal, window, 
 
 
 _BF16, _FP16 = torch.bfloat16, torch.float16
+# the shapes each operand / schedule switch of the keys kernel is checked on: ragged key and query
+# ends with GQA, causal with a single-KV-head group, a window with softcap, one short causal block
+_SWITCH_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
+]
 
 
 @pytest.mark.parametrize(("d", "fields", "dtype"), [
@@ -124,12 +132,7 @@ _BF16, _FP16 = torch.bfloat16, torch.float16
     (64, {"dk_rs": True, "dq_by_rows": True}, _BF16), (64, {"dk_rs": True, "tile_m": 64}, _BF16),
     (96, {"dk_rs": True}, _BF16), (128, {"dk_rs": True}, _BF16), (128, {"dk_rs": True}, _FP16),
     (128, {"dk_rs": True, "ds_stages": 2}, _BF16)])
-@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
-    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
-    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
-    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
-    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
-])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _SWITCH_CASES)
 def test_backward_dk_rs(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
     """dK += dS^T Q with dS^T from registers (BwdConfig.dk_rs) agrees with the reference."""
     with runtime.bwd_config_overrides(**fields):
@@ -142,12 +145,7 @@ def test_backward_dk_rs(d, fields, dtype, b, sq, sk, hq, hk, causal, window, sof
     (64, {"dq_per_wg": True}, _BF16), (64, {"dq_per_wg": True}, _FP16),
     (64, {"dq_per_wg": True, "dq_by_rows": False}, _BF16), (64, {"dq_per_wg": True, "tile_m": 64}, _BF16),
     (96, {"dq_per_wg": True}, _BF16)])
-@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
-    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
-    (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
-    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
-    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
-])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _SWITCH_CASES)
 def test_backward_dq_per_wg(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
     """Per-warpgroup dQ hand-off (BwdConfig.dq_per_wg: each warpgroup's part of the dQ tile on its
     own barrier pair and its own TMA reduce-add) agrees with the reference."""

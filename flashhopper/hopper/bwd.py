@@ -285,17 +285,11 @@ class FlashBwdSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
-                while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
-                    pass
+                self.wait_turn(sem, turn)
             cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
-                # the next key block's CTA may add only once this tile has landed in gmem
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.fence_acq_rel_gpu()
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                self.pass_turn_when_landed(sem, lane)
             else:
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
@@ -326,8 +320,7 @@ class FlashBwdSm90(BwdKernelBase):
             for w in cutlass.range_constexpr(num_wg):
                 cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                 if cutlass.const_expr(self.cfg.deterministic and w == 0):
-                    while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
-                        pass
+                    self.wait_turn(sem, turn)
                 # the whole warp runs the copy (it elects its issuing lane itself)
                 gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, self.dq_part_coord(m_block, w))
                 sdQ_w = cute.local_tile(sdQ, part, self.dq_part_coord(0, w))
@@ -337,15 +330,20 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
-                # the next key block's CTA may add only once every part has landed in gmem
-                cute.arch.cp_async_bulk_wait_group(0, read=False)
-                cute.arch.fence_acq_rel_gpu()
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+                self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
         # smem must outlive the last reads
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def pass_turn_when_landed(self, sem, lane):
+        """Deterministic mode, dQ writer warp: the next key block's CTA may add its dQ of this
+        query block only once every reduce-add this warp issued has landed in gmem."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_warp()
+        if lane == 0:
+            cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
 
     def dq_part_shape(self) -> tuple[int, int]:
         """(rows, cols) of the smem dQ tile that one TMA reduce-add covers: the whole tile, or with

@@ -146,6 +146,13 @@ class BwdKernelBase:
         return turn
 
     @cute.jit
+    def wait_turn(self, sem, turn):
+        """Deterministic mode: spin (gpu-scope acquire) until query block's semaphore `sem` says
+        the key blocks before this one have added their dQ (`turn`, from dq_turn)."""
+        while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
+            pass
+
+    @cute.jit
     def launch_order_n_block(self, n_block, seqlen_k):
         """Deterministic mode with a right bound: the CTA with the highest key block launches
         first, so a CTA only ever waits for CTAs already resident or done (dq_turn's order)."""

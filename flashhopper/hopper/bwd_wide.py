@@ -467,8 +467,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         if tidx == 0:
             sem = mdQsem[None, head, batch].iterator + m_block
             turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
-            while cute.arch.load(sem, Int32, sem="acquire", scope="gpu") != turn:
-                pass
+            self.wait_turn(sem, turn)
         cute.arch.barrier(barrier_id=_BAR_DQ_TURN, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
