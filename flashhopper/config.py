@@ -225,6 +225,14 @@ def _fwd_persistent(hdim: int, masked: bool) -> bool:
     return not (masked and hdim >= 192)
 
 
+# Per-warpgroup epilogue with the ping-pong token carried across tiles (FwdConfig.wg_epilogue):
+# session 6 on the H200 (docs/benchmarks.md), off / on interleaved: +0.6..+8.6% at hdim 128 (causal
+# 1k +8.6%), +3.8 / +3.9% at hdim 64 causal 8k, +1..+3% at hdim 256; 1 of 15 pairs lower (hdim 64
+# non-causal 8k: +1.5% in one round, -2.9% in the other). Not at hdim 64's 192-row causal tile with
+# softcap: there it spilled (6 LDL), the shared epilogue does not.
+_FWD_WG_EPILOGUE = True
+
+
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, narrow: bool = False) -> FwdConfig:
@@ -238,7 +246,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     sched = _fwd_persistent(hdim, causal or local)
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
-                    persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128)
+                    persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128,
+                    wg_epilogue=_FWD_WG_EPILOGUE and not (softcap and causal and tile_m == 192))
     cfg.check()
     return cfg
 
@@ -417,9 +426,10 @@ class BwdConfig(_KernelConfig):
         if self.dk_rs and self.kv_split != "keys":
             raise ValueError("dk_rs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' computes dK^T = Q^T dS with dS from smem")
-        if self.ds_then_dv and (self.kv_split != "keys" or self.tile_m <= 64):
-            raise ValueError("ds_then_dv exists only for kv_split 'keys' with tile_m > 64 (hdim 64's "
-                             "128-row step; 64-row steps already issue dV after dS)")
+        if self.ds_then_dv and (self.kv_split != "keys" or self.tile_m % 128):
+            raise ValueError("ds_then_dv exists only for kv_split 'keys' with tile_m 128 (hdim 64's "
+                             "128-row step; 64-row steps already issue dV after dS, and at 80 rows "
+                             "ptxas serialized every WGMMA and spilled)")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":
@@ -497,8 +507,9 @@ class BwdConfig(_KernelConfig):
 # N = 128, half the steps per key block. It fits with the WGMMAs kept asynchronous (6 waits per
 # step, no spills, every dtype and mask) only in the ds_before_dv order of hopper/bwd.py (dS^T to
 # smem k-block by k-block, dV in two halves); with the tile_m-64 order ptxas serialized all 40 WGMMAs
-# (C7512). hdim 96 and 128 keep 64 (_BWD_KEYS_ACC_REGS).
-_BWD_TILE_M: dict[int, int] = {64: 128}
+# (C7512). hdim 96 keeps 64 (_BWD_KEYS_ACC_REGS). hdim 128 takes FA3 / FA4's 80 rows (dQ computed
+# transposed, BwdConfig.dq_transposed): with dk_rs +0..+5.6% over 64 rows in 4 of 4 points (session 6).
+_BWD_TILE_M: dict[int, int] = {64: 128, 128: 80}
 # dS^T smem buffers per hdim (BwdConfig.ds_stages). Two at hdim 64 (128-row steps): one consumer
 # warpgroup sync per step instead of two, +1..+3% on the H200 (docs/benchmarks.md); the smem is
 # there. At 64-row steps two measured +0.4..+2.0% at hdim 96 (4 of 4 points) and -0.8..+4.4% at
@@ -508,9 +519,17 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
 # both measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%);
 # dk_rs at hdim 128 measured -7..+2% and stays off. The per-warpgroup dQ hand-off (dq_per_wg)
 # measured +3.1..+4.8% at hdim 64 and +1.1..+5.5% at hdim 128 (8 of 8 points, session 5); hdim 96
-# has the same 64-row step as 128 and takes it too.
+# has the same 64-row step as 128 and takes it too. Session 6 (H200, docs/benchmarks.md): hdim 128's
+# 80-row step with dk_rs and mask_runs +2.1..+5.9% over session 5's default (4 of 4 points);
+# mask_runs alone +0.8..+4.3% at hdim 64 and +0.5..+2.7% at 96 with a mask (noise without one);
+# hdim 64's FA4 step order (ds_then_dv) +1.5..+3.5% without a mask, +-0.4% with one, and with
+# mask_runs the two together measured below either alone, so hdim 64 takes one or the other.
 _BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True},
-                                       96: {"dq_per_wg": True}, 128: {"dq_per_wg": True}}
+                                       96: {"dq_per_wg": True},
+                                       128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True}}
+# added to _BWD_KEYS_SWITCHES with no causal / local mask, and with one
+_BWD_KEYS_UNMASKED: dict[int, dict] = {64: {"ds_then_dv": True}}
+_BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": True}}
 
 
 def parse_overrides(text: str) -> dict:
@@ -535,11 +554,15 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64),
-                    ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide, **_BWD_KEYS_SWITCHES.get(hdim, {}))
+                    ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide, **_BWD_KEYS_SWITCHES.get(hdim, {}),
+                    **(_BWD_KEYS_MASKED if causal or local else _BWD_KEYS_UNMASKED).get(hdim, {}))
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)
-        # dq_by_rows needs 64 query rows per warpgroup: a tile_m override drops it unless asked for
+        # dq_by_rows needs 64 query rows per warpgroup: a tile_m override drops it unless asked for,
         if cfg.dq_by_rows and "dq_by_rows" not in overrides and cfg.tile_m != 64 * cfg.num_consumer_wg:
             cfg = dataclasses.replace(cfg, dq_by_rows=False)
+        # and FA4's step order exists only at 128-row steps
+        if cfg.ds_then_dv and "ds_then_dv" not in overrides and cfg.tile_m % 128:
+            cfg = dataclasses.replace(cfg, ds_then_dv=False)
     cfg.check()
     return cfg

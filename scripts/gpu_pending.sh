@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU work waiting at the end of session 5, in four device calls of <= 10 minutes each:
+# The GPU work waiting at the end of session 6, one device call of <= 10 minutes each, in this order:
 #
-#   source .device/setup.sh && bash scripts/gpu_pending.sh tests         # correctness, parallel
-#   source .device/setup.sh && bash scripts/gpu_pending.sh fwd_timings   # forward switch A/B, serial
-#   source .device/setup.sh && bash scripts/gpu_pending.sh bwd_timings   # backward switch A/B, serial
 #   source .device/setup.sh && bash scripts/gpu_pending.sh grids         # forward + backward grids
+#   source .device/setup.sh && bash scripts/gpu_pending.sh fwd_timings   # ablations, hdim 256 short, cluster
+#   source .device/setup.sh && bash scripts/gpu_pending.sh bwd_timings   # hdim 96 dk_rs, hdim 64 causal
+#   source .device/setup.sh && bash scripts/gpu_pending.sh verify        # the tests of the dispatched kernels
+#
+# (`tests` runs every GPU test file in full, switches included; `combos`, `failed` are session 6's.)
 #
 # Most of a timing step is compiling each variant once (~5 s each on the GPU machine); the
 # modes interleave variants over rounds so that clock drift shows as spread.
@@ -37,6 +39,11 @@ run() {  # name cmd...: run now, within what is left of the deadline
 quiet() { grep -vE "UserWarning|exe_args|_warn_once" "$@"; }
 
 case "${1:-}" in
+failed)  # the named test ids (arguments after the mode), verbose, one process
+  shift
+  run failed python3 -m pytest -q -rf --tb=short "$@"
+  quiet "$O/failed.log" | grep -vE "^ *$" | tail -30
+  ;;
 tests)
   bg fwd_tests 480 python3 -m pytest -q tests/test_fwd_gpu.py
   bg bwd_tests 480 python3 -m pytest -q tests/test_bwd_gpu.py
@@ -51,25 +58,63 @@ tests)
     grep -E "^FAILED|^FAIL " "$O/$f.log" | head -8
   done
   ;;
-fwd_timings)
+combos)  # session 6: the backward winners combined, checked then timed; the rest of the bwd tests
+  M128=tile_m=80,dk_rs=True,mask_runs=True
+  M64=ds_then_dv=True,mask_runs=True
+  bg c128 300 python3 scripts/bwd_check.py --no-bench --case-hdims 128 --bwd-config $M128
+  bg c128_fp16 300 python3 scripts/bwd_check.py --no-bench --case-hdims 128 --fp16 --bwd-config $M128
+  bg c64 300 python3 scripts/bwd_check.py --no-bench --case-hdims 64 --bwd-config $M64
+  bg c64_fp16 300 python3 scripts/bwd_check.py --no-bench --case-hdims 64 --fp16 --bwd-config $M64
+  [ -f rest_ids.txt ] && bg rest 300 python3 -m pytest -q -rf --tb=line $(cat rest_ids.txt)
+  wait
+  for f in c128 c128_fp16 c64 c64_fp16 rest; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed|cases failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^FAIL " "$O/$f.log" | head -8
+  done
+  run t128 python3 scripts/bwd_check.py --no-cases --hdims 128 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config tile_m=80,dk_rs=True --bwd-config $M128
+  run t64 python3 scripts/bwd_check.py --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config ds_then_dv=True --bwd-config $M64
+  run t96 python3 scripts/bwd_check.py --no-cases --hdims 96 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config mask_runs=True
   run wg_epilogue python3 scripts/tune_fwd.py wg_epilogue
-  run cluster python3 scripts/tune_fwd.py cluster
-  run persistent_wide python3 scripts/tune_fwd.py persistent_wide
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in wg_epilogue cluster persistent_wide; do
-    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -40; }
+  for f in t128 t64 t96; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | grep -E "^ *(64|96|128) "; }; done
+  [ -f "$O/wg_epilogue.log" ] && { echo "--- wg_epilogue"; quiet "$O/wg_epilogue.log" | tail -30; }
+  ;;
+verify)  # session 6: the GPU tests that cover the dispatched kernels, four processes
+  B=tests/test_bwd_gpu.py
+  bg fwd_a 420 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "not wg_epilogue and not rescale"
+  bg fwd_b 420 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py tests/test_fwd_gpu.py -k "wg_epilogue or rescale or api"
+  bg bwd_a 420 python3 -m pytest -q -rf --tb=short $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv
+  bg bwd_b 420 python3 -m pytest -q -rf --tb=short $B::test_deterministic_is_bitwise_reproducible \
+    $B::test_gradient_matches_finite_differences $B::test_noncontiguous_grad_output \
+    $B::test_grad_output_at_unaligned_offset $B::test_unwritten_gradients_show \
+    $B::test_hopper_and_reference_backends_agree_through_autograd
+  wait
+  for f in fwd_a fwd_b bwd_a bwd_b; do
+    echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  ;;
+fwd_timings)
+  run ablation_causal python3 -m flashhopper.cli bench --ablation --causal yes
+  run ablation python3 -m flashhopper.cli bench --ablation --causal no
+  run short256 python3 scripts/tune_fwd.py short256
+  run cluster python3 scripts/tune_fwd.py cluster
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in ablation_causal ablation short256 cluster; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -30; }
   done
   ;;
 bwd_timings)
-  run bwd80 python3 scripts/bwd_check.py --no-cases --hdims 128 --seqlens 1024,8192 --bwd-config default \
-    --bwd-config tile_m=80 --bwd-config tile_m=80,dk_rs=True --bwd-config tile_m=80,ds_stages=2
-  run bwd64 python3 scripts/bwd_check.py --no-cases --hdims 64 --seqlens 1024,8192 --bwd-config default \
-    --bwd-config ds_then_dv=True --bwd-config ds_then_dv=True,dk_rs=False
-  run mask_runs python3 scripts/bwd_check.py --no-cases --hdims 64,128 --seqlens 1024,8192 --bwd-config default \
-    --bwd-config mask_runs=True
-  run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
+  run bwd96 python3 scripts/bwd_check.py --no-cases --hdims 96 --seqlens 1024,8192 --bwd-config default \
+    --bwd-config dk_rs=True --bwd-config dk_rs=True,ds_stages=1
+  run bwd64 python3 scripts/bwd_check.py --no-cases --hdims 64 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
+  [ -n "${WITH_PARTS:-}" ] && run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in bwd80 bwd64 mask_runs bwd_parts; do
+  for f in bwd96 bwd64 bwd_parts; do
     [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }
   done
   ;;

@@ -4,6 +4,7 @@
     python scripts/tune_fwd.py persistent # one CTA per tile / persistent static / dynamic
     python scripts/tune_fwd.py persistent_wide  # hdim 192 / 256 causal: one CTA per tile vs dynamic
     python scripts/tune_fwd.py wg_epilogue      # per-warpgroup epilogue, carried ping-pong token
+    python scripts/tune_fwd.py short256         # hdim 256 causal 512-2k: 80 vs 64 keys, persistent
     python scripts/tune_fwd.py fp16       # bf16 vs fp16, interleaved, three rounds
     python scripts/tune_fwd.py tiles      # hdim 128 non-causal: 128x128 vs 128x160 vs 128x176, 8k and 16k
     python scripts/tune_fwd.py tiles64    # hdim 64, short queries: 192 x 128 vs 128 x 128 rows
@@ -125,6 +126,14 @@ WG_EPILOGUE = [(hdim, causal, seqlen, {"wg_epilogue": on})
                                             (256, False, 8192)]
                for on in (False, True)]
 
+# hdim 256 causal at 512-2k, the forward grid's lowest points (0.85 of cuDNN at 512): FA3's 80-key
+# block against 64 keys (no partial block on the diagonal: 128-row query blocks end on a 64-key
+# boundary; 193 KiB of smem, no spills), each one CTA per tile and persistent with the dynamic
+# scheduler
+SHORT256 = [(256, True, seqlen, over) for seqlen in (512, 1024, 2048)
+            for over in ({}, {"tile_n": 64}, {"persistent": True, "dynamic_sched": True},
+                         {"tile_n": 64, "persistent": True, "dynamic_sched": True})]
+
 # FwdConfig.cluster_m = 2 (docs/notes/fwd-cluster.md): two CTAs on adjacent query blocks share each
 # K/V tile by TMA multicast, on the static schedule (one cluster per pair of query blocks, or
 # persistent clusters striding over pairs). The dispatched kernel (persistent, dynamic scheduler)
@@ -138,7 +147,8 @@ CLUSTER = [(hdim, False, seqlen, over) for hdim in (128, 256) for seqlen in (204
 DTYPE_ROUNDS = 3
 
 # modes that repeat an interleaved list of (hdim, causal, seqlen, override) for some rounds
-INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "wg_epilogue": (WG_EPILOGUE, 2),
+INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2),
+               "wg_epilogue": (WG_EPILOGUE, 2),
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2)}

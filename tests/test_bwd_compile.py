@@ -21,9 +21,18 @@ def _keys_hgmma(cfg) -> int:
     return 2 * cfg.hdim // 16 + 2 * cfg.tile_m // 16 + dq_m_tiles * (cfg.tile_n // 16)
 
 
-def _check_keys_report(report, cfg, mask, bodies: int = 1):
-    """`bodies`: copies of the consumer step in the kernel (mask_runs: masked and mask-free)."""
+def _bodies(cfg) -> int:
+    """Copies of the consumer step in the kernel: with mask_runs the masked and the mask-free one,
+    except at hdim 128 + softcap with no right bound, where the mask-free step keeps the key <
+    seqlen_k test (hopper/bwd.py) and so is the masked one."""
+    if not cfg.mask_runs:
+        return 1
+    return 1 if cfg.softcap and cfg.hdim >= 128 and not (cfg.causal or cfg.local) else 2
+
+
+def _check_keys_report(report, cfg, mask):
     sass = report["sass"]
+    bodies = _bodies(cfg)
     assert sass["HGMMA"] == bodies * _keys_hgmma(cfg)
     # one wait per commit group: S^T, dP^T, dV (two halves with ds_before_dv), dQ, dK
     assert sass["HGMMA_WAITS"] == bodies * (6 if cfg.ds_before_dv else 5), "ptxas serialized the WGMMAs"
@@ -37,8 +46,12 @@ def _check_keys_report(report, cfg, mask, bodies: int = 1):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_compiles_without_spills(dtype, hdim, mask):
     cfg = bwd_config(dtype, hdim, **MASKS[mask])
-    # hdim 64 runs 128 query rows per step (dS^T to smem before the dV GEMM), the others 64
-    assert (cfg.tile_m, cfg.ds_before_dv) == ((128, True) if hdim == 64 else (64, False))
+    # hdim 64 runs 128 query rows per step (FA4's order without a mask, dS^T to smem before the dV
+    # GEMM with one), hdim 128 80 rows (dS^T before dV), hdim 96 64 rows
+    masked = mask in ("causal", "local")
+    assert (cfg.tile_m, cfg.dv_after_ds, cfg.ds_before_dv) == {
+        64: (128, not masked and mask != "softcap", masked or mask == "softcap"),
+        96: (64, False, False), 128: (80, False, True)}[hdim]
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
     sass = report["sass"]
@@ -76,14 +89,16 @@ def test_backward_dq_by_rows_compiles(dtype, mask):
     assert cfg.dq_by_rows
     report = inspect_kernel("bwd", dtype=dtype, hdim=64, dk_rs=False, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
-    assert report["sass"]["HGMMA"] == _keys_hgmma(dataclasses.replace(cfg, dq_by_rows=False)) - 8
+    by_cols = _keys_hgmma(dataclasses.replace(cfg, dq_by_rows=False))
+    assert report["sass"]["HGMMA"] == _bodies(cfg) * (by_cols - 8)
     assert report["sass"]["UTMAREDG"] >= 1
 
 
 def test_deterministic_backward_dq_by_rows_compiles():
+    cfg = bwd_config("bf16", 64, causal=True, deterministic=True, dq_by_rows=True)
     report = inspect_kernel("bwd", dtype="bf16", hdim=64, causal=True, deterministic=True, dq_by_rows=True)
     assert report["spill_bytes"] == 0 and report["sass"]["UTMAREDG"] >= 1
-    assert report["sass"]["HGMMA_WAITS"] == 6
+    assert report["sass"]["HGMMA_WAITS"] == 6 * _bodies(cfg)
 
 
 def test_backward_dq_by_rows_needs_one_m_tile_per_warpgroup():
@@ -116,8 +131,10 @@ def test_backward_dk_rs_variants_compile(hdim, fields, mask):
 
 
 def test_deterministic_backward_dk_rs_compiles():
+    cfg = bwd_config("bf16", 64, causal=True, deterministic=True, dk_rs=True)
     report = inspect_kernel("bwd", dtype="bf16", hdim=64, causal=True, deterministic=True, dk_rs=True)
-    assert report["spill_bytes"] == 0 and report["sass"]["LDL"] == 0 and report["sass"]["HGMMA_WAITS"] == 6
+    assert report["spill_bytes"] == 0 and report["sass"]["LDL"] == 0
+    assert report["sass"]["HGMMA_WAITS"] == 6 * _bodies(cfg)
 
 
 def test_backward_dk_rs_needs_key_split():
@@ -188,14 +205,14 @@ def test_backward_dq_per_wg_needs_key_split():
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_80_rows_compiles(dtype, mask):
-    # hdim 128 with FA3 / FA4's 80 query rows per step (not dispatched): S^T / dP^T of 64 x 80,
+    # hdim 128 with FA3 / FA4's 80 query rows per step (dispatched): S^T / dP^T of 64 x 80,
     # dV / dK over 5 k-blocks (2 + 3, ds_before_dv), dQ^T = K^T dS^T as 8 WGMMAs of 64 x 80:
     # 34 WGMMAs in 6 commit groups with 208 accumulator registers, no spills
     cfg = bwd_config(dtype, 128, tile_m=80, **MASKS[mask])
     assert cfg.dq_transposed and cfg.ds_before_dv and cfg.dq_per_wg
     report = inspect_kernel("bwd", dtype=dtype, hdim=128, tile_m=80, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
-    assert report["sass"]["HGMMA"] == 34
+    assert report["sass"]["HGMMA"] == 34 * _bodies(cfg)
     assert report["sass"]["UTMAREDG"] == _dq_boxes(cfg)
 
 
@@ -227,12 +244,14 @@ def test_backward_ds_then_dv_compiles(dtype, mask):
     # hdim 64 in FA3 / FA4's step order: all of dS^T stored before dV is issued as one group, so
     # one commit group and one wait fewer than ds_before_dv (S^T, dP^T, dV, dQ, dK) and the
     # WGMMAs still asynchronous (ptxas serialized them when dV went out before dS^T's conversion)
-    cfg = bwd_config(dtype, 64, ds_then_dv=True, **MASKS[mask])
+    # (mask_runs off on both sides: the comparison is of the step order alone)
+    cfg = bwd_config(dtype, 64, ds_then_dv=True, mask_runs=False, **MASKS[mask])
     # softcap keeps ds_before_dv (it spilled in this order)
     assert cfg.tile_m == 128 and cfg.ds_before_dv == (mask == "softcap")
-    report = inspect_kernel("bwd", dtype=dtype, hdim=64, ds_then_dv=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype=dtype, hdim=64, ds_then_dv=True, mask_runs=False, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
-    default = inspect_kernel("bwd", dtype=dtype, hdim=64, **MASKS[mask])["sass"]
+    default = inspect_kernel("bwd", dtype=dtype, hdim=64, ds_then_dv=False, mask_runs=False,
+                             **MASKS[mask])["sass"]
     assert report["sass"]["HGMMA"] == default["HGMMA"]
     assert report["sass"]["BAR"] == default["BAR"]
 
@@ -259,13 +278,6 @@ def test_backward_ds_then_dv_needs_128_rows():
             bwd_config("bf16", hdim, ds_then_dv=True, **kwargs)
 
 
-def _mask_runs_bodies(cfg) -> int:
-    """mask_runs: the masked step and the mask-free one, except at hdim 128 + softcap with no
-    right bound, where the mask-free step keeps the key < seqlen_k test (hopper/bwd.py) and so is
-    the masked one."""
-    return 1 if cfg.softcap and cfg.hdim >= 128 and not (cfg.causal or cfg.local) else 2
-
-
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("hdim", KEYS_HDIMS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -274,7 +286,7 @@ def test_backward_mask_runs_compiles(dtype, hdim, mask):
     # their WGMMAs asynchronous (one wait per commit group each), no spills
     cfg = bwd_config(dtype, hdim, mask_runs=True, **MASKS[mask])
     report = inspect_kernel("bwd", dtype=dtype, hdim=hdim, mask_runs=True, **MASKS[mask])
-    _check_keys_report(report, cfg, mask, bodies=_mask_runs_bodies(cfg))
+    _check_keys_report(report, cfg, mask)
 
 
 @pytest.mark.parametrize(("hdim", "fields", "mask"), [
@@ -285,7 +297,7 @@ def test_backward_mask_runs_compiles(dtype, hdim, mask):
 def test_backward_mask_runs_variants_compile(hdim, fields, mask):
     cfg = bwd_config("bf16", hdim, mask_runs=True, **fields, **MASKS[mask])
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, mask_runs=True, **fields, **MASKS[mask])
-    _check_keys_report(report, cfg, mask, bodies=_mask_runs_bodies(cfg))
+    _check_keys_report(report, cfg, mask)
 
 
 def test_backward_mask_runs_needs_key_split():

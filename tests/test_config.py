@@ -126,9 +126,15 @@ def test_backward_configs_fit(hdim, mask):
         assert (cfg.tile_n, cfg.num_do_stages, cfg.num_dq_chunks) == expected and cfg.num_stages == 2
     else:
         assert cfg.kv_split == "keys"
-        # 128 query rows per step at hdim 64 (FA3's tile), 64 at 96 and 128
-        assert cfg.tile_m == (128 if hdim == 64 else 64)
-        assert cfg.ds_before_dv == (cfg.tile_m == 128)
+        # 128 query rows per step at hdim 64 (FA3's tile), 64 at 96, FA3 / FA4's 80 at 128 (dQ
+        # computed transposed)
+        assert cfg.tile_m == {64: 128, 96: 64, 128: 80}[hdim]
+        assert cfg.dq_transposed == (hdim == 128)
+        # hdim 64: FA4's step order without a mask, masked steps only at the edges with one
+        masked = bool(mask.get("causal") or mask.get("local"))
+        assert cfg.dv_after_ds == (hdim == 64 and not masked and not mask.get("softcap"))
+        assert cfg.ds_before_dv == (hdim in (64, 128) and not cfg.dv_after_ds)
+        assert cfg.mask_runs == (hdim == 128 or (masked and hdim in (64, 96)))
 
 
 @pytest.mark.parametrize(
@@ -253,19 +259,19 @@ def test_do_stages_default_follows_num_stages():
 
 @pytest.mark.parametrize("mask", MASKS)
 def test_backward_80_rows_config(mask):
-    # hdim 128 at FA3 / FA4's 80 query rows (a switch, not dispatched): dQ computed transposed, the
+    # hdim 128 at FA3 / FA4's 80 query rows (dispatched since session 6): dQ computed transposed, the
     # 208-register accumulator exception, LSE / D stages 128-byte aligned for their TMA
-    assert not config.bwd_config("bf16", 128, **mask).dq_transposed
-    cfg = config.bwd_config("bf16", 128, tile_m=80, **mask)
+    cfg = config.bwd_config("bf16", 128, **mask)
+    assert cfg == config.bwd_config("bf16", 128, tile_m=80, **mask)
     assert cfg.dq_transposed and cfg.ds_before_dv and not cfg.dq_by_rows
     assert cfg.tile_m + cfg.hdim == 208 and cfg.row_stride == 96
     stages = cfg.num_stages + cfg.num_do_stages
     kv, q_do, ds, dq = 2 * 128 * 128 * 2, stages * 80 * 128 * 2, 128 * 80 * 2, 80 * 128 * 4
     assert cfg.smem_bytes() == 1024 + kv + q_do + stages * 96 * 4 + ds + dq + 8 * (2 + 2 * stages)
     assert dataclasses.replace(cfg, ds_stages=2).smem_bytes() <= SMEM_CAPACITY
-    # whole 32-row multiples keep their rows unpadded (the dispatched kernels' smem is unchanged)
+    # whole 32-row multiples keep their rows unpadded
     assert all(config.bwd_config("bf16", d).row_stride == config.bwd_config("bf16", d).tile_m
-               for d in config.BWD_HDIMS)
+               for d in config.BWD_HDIMS if d != 128)
 
 
 @pytest.mark.parametrize(("fields", "match"), [
@@ -323,3 +329,12 @@ def test_cluster_grid_rounds_query_blocks_to_pairs():
     assert fwd_grid(two, 4097, 6, 3) == 2
     assert fwd_grid(two, 4097, 6, 1) == 2
     assert fwd_grid(two, 100, 1, 132) == 2
+
+
+def test_forward_wg_epilogue_dispatch():
+    # the per-warpgroup epilogue everywhere but hdim 64's 192-row causal tile with softcap (spills)
+    for hdim in SUPPORTED_HDIMS:
+        for causal, local, softcap in itertools.product((False, True), (False, True), (False, True)):
+            cfg = config.fwd_config("bf16", hdim, causal=causal, local=local, softcap=softcap)
+            assert cfg.wg_epilogue == (not (softcap and causal and cfg.tile_m == 192))
+    assert not config.fwd_config("bf16", 64, causal=True, softcap=True).wg_epilogue
