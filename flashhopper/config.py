@@ -307,8 +307,8 @@ class BwdConfig(_KernelConfig):
     # "keys": each consumer warpgroup owns 64 keys of dK and dV (hopper/bwd.py); "hdim": each owns
     # hdim / num_consumer_wg head-dim rows of dK^T and dV^T (hopper/bwd_wide.py)
     kv_split: str = "keys"
-    # dS^T smem buffers for kv_split "keys": with 2, step i writes buffer i % 2 and the consumer
-    # warpgroups sync once per step instead of twice
+    # dS^T smem buffers for kv_split "keys" (P and dS buffer pairs for "hdim"): with 2, step i
+    # writes buffer i % 2 and the consumer warpgroups sync once per step instead of twice
     ds_stages: int = 1
     # kv_split "keys", dQ = dS K: the consumer warpgroups split the query rows (each a 64 x hdim
     # tile, one WGMMA M tile with N = hdim) instead of the head dim (each tile_m x hdim / wg, so
@@ -401,7 +401,7 @@ class BwdConfig(_KernelConfig):
         kv = 2 * self.tile_n * self.hdim * 2
         q_do = stages * self.tile_m * self.hdim * 2
         rows = stages * self.row_stride * 4
-        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else self.ds_stages)
+        ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1) * self.ds_stages
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" else 0
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
@@ -439,14 +439,14 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):
             raise ValueError(f"hdim {self.hdim} must split into WGMMA N tiles across warpgroups for dQ")
+        if self.ds_stages not in (1, 2):
+            raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
         if self.kv_split == "keys":
             self._check_key_split()
 
     def _check_key_split(self) -> None:
-        if self.ds_stages not in (1, 2):
-            raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
         if self.dq_by_rows and self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"dq_by_rows needs tile_m {64 * self.num_consumer_wg} (64 query rows per "
                              f"consumer warpgroup), not {self.tile_m}")

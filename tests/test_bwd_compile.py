@@ -397,6 +397,25 @@ WIDE_VARIANTS = [
 ]
 
 
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("hdim", sorted(BWD_WIDE))
+def test_backward_wide_two_pds_buffers_compile(hdim, mask):
+    # ds_stages=2: P / dS buffer pairs alternate by step, so the "buffers free" barrier goes (one
+    # BAR fewer in SASS); same WGMMAs and commit groups, no spills, smem within the limit
+    cfg = bwd_config("bf16", hdim, ds_stages=2, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, ds_stages=2, **MASKS[mask])
+    _check_wide_report(report, cfg, mask)
+    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **MASKS[mask])["sass"]
+    assert report["sass"]["BAR"] == default["BAR"] - 1
+    assert report["sass"]["HGMMA_WAITS"] == default["HGMMA_WAITS"]
+
+
+def test_deterministic_wide_two_pds_buffers_compile():
+    cfg = bwd_config("bf16", 256, causal=True, deterministic=True, ds_stages=2)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, causal=True, deterministic=True, ds_stages=2)
+    _check_wide_report(report, cfg, "causal")
+
+
 @pytest.mark.parametrize(("hdim", "fields", "mask"), WIDE_VARIANTS)
 def test_backward_wide_variants_compile(hdim, fields, mask):
     cfg = bwd_config("bf16", hdim, **fields, **MASKS[mask])

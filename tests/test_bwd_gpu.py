@@ -285,6 +285,8 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
     (256, {"tile_n": 48}),
     (256, {"tile_n": 64, "do_stages": 0, "dq_chunks": 2}),
     (192, {"do_stages": 1}),
+    (256, {"ds_stages": 2}),  # two P / dS buffer pairs, one consumer barrier per step
+    (192, {"ds_stages": 2}),
 ])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
 def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
@@ -368,6 +370,12 @@ def _check_deterministic(d, causal, window):
     yard = attention_grads_in_dtype(q, k, v, dout, 1 / math.sqrt(d), causal, window, 0.0)
     for mine, exact, pt in zip(grads[0], ref, yard, strict=True):
         assert (mine.double() - exact).abs().max() <= 2 * (pt.double() - exact).abs().max() + 1e-3
+
+
+@pytest.mark.parametrize("d,causal,window", [(256, True, (-1, -1)), (192, False, (300, 40))])
+def test_deterministic_wide_two_pds_buffers_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(ds_stages=2):
+        _check_deterministic(d, causal, window)
 
 
 @pytest.mark.parametrize("d", [64, 256])

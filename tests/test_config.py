@@ -338,3 +338,13 @@ def test_forward_wg_epilogue_dispatch():
             cfg = config.fwd_config("bf16", hdim, causal=causal, local=local, softcap=softcap)
             assert cfg.wg_epilogue == (not (softcap and causal and cfg.tile_m == 192))
     assert not config.fwd_config("bf16", 64, causal=True, softcap=True).wg_epilogue
+
+
+def test_wide_backward_two_pds_buffers_fit():
+    # hdim 192 / 256 with two P / dS buffer pairs (BwdConfig.ds_stages=2, hopper/bwd_wide.py)
+    for hdim in config.BWD_WIDE:
+        one, two = config.bwd_config("bf16", hdim), config.bwd_config("bf16", hdim, ds_stages=2)
+        assert two.smem_bytes() - one.smem_bytes() == 2 * one.tile_m * one.tile_n * 2
+        assert two.smem_bytes() <= SMEM_CAPACITY
+    with pytest.raises(ValueError, match="ds_stages 3"):
+        config.bwd_config("bf16", 256, ds_stages=3)

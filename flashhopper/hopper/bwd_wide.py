@@ -75,7 +75,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         self.dq_chunks = cfg.num_dq_chunks
 
     def pds_smem_layout(self):
-        """(queries, keys) layout of the P and dS tiles, keys contiguous.
+        """(queries, keys, ds_stages) layout of the P and dS tiles, keys contiguous.
 
         The widest swizzle whose atom holds a whole number of each warpgroup's keys, since every
         warpgroup stores its own key columns (stmatrix, partitioned by the S / dP tiled MMA): at
@@ -85,10 +85,13 @@ class FlashBwdWideSm90(BwdKernelBase):
         each core matrix is 128 contiguous bytes, so stmatrix and WGMMA stay free of bank conflicts.
         """
         atom_cols = _atom_cols(self.dtype, self.tile_n)
+        # one pair of buffers keeps the 2-D layout (and the dispatched kernels' code) unchanged
+        stages = (self.cfg.ds_stages,) if self.cfg.ds_stages > 1 else ()
         if self.keys_per_wg % atom_cols == 0:
-            return L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n)
+            return L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n, *stages)
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_INTER, self.dtype)
-        return cute.tile_to_shape(atom, (self.tile_m, self.tile_n), order=(0, 1))
+        shape = (self.tile_m, self.tile_n, *stages)
+        return cute.tile_to_shape(atom, shape, order=tuple(range(len(shape))))
 
     @cute.jit
     def __call__(
@@ -274,7 +277,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         # dQ = dS K: A = dS (queries, keys), B = K^T (hdim, keys): this warpgroup's head-dim columns
         # (dq_chunks 2: chunk c is head-dim columns [c * hdim / 2, (c + 1) * hdim / 2), of which
         # warpgroup w adds the w-th hdim / (2 W))
-        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
         dq_cols = self.hdim // self.dq_chunks
         sKt = L.transpose_view(sK)
         if cutlass.const_expr(self.dq_chunks > 1):
@@ -309,6 +312,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(tidx)
         tPsP = st_copy.partition_D(sP)
         tdSsdS = st_copy.partition_D(sdS)
+        # ds_stages 2: step i writes P / dS buffer i % 2 (the last mode of every view above)
+        pds = Int32(0)
 
         issue = issue_gemm
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -380,16 +385,22 @@ class FlashBwdWideSm90(BwdKernelBase):
 
             # Every warpgroup reads every warpgroup's P and dS columns: overwrite them only once
             # all GEMMs of the previous query block are done (each warpgroup waited for its own
-            # before coming here), and issue the GEMMs only once all of them are written.
-            cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
-            cute.copy(st_atom, st_copy.retile(rP), tPsP)
-            cute.copy(st_atom, st_copy.retile(rdS), tdSsdS)
+            # before coming here), and issue the GEMMs only once all of them are written. With
+            # two buffers the first barrier goes: this step's buffer was last read two steps back,
+            # and every warpgroup finished those GEMMs before it arrived at the last step's "full".
+            if cutlass.const_expr(self.cfg.ds_stages == 1):
+                cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+            cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
+            cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
             # generic-proxy smem writes, read next by WGMMA (async proxy)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+            tVrP_s = self.pds_buffer(tVrP, pds)
+            tKrdS_s = self.pds_buffer(tKrdS, pds)
+            tQrdS_s = self.pds_buffer(tQrdS, pds)
             # dQ first, so its atomics run under dV and dK
-            issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[0], zero_init=True)
-            issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP, zero_init=False)
+            issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+            issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s, zero_init=False)
             if cutlass.const_expr(self.dq_chunks == 2):
                 # dQ in two halves through the same registers: the first's atomics under dV^T, the
                 # second's under dK^T
@@ -399,8 +410,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                                       window_left, window_right, tidx)
                 self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
                             softmax_scale)
-                issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[1], zero_init=True)
-                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS,
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                       zero_init=False)
                 warpgroup.wait_group(1)
                 # dV^T has read dO
@@ -412,7 +423,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
-                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS,
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                       zero_init=False)
                 warpgroup.wait_group(2)
                 if cutlass.const_expr(self.cfg.deterministic):
@@ -436,6 +447,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             state.advance()
             if cutlass.const_expr(self.do_stages != self.num_stages):
                 do_ring.advance()
+            if cutlass.const_expr(self.cfg.ds_stages == 2):
+                pds = pds ^ 1
 
         # dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows
         # past seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores.
@@ -457,6 +470,12 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+
+    def pds_buffer(self, t, pds):
+        """P / dS buffer `pds` of a view whose last mode is ds_stages (only when there are two)."""
+        if cutlass.const_expr(self.cfg.ds_stages == 2):
+            return t[None, None, None, pds]
+        return t
 
     @cute.jit
     def dq_turn_wait(self, mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
