@@ -111,14 +111,16 @@ bwd_timings)
   run wide_pds_cases python3 scripts/bwd_check.py --no-bench --case-hdims 192,256 --bwd-config ds_stages=2
   grep -E "cases failed" "$O/wide_pds_cases.log"
   run wide_pds python3 scripts/bwd_check.py --no-cases --hdims 192,256 --seqlens 1024,8192 \
-    --bwd-config default --bwd-config ds_stages=2 --bwd-config tile_n=64,do_stages=0,ds_stages=2
+    --bwd-config default --bwd-config ds_stages=2
+  run wide_pds64 python3 scripts/bwd_check.py --no-cases --hdims 256 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config tile_n=64,do_stages=0,ds_stages=2
   run bwd96 python3 scripts/bwd_check.py --no-cases --hdims 96 --seqlens 1024,8192 --bwd-config default \
     --bwd-config dk_rs=True --bwd-config dk_rs=True,ds_stages=1
   run bwd64 python3 scripts/bwd_check.py --no-cases --hdims 64 --seqlens 1024,8192 \
     --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
   [ -n "${WITH_PARTS:-}" ] && run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in wide_pds bwd96 bwd64 bwd_parts; do
+  for f in wide_pds wide_pds64 bwd96 bwd64 bwd_parts; do
     [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }
   done
   ;;
