@@ -340,6 +340,12 @@ class BwdConfig(_KernelConfig):
     # blocks); the masked body compares thread 0's compile-time coordinates against one limit per
     # key row. Same step order (docs/notes/bwd-keys-gap.md).
     mask_runs: bool = False
+    # The softmax scale applied to dS once, for free, instead of to dQ and dK: the preprocess stores
+    # D * scale, and dS = P (dP * scale - D * scale) turns the subtraction into an FFMA, so the
+    # per-step scaling of the dQ tile (32 FMUL a thread at hdim 64 / 128, 64 at 256: before the
+    # dQ hand-off, or before each atomic in hopper/bwd_wide.py) and dK's at the end go away.
+    # Rounds dS * scale instead of dS to bf16 / fp16 (the same relative error).
+    scale_in_ds: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0

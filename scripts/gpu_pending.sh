@@ -3,7 +3,7 @@
 #
 #   source .device/setup.sh && bash scripts/gpu_pending.sh grids         # forward + backward grids
 #   source .device/setup.sh && bash scripts/gpu_pending.sh fwd_timings   # ablations, hdim 256 short, cluster
-#   source .device/setup.sh && bash scripts/gpu_pending.sh bwd_timings   # wide P/dS x2, hdim 96 dk_rs, 64
+#   source .device/setup.sh && bash scripts/gpu_pending.sh bwd_timings   # scale_in_ds, wide P/dS x2, 96, 64
 #   source .device/setup.sh && bash scripts/gpu_pending.sh verify        # the tests of the dispatched kernels
 #
 # (`tests` runs every GPU test file in full, switches included; `combos`, `failed` are session 6's.)
@@ -108,6 +108,10 @@ fwd_timings)
   done
   ;;
 bwd_timings)
+  run sid_cases python3 scripts/bwd_check.py --no-bench --case-hdims 64,96,128,192,256 --bwd-config scale_in_ds=True
+  grep -E "cases failed" "$O/sid_cases.log"
+  run sid python3 scripts/bwd_check.py --no-cases --hdims 64,128,256 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config scale_in_ds=True
   run wide_pds_cases python3 scripts/bwd_check.py --no-bench --case-hdims 192,256 --bwd-config ds_stages=2
   grep -E "cases failed" "$O/wide_pds_cases.log"
   run wide_pds python3 scripts/bwd_check.py --no-cases --hdims 192,256 --seqlens 1024,8192 \
@@ -120,7 +124,7 @@ bwd_timings)
     --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
   [ -n "${WITH_PARTS:-}" ] && run bwd_parts python3 scripts/bwd_parts.py 64,128,256 512,8192
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in wide_pds wide_pds64 bwd96 bwd64 bwd_parts; do
+  for f in sid wide_pds wide_pds64 bwd96 bwd64 bwd_parts; do
     [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }
   done
   ;;

@@ -323,6 +323,41 @@ def test_deterministic_wide_backward_compiles(hdim, mask):
     assert report["sass"]["BAR"] == default["BAR"] + 2
 
 
+@pytest.mark.parametrize(("hdim", "mask"), [(64, "none"), (64, "causal"), (96, "softcap"), (128, "none"),
+                                           (128, "local"), (192, "causal"), (256, "none"), (256, "softcap")])
+def test_backward_scale_in_ds_compiles(hdim, mask):
+    # the softmax scale carried by dS: the same WGMMAs and waits as the default kernel, no spills,
+    # and fewer instructions (no scaling of the dQ tile per step, nor of dK at the end)
+    cfg = bwd_config("bf16", hdim, scale_in_ds=True, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, scale_in_ds=True, **MASKS[mask])
+    if hdim in BWD_WIDE:
+        _check_wide_report(report, cfg, mask)
+    else:
+        _check_keys_report(report, cfg, mask)
+    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **MASKS[mask])
+    assert report["sass"]["HGMMA_WAITS"] == default["sass"]["HGMMA_WAITS"]
+    assert report["instructions"] < default["instructions"]
+
+
+def test_backward_scaled_preprocess_compiles():
+    """BwdConfig.scale_in_ds's preprocess (D times a runtime scale): one FMUL more than the
+    default one, the same loads."""
+    import tempfile
+
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import compile_bwd_pre
+
+    reports = []
+    for scale_d in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            compiled = compile_bwd_pre("bf16", 128, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False,
+                                       scale_d=scale_d)
+            reports.append(inspect_cubin(compiled.__cubin__))
+    plain, scaled = reports
+    assert scaled["spill_bytes"] == 0 and scaled["sass"]["LDG.128"] == plain["sass"]["LDG.128"]
+    assert scaled["instructions"] > plain["instructions"]
+
+
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_backward_preprocess_compiles(hdim):
     """O and dO are read with 16-byte loads, every one of a thread's rows before the first

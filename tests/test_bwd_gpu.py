@@ -153,6 +153,26 @@ def test_backward_dq_per_wg(d, fields, dtype, b, sq, sk, hq, hk, causal, window,
         run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.parametrize(("d", "fields", "dtype"), [
+    (64, {"scale_in_ds": True}, _BF16), (64, {"scale_in_ds": True}, _FP16),
+    (96, {"scale_in_ds": True}, _BF16),
+    (128, {"scale_in_ds": True}, _BF16), (128, {"scale_in_ds": True}, _FP16),
+    (128, {"scale_in_ds": True, "tile_m": 64}, _BF16), (192, {"scale_in_ds": True}, _BF16),
+    (256, {"scale_in_ds": True}, _BF16), (256, {"scale_in_ds": True, "ds_stages": 2}, _FP16)])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _SWITCH_CASES)
+def test_backward_scale_in_ds(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
+    """The softmax scale carried by dS (BwdConfig.scale_in_ds: D * scale from the preprocess, no
+    scaling of dQ or dK) agrees with the reference."""
+    with runtime.bwd_config_overrides(**fields):
+        run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d,causal,window", [(128, True, (-1, -1)), (256, False, (300, 40))])
+def test_deterministic_scale_in_ds_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(scale_in_ds=True):
+        _check_deterministic(d, causal, window)
+
+
 _80 = {"tile_m": 80}
 
 

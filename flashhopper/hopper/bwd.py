@@ -553,7 +553,10 @@ class FlashBwdSm90(BwdKernelBase):
         # done) and TMA stores, which also drop the rows past seqlen_k. dK carries the softmax
         # scale: dS is the gradient of the scaled scores.
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        if cutlass.const_expr(self.cfg.scale_in_ds):
+            rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
+        else:
+            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
@@ -594,7 +597,8 @@ class FlashBwdSm90(BwdKernelBase):
         warpgroup.wait_group(1)
 
         to_probs = make_to_probs(m_block, sLSE[None, state.index])
-        p_ds = partial(self.p_ds_element, acc_S_rc=acc_S_rc, acc_dP_rc=acc_dP_rc, to_probs=to_probs)
+        p_ds = partial(self.p_ds_element, acc_S_rc=acc_S_rc, acc_dP_rc=acc_dP_rc, to_probs=to_probs,
+                       ds_scale=softmax_scale if self.cfg.scale_in_ds else None)
         if cutlass.const_expr(self.has_softcap):
             # only tanh here, under the dP GEMM: keeping (1 - tanh^2) in registers until
             # dS would spill, so P and dS are both formed after the wait from tanh
@@ -704,7 +708,8 @@ class FlashBwdSm90(BwdKernelBase):
             cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
         else:
             cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
-        acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
+        if cutlass.const_expr(not self.cfg.scale_in_ds):
+            acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
         cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
         cute.arch.fence_view_async_shared()
         if cutlass.const_expr(self.cfg.dq_per_wg):
@@ -743,16 +748,24 @@ class FlashBwdSm90(BwdKernelBase):
 
     @cute.jit
     def p_ds_element(self, r: cutlass.Constexpr[int], c: cutlass.Constexpr[int], d_row, acc_S_rc, acc_dP_rc,
-                     to_probs):
+                     to_probs, ds_scale=None):
         """dS^T[r, c] = P^T (dP^T - D[query]) in place of dP^T; with softcap P^T is formed here
-        from tanh (in place of it) and dS^T takes the tanh derivative."""
+        from tanh (in place of it) and dS^T takes the tanh derivative. `ds_scale` (scale_in_ds,
+        a trace-time choice): d_row is D * scale and dS^T comes out times the scale, one FFMA."""
         if cutlass.const_expr(self.has_softcap):
             t = acc_S_rc[r, c]
             p = to_probs(r=r, c=c, s=t)
             acc_S_rc[r, c] = p
-            acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row) * (Float32(1.0) - t * t)
+            acc_dP_rc[r, c] = p * self.dp_minus_d(acc_dP_rc[r, c], d_row, ds_scale) * (Float32(1.0) - t * t)
         else:
-            acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row)
+            acc_dP_rc[r, c] = acc_S_rc[r, c] * self.dp_minus_d(acc_dP_rc[r, c], d_row, ds_scale)
+
+    @staticmethod
+    def dp_minus_d(dp, d_row, ds_scale):
+        """dP^T - D, or with scale_in_ds (D arrived times the scale) dP^T * scale - D: one FFMA."""
+        if cutlass.const_expr(ds_scale is None):
+            return dp - d_row
+        return dp * ds_scale - d_row
 
     def legacy_probs(self, m_block, sLSE, **fields):
         """to_probs of one step without mask_runs: every element tests its own coordinates."""

@@ -44,6 +44,8 @@ def lanes_per_row(hdim: int) -> int:
 
 
 class BwdPreprocess:
+    """D = rowsum(dO * O) (BwdPreprocessScaled: times the softmax scale, BwdConfig.scale_in_ds)."""
+
     def __init__(self, dtype: str, hdim: int):
         if hdim % VEC:
             raise ValueError(f"hdim {hdim} must be a multiple of {VEC} for the backward preprocess")
@@ -70,6 +72,12 @@ class BwdPreprocess:
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
                mD: cute.Tensor):
+        self.rows(mO, mdO, mLSE, mLSE2, mD, None)
+
+    @cute.jit
+    def rows(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+             mD: cute.Tensor, d_scale):
+        """`d_scale` None (a trace-time choice): D unscaled, the kernel unchanged."""
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
@@ -106,4 +114,22 @@ class BwdPreprocess:
                 if rLSE[p] != -math.inf:
                     lse2 = rLSE[p] * LOG2E
                 mLSE2[batch, head, row] = lse2
+                if cutlass.const_expr(d_scale is not None):
+                    acc = acc * d_scale
                 mD[batch, head, row] = acc
+
+
+class BwdPreprocessScaled(BwdPreprocess):
+    """The preprocess for BwdConfig.scale_in_ds: D * softmax_scale."""
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+                 mD: cute.Tensor, d_scale: Float32, stream: cuda.CUstream):
+        grid = (cute.size(mD.shape[2]) // ROWS_PER_CTA, cute.size(mD.shape[1]), cute.size(mD.shape[0]))
+        self.kernel(mO, mdO, mLSE, mLSE2, mD, d_scale).launch(grid=grid, block=[32 * WARPS, 1, 1],
+                                                              stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+               mD: cute.Tensor, d_scale: Float32):
+        self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale)

@@ -367,7 +367,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                         t = acc_S_rc[r, c]
                         p = self.prob(t, coord_rc[r, c][1], lse[r], lo[r], hi[r], scale_log2)
                         acc_S_rc[r, c] = p
-                        acc_dP_rc[r, c] = p * (acc_dP_rc[r, c] - d_row[r]) * (Float32(1.0) - t * t)
+                        acc_dP_rc[r, c] = p * self.dp_minus_d(acc_dP_rc[r, c], d_row[r], softmax_scale) * (
+                            Float32(1.0) - t * t)
             else:
                 # P under the dP GEMM, dS once it lands
                 for r in cutlass.range_constexpr(num_rows):
@@ -377,7 +378,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 warpgroup.wait_group(0)
                 for r in cutlass.range_constexpr(num_rows):
                     for c in cutlass.range_constexpr(num_cols):
-                        acc_dP_rc[r, c] = acc_S_rc[r, c] * (acc_dP_rc[r, c] - d_row[r])
+                        acc_dP_rc[r, c] = acc_S_rc[r, c] * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
+                                                                           softmax_scale)
             rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))
             rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
@@ -453,7 +455,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         # dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows
         # past seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores.
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        if cutlass.const_expr(self.cfg.scale_in_ds):
+            rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
+        else:
+            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
         # Every warpgroup's S / dP read all head-dim columns of its keys' K / V rows, and its dQ
@@ -470,6 +475,12 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+
+    def dp_minus_d(self, dp, d, softmax_scale):
+        """dP - D, or with scale_in_ds (D arrived times the scale) dP * scale - D: one FFMA."""
+        if cutlass.const_expr(self.cfg.scale_in_ds):
+            return dp * softmax_scale - d
+        return dp - d
 
     def pds_buffer(self, t, pds):
         """P / dS buffer `pds` of a view whose last mode is ds_stages (only when there are two)."""
@@ -525,6 +536,10 @@ class FlashBwdWideSm90(BwdKernelBase):
             if row < seqlen_q:
                 row_ptr = base + row * row_stride
                 for c in cutlass.range_constexpr(0, cute.size(acc_rc, mode=[1]), 2):
-                    pair[0] = acc_rc[r, c] * softmax_scale  # so the host only casts dQaccum
-                    pair[1] = acc_rc[r, c + 1] * softmax_scale
+                    if cutlass.const_expr(self.cfg.scale_in_ds):  # dS carried the scale
+                        pair[0] = acc_rc[r, c]
+                        pair[1] = acc_rc[r, c + 1]
+                    else:  # so the host only casts dQaccum
+                        pair[0] = acc_rc[r, c] * softmax_scale
+                        pair[1] = acc_rc[r, c + 1] * softmax_scale
                     cute.arch.atomic_add(row_ptr + crd_rc[r, c][1], pair.load())

@@ -245,13 +245,18 @@ def _fake_pre(dtype: str, hdim: int):
     return t4(), t4(), rows(sq), rows(sq_pad), rows(sq_pad)
 
 
-def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None):
-    """The backward preprocess (D and log2-LSE rows), compiled without a GPU."""
-    from flashhopper.hopper.bwd_pre import BwdPreprocess
+def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
+                    scale_d: bool = False):
+    """The backward preprocess (D and log2-LSE rows), compiled without a GPU. `scale_d`: D times
+    a runtime softmax scale (BwdConfig.scale_in_ds)."""
+    from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled
 
     tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    if scale_d:
+        return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
+                            stream, options=opts.strip())
     return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream, options=opts.strip())
 
 
@@ -269,10 +274,10 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
-    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim)
+    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds)
     pre = _cache.get(pre_key)
     if pre is None:
-        pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim)
+        pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
@@ -282,7 +287,10 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     rows = -(-sq_pad // ROWS_PER_CTA) * ROWS_PER_CTA
     lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
-    pre(out, dout, lse, lse_log2, d_rows)
+    if cfg.scale_in_ds:
+        pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
+    else:
+        pre(out, dout, lse, lse_log2, d_rows)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     if deterministic:
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
