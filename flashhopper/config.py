@@ -521,15 +521,15 @@ _BWD_TILE_M: dict[int, int] = {64: 128, 128: 80}
 # there. At 64-row steps two measured +0.4..+2.0% at hdim 96 (4 of 4 points) and -0.8..+4.4% at
 # 128 (noise): 96 takes them, 128 keeps one.
 _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
-# Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64
-# both measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%);
-# dk_rs at hdim 128 measured -7..+2% and stays off. The per-warpgroup dQ hand-off (dq_per_wg)
-# measured +3.1..+4.8% at hdim 64 and +1.1..+5.5% at hdim 128 (8 of 8 points, session 5); hdim 96
-# has the same 64-row step as 128 and takes it too. Session 6 (H200, docs/benchmarks.md): hdim 128's
-# 80-row step with dk_rs and mask_runs +2.1..+5.9% over session 5's default (4 of 4 points);
-# mask_runs alone +0.8..+4.3% at hdim 64 and +0.5..+2.7% at 96 with a mask (noise without one);
-# hdim 64's FA4 step order (ds_then_dv) +1.5..+3.5% without a mask, +-0.4% with one, and with
-# mask_runs the two together measured below either alone, so hdim 64 takes one or the other.
+# Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
+# measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
+# 128 measured -7..+2% at 64-row steps (on with 80 rows, below). The per-warpgroup dQ hand-off (dq_per_wg)
+# measured +3.1..+4.8% at hdim 64 and +1.1..+5.5% at hdim 128 (8 of 8 points, session 5); hdim 96 has the
+# same 64-row step as 128 and takes it too. Session 6 (H200, docs/benchmarks.md): hdim 128's 80-row step
+# with dk_rs and mask_runs +2.1..+5.9% over session 5's default (4 of 4 points); mask_runs alone +0.8..+4.3%
+# at hdim 64 and +0.5..+2.7% at 96 with a mask (noise without one); hdim 64's FA4 step order (ds_then_dv)
+# +1.5..+3.5% without a mask, +-0.4% with one, and with mask_runs the two together measured below either
+# alone, so hdim 64 takes one or the other.
 _BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True},
                                        96: {"dq_per_wg": True},
                                        128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True}}

@@ -16,7 +16,8 @@ from flashhopper.config import FwdConfig
 # Names of boolean FwdConfig fields that the ablation turns off; a new switch (e.g. persistent)
 # joins the table by adding its name here. Kept out of config.py so that file only describes
 # kernels, not experiments.
-ABLATION_SWITCHES = ("pingpong", "intra_wg_overlap", "persistent", "dynamic_sched", "reg_realloc", "wg_epilogue")
+ABLATION_SWITCHES = ("pingpong", "intra_wg_overlap", "persistent", "dynamic_sched", "reg_realloc",
+                     "wg_epilogue")
 MODES = (("non-causal", False), ("causal", True))
 SEQLEN, HDIM = 8192, 128  # batch 2, 16 heads with the grid's 16384 tokens and hidden 2048
 # An ablation variant changes scheduling only; the output must match everything-on to bf16 noise.
