@@ -619,10 +619,7 @@ class FlashBwdSm90(BwdKernelBase):
             self.ds_free_barrier()
             tVrdO_i = tVrdO[None, None, None, state.index]
             for k in cutlass.range_constexpr(num_chunks):
-                for c in cutlass.range_constexpr(k * chunk_cols, (k + 1) * chunk_cols):
-                    d_row = sD[coord_rc[0, c][1], state.index]
-                    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                        p_ds(r=r, c=c, d_row=d_row)
+                self.form_ds(p_ds, acc_S_rc, coord_rc, sD, state, range(k * chunk_cols, (k + 1) * chunk_cols))
                 tPrP[None, None, k].store(acc_S_as_a[None, None, k].load().to(self.dtype))
                 rdS_k = tdSrdS[(None, k), None, None]
                 rdS_k.store(tdSrdP[(None, k), None, None].load().to(self.dtype))
@@ -645,33 +642,19 @@ class FlashBwdSm90(BwdKernelBase):
             # this step's dV / dK work is queued, so no in-flight WGMMA pins the fp32 S^T / dP^T
             # registers they come from (with dV issued before dS^T's conversion, ptxas
             # serialized every WGMMA for lack of registers, C7512)
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                d_row = sD[coord_rc[0, c][1], state.index]
-                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                    p_ds(r=r, c=c, d_row=d_row)
+            self.form_ds(p_ds, acc_S_rc, coord_rc, sD, state)
             tPrP_as_acc.store(acc_S.load().to(self.dtype))
-            if cutlass.const_expr(self.cfg.dk_rs):
-                rdS = rdS_dk
-            else:
-                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-            rdS.store(acc_dP.load().to(self.dtype))
+            rdS = self.ds_operand(rdS_dk, acc_dP)
             self.ds_free_barrier()
             cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
             issue_gemm(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
             cute.arch.fence_view_async_shared()
         else:
             # dS^T = P^T (dP^T - D[query])
-            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                d_row = sD[coord_rc[0, c][1], state.index]
-                for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-                    p_ds(r=r, c=c, d_row=d_row)
+            self.form_ds(p_ds, acc_S_rc, coord_rc, sD, state)
             tPrP_as_acc.store(acc_S.load().to(self.dtype))
             issue_gemm(tiled_mma_dkv, acc_dV, tPrP, tVrdO[None, None, None, state.index], zero_init=False)
-            if cutlass.const_expr(self.cfg.dk_rs):
-                rdS = rdS_dk
-            else:
-                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-            rdS.store(acc_dP.load().to(self.dtype))
+            rdS = self.ds_operand(rdS_dk, acc_dP)
 
             # dS^T to smem, for dK (this warpgroup's keys) and dQ = dS K (both warpgroups' keys)
             self.ds_free_barrier()
@@ -721,6 +704,21 @@ class FlashBwdSm90(BwdKernelBase):
         pipe_q.consumer_release(state)
         if cutlass.const_expr(not self.cfg.dv_after_ds):
             pipe_do.consumer_release(state)
+
+    @staticmethod
+    def form_ds(p_ds, acc_S_rc, coord_rc, sD, state, cols=None):
+        """dS^T (and with softcap P^T) in place over the accumulator columns `cols` (all of them
+        by default): each column is one query, whose D row is read once."""
+        for c in cols if cols is not None else range(cute.size(acc_S_rc, mode=[1])):
+            d_row = sD[coord_rc[0, c][1], state.index]
+            for r in range(cute.size(acc_S_rc, mode=[0])):  # plain Python: unrolled at trace time
+                p_ds(r=r, c=c, d_row=d_row)
+
+    def ds_operand(self, rdS_dk, acc_dP):
+        """dS^T in 16 bits: into dK's register A operand with dk_rs, else a fresh fragment."""
+        rdS = rdS_dk if cutlass.const_expr(self.cfg.dk_rs) else cute.make_rmem_tensor_like(acc_dP, self.dtype)
+        rdS.store(acc_dP.load().to(self.dtype))
+        return rdS
 
     @cute.jit
     def ds_free_barrier(self):

@@ -759,28 +759,7 @@ class FlashFwdSm90:
 
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        if cutlass.const_expr(self.cfg.wg_epilogue):
-            self.store_o_per_wg(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch)
-        else:
-            if cutlass.const_expr(self.cfg.o_buffer):
-                if tidx < 32:  # the previous tile's O store must be done reading sO
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-            # nobody writes sO before that, nor (when sO is Q's buffer) before every consumer is
-            # done with its QK^T
-            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-            self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
-            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-            if tidx < 32:
-                gO = cute.local_tile(mO[None, None, head, batch], (self.tile_m, self.hdim_v), (m_block, 0))
-                tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
-                                                   cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
-                cute.copy(tma_atom_O, tOsO, tOgO)
-                cute.arch.cp_async_bulk_commit_group()
-                if cutlass.const_expr(not self.cfg.o_buffer):
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if cutlass.const_expr(not self.cfg.o_buffer):
-                # Q's buffer is free for the next tile only once the store has read it
-                cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        self.store_o(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch)
 
     @cute.jit
     def o_to_smem(self, rO, sO, tiled_mma_pv, tidx):
@@ -797,31 +776,42 @@ class FlashFwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
-    def store_o_per_wg(self, rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch):
-        """FwdConfig.wg_epilogue: this warpgroup's 64 rows of O through its own part of sO and its
-        own TMA store, synchronized on its own barrier only. The rows are the ones its QK^T read
-        from Q, so with O staged in Q's buffer no other warpgroup still needs them."""
-        wg = cute.arch.make_warp_uniform(tidx // 128)
-        first_warp = tidx % 128 < 32
+    def store_o(self, rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch):
+        """O through sO and a TMA store. Shared epilogue: the whole tile, all consumers meeting on
+        one barrier. FwdConfig.wg_epilogue: this warpgroup's 64 rows through its own part of sO and
+        its own TMA store, synchronized on its own barrier only; the rows are the ones its QK^T
+        read from Q, so with O staged in Q's buffer no other warpgroup still needs them."""
+        if cutlass.const_expr(self.cfg.wg_epilogue):
+            part = cute.arch.make_warp_uniform(tidx // 128)
+            rows, row_block = 64, m_block * self.num_consumer_wg + part
+            barrier_id, threads = _BAR_EPILOGUE_WG + part, 128
+            first_warp = tidx % 128 < 32
+        else:
+            part, rows, row_block = 0, self.tile_m, m_block
+            barrier_id, threads = _BAR_EPILOGUE, self.num_consumer_threads
+            first_warp = tidx < 32
         if cutlass.const_expr(self.cfg.o_buffer):
-            if first_warp:  # this warpgroup's previous store must be done reading its part
+            if first_warp:  # the previous store from this part of sO must be done reading it
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE_WG + wg, number_of_threads=128)
+        # nobody writes sO before that, nor (when sO is Q's buffer) before the warpgroups that read
+        # those rows of Q are done with their QK^T
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
         self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE_WG + wg, number_of_threads=128)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
         if first_warp:
-            gO = cute.local_tile(mO[None, None, head, batch], (64, self.hdim_v),
-                                 (m_block * self.num_consumer_wg + wg, 0))
-            sO_wg = cute.local_tile(sO, (64, self.hdim_v), (wg, 0))
+            gO = cute.local_tile(mO[None, None, head, batch], (rows, self.hdim_v), (row_block, 0))
+            sO_part = sO
+            if cutlass.const_expr(self.cfg.wg_epilogue):
+                sO_part = cute.local_tile(sO, (rows, self.hdim_v), (part, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
-                                               cute.group_modes(sO_wg, 0, 2), cute.group_modes(gO, 0, 2))
+                                               cute.group_modes(sO_part, 0, 2), cute.group_modes(gO, 0, 2))
             cute.copy(tma_atom_O, tOsO, tOgO)
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(not self.cfg.o_buffer):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         if cutlass.const_expr(not self.cfg.o_buffer):
             # these rows of Q's buffer are free for the next tile once the store has read them
-            cute.arch.barrier(barrier_id=_BAR_EPILOGUE_WG + wg, number_of_threads=128)
+            cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
 
     def o_part_layout(self, sO_layout):
         """One warpgroup's 64 rows of the sO layout (the TMA store's smem side with wg_epilogue).
