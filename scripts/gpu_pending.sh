@@ -98,12 +98,12 @@ verify)  # session 6: the GPU tests that cover the dispatched kernels, four proc
   done
   ;;
 fwd_timings)
+  run short256 python3 scripts/tune_fwd.py short256
   run ablation_causal python3 -m flashhopper.cli bench --ablation --causal yes
   run ablation python3 -m flashhopper.cli bench --ablation --causal no
-  run short256 python3 scripts/tune_fwd.py short256
   run cluster python3 scripts/tune_fwd.py cluster
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in ablation_causal ablation short256 cluster; do
+  for f in short256 ablation_causal ablation cluster; do
     [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -30; }
   done
   ;;
