@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -76,6 +77,22 @@ def _cmd_bench(args) -> int:
             print(f"flashhopper bench: {flag} applies to the grid, not to --ablation (forward only)",
                   file=sys.stderr)
             return 2
+    from flashhopper.config import BwdConfig, FwdConfig, parse_overrides
+
+    try:
+        overrides = parse_overrides(",".join(args.set))
+    except ValueError:
+        print(f"flashhopper bench: --set takes KEY=VALUE (an int or true / false), got {args.set}",
+              file=sys.stderr)
+        return 2
+    fields = {f.name for f in dataclasses.fields(BwdConfig if args.bwd else FwdConfig)}
+    if args.ablation and overrides:
+        print("flashhopper bench: --set applies to the grid, not to --ablation", file=sys.stderr)
+        return 2
+    if unknown := sorted(set(overrides) - fields):
+        print(f"flashhopper bench: --set {unknown} not a field of {'BwdConfig' if args.bwd else 'FwdConfig'}",
+              file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
@@ -102,7 +119,8 @@ def _cmd_bench(args) -> int:
         points = [p for p in quick_grid() if p.causal in causal and (not args.hdim or p.hdim in args.hdim)]
     else:
         points = standard_grid(hdims=args.hdim or HDIMS, causal=causal, seqlens=args.seqlen or SEQLENS)
-    report = run_bench(points, dtype=args.dtype, json_path=args.json, backward=args.bwd)
+    report = run_bench(points, dtype=args.dtype, json_path=args.json, backward=args.bwd,
+                       overrides=overrides)
     if args.plot:
         from flashhopper.bench.plot import plot_report
 
@@ -153,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", action="store_true",
                    help="instead of the grid: hdim 128, seqlen 8k with each scheduling switch off")
     p.add_argument("--plot", metavar="PNG", help="also draw the grid as a PNG (needs matplotlib)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="run flashhopper with this config field instead of the dispatched one (FwdConfig, "
+                        "BwdConfig with --bwd), e.g. --set pingpong=false; repeatable; recorded in the JSON")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("plot", help="draw a `bench --json` result as TFLOP/s vs seqlen (needs matplotlib)")

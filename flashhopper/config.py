@@ -519,8 +519,10 @@ _BWD_TILE_M: dict[int, int] = {64: 128, 128: 80}
 # dS^T smem buffers per hdim (BwdConfig.ds_stages). Two at hdim 64 (128-row steps): one consumer
 # warpgroup sync per step instead of two, +1..+3% on the H200 (docs/benchmarks.md); the smem is
 # there. At 64-row steps two measured +0.4..+2.0% at hdim 96 (4 of 4 points) and -0.8..+4.4% at
-# 128 (noise): 96 takes them, 128 keeps one.
-_BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
+# 128 (noise): 96 takes them, 128 keeps one. The wide kernel (hdim 192 / 256, one P / dS buffer
+# pair per stage, 223 KiB at 256): two pairs drop its "buffers free" barrier, +0.2..+3.0% in 8 of 8
+# points on the H200 (session 7, docs/benchmarks.md).
+_BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
 # measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
 # 128 measured -7..+2% at 64-row steps (on with 80 rows, below). The per-warpgroup dQ hand-off (dq_per_wg)
@@ -529,10 +531,12 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2}
 # with dk_rs and mask_runs +2.1..+5.9% over session 5's default (4 of 4 points); mask_runs alone +0.8..+4.3%
 # at hdim 64 and +0.5..+2.7% at 96 with a mask (noise without one); hdim 64's FA4 step order (ds_then_dv)
 # +1.5..+3.5% without a mask, +-0.4% with one, and with mask_runs the two together measured below either
-# alone, so hdim 64 takes one or the other.
+# alone, so hdim 64 takes one or the other. Session 7: the softmax scale carried by dS (scale_in_ds)
+# +1.5..+2.3% at hdim 128 (4 of 4 points); at hdim 64 -5..+1% (causal lower), at 256 -0.2..+2.6%.
 _BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True},
                                        96: {"dq_per_wg": True},
-                                       128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True}}
+                                       128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True,
+                                             "scale_in_ds": True}}
 # added to _BWD_KEYS_SWITCHES with no causal / local mask, and with one
 _BWD_KEYS_UNMASKED: dict[int, dict] = {64: {"ds_then_dv": True}}
 _BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": True}}

@@ -128,6 +128,35 @@ bwd_timings)
     [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }
   done
   ;;
+s7_fwd)  # session 7, GPU 0: the causal forward grid with ping-pong off and on, the non-causal grid, tests
+  run fwd_causal_pp python3 -m flashhopper.cli bench --causal yes --set pingpong=false --json "$O/fwd_causal_pp.json"
+  run fwd_causal python3 -m flashhopper.cli bench --causal yes --json "$O/fwd_causal.json"
+  run fwd_nc python3 -m flashhopper.cli bench --causal no --json "$O/fwd_nc.json"
+  FH_TEST_FWD_OVERRIDES=pingpong=false run fwd_pp_tests python3 -m pytest -q -rf --tb=short \
+    tests/test_fwd_gpu.py tests/test_api_gpu.py -k "not cluster"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd_causal_pp fwd_causal fwd_nc; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
+  [ -f "$O/fwd_pp_tests.log" ] && { echo "--- fwd_pp_tests"; grep -E "passed|failed|^FAILED|^rc" "$O/fwd_pp_tests.log" | tail -12; }
+  ;;
+s7_bwd)  # session 7, GPU 1: the backward grid with the new dispatch, then the backward tests of it
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
+  B=tests/test_bwd_gpu.py
+  t=$(($(left) - 10))
+  if [ "$t" -gt 40 ]; then
+    bg bwd_a "$t" python3 -m pytest -q -rf --tb=short $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv
+    bg bwd_b "$t" python3 -m pytest -q -rf --tb=short $B::test_deterministic_is_bitwise_reproducible \
+      $B::test_gradient_matches_finite_differences $B::test_noncontiguous_grad_output \
+      $B::test_deterministic_scale_in_ds_is_bitwise_reproducible $B::test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible \
+      $B::test_hopper_and_reference_backends_agree_through_autograd $B::test_backward_scale_in_ds
+    wait
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -44; }
+  for f in bwd_a bwd_b; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
   run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"

@@ -101,18 +101,34 @@ def format_row(row: dict, names) -> str:
 
 
 def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = None,
-              providers: list[Provider] | None = None, out=sys.stdout, backward: bool = False) -> dict:
-    """Time every provider at every point (with `backward`, the backward alone); print the table."""
+              providers: list[Provider] | None = None, out=sys.stdout, backward: bool = False,
+              overrides: dict | None = None) -> dict:
+    """Time every provider at every point (with `backward`, the backward alone); print the table.
+    `overrides`: config fields flashhopper's kernels run with instead of the dispatched ones
+    (FwdConfig, or BwdConfig with `backward`), recorded in the report."""
     providers = providers if providers is not None else default_providers()
     names = [p.name for p in providers]
     ceiling = matmul_tflops()
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
         "direction": "bwd" if backward else "fwd", "matmul_tflops": ceiling, "providers": names,
-        "results": [],
+        "overrides": dict(overrides or {}), "results": [],
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
           file=out, flush=True)
+    if overrides:
+        print(f"flashhopper config overrides: {overrides}", file=out, flush=True)
+    if not overrides:
+        return _run_points(report, points, providers, dtype, json_path, out, backward)
+    from flashhopper.hopper import runtime
+
+    with (runtime.bwd_config_overrides if backward else runtime.config_overrides)(**overrides):
+        return _run_points(report, points, providers, dtype, json_path, out, backward)
+
+
+def _run_points(report: dict, points: list[Point], providers: list[Provider], dtype: str,
+                json_path: str | None, out, backward: bool) -> dict:
+    names = report["providers"]
     what = "backward TFLOP/s (FLOPs = 2.5 x forward, backward alone)" if backward else "forward TFLOP/s"
     print(f"{what}; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
     print(format_header(names), file=out, flush=True)
