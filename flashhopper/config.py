@@ -55,6 +55,20 @@ def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
     return padded(wide) > _NARROW_PAD_RATIO * padded(narrow)
 
 
+# Causal hdim 256 on short sequences (queries and keys <= 512): 64-key tiles on the persistent grid
+# with the dynamic scheduler. Session 7 on the H200 (scripts/tune_fwd.py short256, two rounds): at 512
+# +10.6 / +13.3% over 80-key tiles one CTA per tile; at 1024 +1.3 / -2.9%, at 2048 -7.6 / +0.8%. The
+# narrower key tile wastes less of the diagonal block, and the persistent grid hides the prologue
+# of the many short tiles.
+_SHORT_CAUSAL = {256: {"tile_n": 64, "persistent": True, "dynamic_sched": True}}
+_SHORT_CAUSAL_MAX = 512
+
+
+def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
+    """Whether a causal forward takes _SHORT_CAUSAL (both lengths at most _SHORT_CAUSAL_MAX)."""
+    return causal and hdim in _SHORT_CAUSAL and 0 < max(seqlen_q, seqlen_k) <= _SHORT_CAUSAL_MAX
+
+
 @dataclass(frozen=True)
 class _KernelConfig:
     """What every kernel is specialized on: dtype, head dim and the mask kind."""
@@ -235,9 +249,10 @@ _FWD_WG_EPILOGUE = True
 
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False, narrow: bool = False) -> FwdConfig:
+               softcap: bool = False, narrow: bool = False, short: bool = False) -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
-    causal, and the query length would pad the usual tile (`fwd_narrow_tile`)."""
+    causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: causal with
+    short sequences (`fwd_short_causal`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
@@ -248,6 +263,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
                     persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128,
                     wg_epilogue=_FWD_WG_EPILOGUE and not (softcap and causal and tile_m == 192))
+    if short and causal and not local and hdim in _SHORT_CAUSAL:
+        cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim])
     cfg.check()
     return cfg
 

@@ -138,6 +138,30 @@ s7_fwd)  # session 7, GPU 0: the causal forward grid with ping-pong off and on, 
   for f in fwd_causal_pp fwd_causal fwd_nc; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
   [ -f "$O/fwd_pp_tests.log" ] && { echo "--- fwd_pp_tests"; grep -E "passed|failed|^FAILED|^rc" "$O/fwd_pp_tests.log" | tail -12; }
   ;;
+s7b_fwd)  # session 7, second call, GPU 0: the causal ablation twice around the forward grids, bf16 and fp16
+  run ablation_causal python3 -m flashhopper.cli bench --ablation --causal yes
+  run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  run ablation_causal2 python3 -m flashhopper.cli bench --ablation --causal yes
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in ablation_causal ablation_causal2; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -10; }; done
+  for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -42; }; done
+  ;;
+s7b_tests)  # session 7, second call, GPU 1: tests of the hdim-256 short causal forward, then the wide backward
+  F=tests/test_fwd_gpu.py
+  run fwd256 python3 -m pytest -q -rf --tb=short $F -k "256 or short"
+  t=$(($(left) - 10))
+  if [ "$t" -gt 40 ]; then
+    bg wide_a "$t" python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "wide"
+    bg runs_b "$t" python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "mask_runs"
+    wait
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd256 wide_a runs_b; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  ;;
 s7_bwd)  # session 7, GPU 1: the backward grid with the new dispatch, then the backward tests of it
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
   B=tests/test_bwd_gpu.py

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
-from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS
+from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, fwd_config
 
 MASKS = {
     "none": {},
@@ -37,6 +37,15 @@ def test_forward_hdim64_mask_with_softcap_compiles(dtype, mask):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_forward_hdim64_narrow_tile_compiles(dtype, mask):
     _check_forward(dtype, 64, MASKS[mask], tile_m=128, num_consumer_wg=2)
+
+
+# hdim 256 causal on short sequences (config.fwd_short_causal): 64-key tiles, persistent grid
+@pytest.mark.parametrize("softcap", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_hdim256_short_causal_compiles(dtype, softcap):
+    cfg = fwd_config(dtype, 256, causal=True, softcap=softcap, short=True)
+    _check_forward(dtype, 256, {**MASKS["causal"], "softcap": softcap}, tile_n=cfg.tile_n,
+                   persistent=cfg.persistent, dynamic_sched=cfg.dynamic_sched)
 
 
 # FA4's step schedule (docs/notes/fa4-schedule.md): K released and P @ V waited for right after the

@@ -273,6 +273,23 @@ def test_rescale_o_before_pv(d, causal, window, overlap, rescale_early, monkeypa
         run_case(2, 700, 333, 4, 1, d, causal=causal, window=window)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_causal_hdim256(dtype, softcap, monkeypatch):
+    """hdim 256 causal with both lengths <= 512 dispatches 64-key tiles on the persistent grid with
+    the dynamic scheduler (config.fwd_short_causal): ragged ends, more keys than queries and the
+    other way round, one row, and CTAs walking many tiles."""
+    from flashhopper import config
+    from flashhopper.hopper import runtime
+
+    cases = [(512, 512), (1, 1), (17, 17), (1, 512), (512, 1), (300, 500), (500, 300), (65, 129)]
+    assert all(config.fwd_short_causal(256, sq, sk, True) for sq, sk in cases)
+    for sq, sk in cases:
+        run_case(2, sq, sk, 4, 2, 256, dtype, causal=True, softcap=softcap)
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+    run_case(3, 500, 500, 4, 1, 256, dtype, causal=True, softcap=softcap)
+
+
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
     (128, torch.bfloat16, False, (-1, -1), 0.0, {}), (128, torch.bfloat16, True, (-1, -1), 0.0, {}),
     (128, torch.float16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, False, (-1, -1), 0.0, {}),

@@ -18,7 +18,15 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from flashhopper.config import BwdConfig, FwdConfig, bwd_config, fwd_config, fwd_grid, fwd_narrow_tile
+from flashhopper.config import (
+    BwdConfig,
+    FwdConfig,
+    bwd_config,
+    fwd_config,
+    fwd_grid,
+    fwd_narrow_tile,
+    fwd_short_causal,
+)
 from flashhopper.hopper.bwd_pre import ROWS_PER_CTA
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
 from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
@@ -165,7 +173,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     """
     causal, local, wl, wr = _mask_kind(causal, window_size)
     cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
-                     narrow=fwd_narrow_tile(q.shape[-1], q.shape[1], causal and not local))
+                     narrow=fwd_narrow_tile(q.shape[-1], q.shape[1], causal and not local),
+                     short=fwd_short_causal(q.shape[-1], q.shape[1], k.shape[1], causal and not local))
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     fn = _get_fwd(cfg)
