@@ -31,5 +31,6 @@ for seed in range(seeds):
     pt = [(g.double() - r).abs().max().item() for g, r in zip(yard, ref, strict=True)]
     print(f"seed {seed}: dq err default {row[0][0]:.4f} mask_runs=off {row[1][0]:.4f}"
           f" yardstick {pt[0]:.4f}"
-          f" ratio {row[0][0] / pt[0]:.2f} / {row[1][0] / pt[0]:.2f}; max|dq| {ref[0].abs().max().item():.2f};"
+          f" ratio {row[0][0] / pt[0]:.2f} / {row[1][0] / pt[0]:.2f};"
+          f" max|dq| {ref[0].abs().max().item():.2f};"
           f" dk ratio {row[0][1] / pt[1]:.2f} dv ratio {row[0][2] / pt[2]:.2f}", flush=True)
