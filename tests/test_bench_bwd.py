@@ -139,7 +139,7 @@ def test_cli_bench_bwd_runs_the_grid_backward(monkeypatch):
     assert cli.main(["bench", "--quick"]) == 0
     (bwd_points, bwd_kw), (fwd_points, fwd_kw) = calls
     assert bwd_points == [p for p in quick_grid() if p.hdim == 128] and len(bwd_points) == 4
-    assert bwd_kw == {"dtype": "bf16", "json_path": "x.json", "backward": True}
+    assert bwd_kw == {"dtype": "bf16", "json_path": "x.json", "backward": True, "overrides": {}}
     assert fwd_points == quick_grid() and fwd_kw["backward"] is False
 
 
@@ -154,7 +154,7 @@ def test_cli_bench_bwd_with_ablation_is_refused(capsys):
 def test_plot_title_says_the_direction():
     report = json.loads(GRID_JSON.read_text())
     report.pop("direction", None)  # grids written before --bwd have none: they are forward grids
-    assert "bf16 forward: flashhopper / max(cuDNN, FA4) geomean 0.97" in plot._title(report)
+    assert "bf16 forward: flashhopper / max(cuDNN, FA4) geomean 0.99" in plot._title(report)
     assert "bf16 backward: flashhopper / max(cuDNN, FA4)" in plot._title({**report, "direction": "bwd"})
     assert "backward" not in plot._title({**report, "direction": "fwd"})
 
@@ -165,3 +165,47 @@ def test_plot_renders_a_bwd_report(tmp_path):
     src.write_text(json.dumps({**json.loads(GRID_JSON.read_text()), "direction": "bwd"}))
     assert cli.main(["plot", str(src), str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_bench_set_passes_config_overrides(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner, "run_bench", lambda points, **kw: calls.append(kw) or {})
+    assert cli.main(["bench", "--quick", "--set", "pingpong=false", "--set", "tile_n=64"]) == 0
+    assert cli.main(["bench", "--bwd", "--quick", "--set", "scale_in_ds=True"]) == 0
+    assert [kw["overrides"] for kw in calls] == [{"pingpong": False, "tile_n": 64}, {"scale_in_ds": True}]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "--set", "nope=1"], "--set ['nope'] not a field of FwdConfig"),
+    (["bench", "--bwd", "--set", "pingpong=false"], "--set ['pingpong'] not a field of BwdConfig"),
+    (["bench", "--set", "pingpong"], "--set takes KEY=VALUE"),
+    (["bench", "--set", "tile_n=wide"], "--set takes KEY=VALUE"),
+    (["bench", "--ablation", "--set", "tile_n=64"], "--set applies to the grid, not to --ablation"),
+])
+def test_cli_bench_set_refuses_bad_fields(argv, message, capsys):
+    assert cli.main(argv) == 2  # before any GPU check: refused on a CPU machine too
+    assert message in capsys.readouterr().err
+
+
+def test_run_bench_records_and_applies_overrides(monkeypatch):
+    from flashhopper.hopper import runtime
+
+    seen = []
+    monkeypatch.setattr(runner, "matmul_tflops", lambda: 800.0)
+    monkeypatch.setattr(runner.torch.cuda, "get_device_name", lambda: "fake GPU")
+
+    def fake_run_point(p, providers, dtype, backward):
+        seen.append(dict(runtime._bwd_overrides if backward else runtime._overrides))
+        return {"hdim": p.hdim, "causal": p.causal, "seqlen": p.seqlen, "batch": p.batch, "heads": p.heads,
+                "tflops": {"flashhopper": 1.0}, "ratio": None, "errors": {}}
+
+    monkeypatch.setattr(runner, "run_point", fake_run_point)
+    point = make_point(1024, 128, False)
+    providers = [runner.Provider("flashhopper", None)]
+    report = runner.run_bench([point], providers=providers, out=io.StringIO(), overrides={"tile_n": 64})
+    report_bwd = runner.run_bench([point], providers=providers, out=io.StringIO(), backward=True,
+                                  overrides={"scale_in_ds": True})
+    assert seen == [{"tile_n": 64}, {"scale_in_ds": True}]
+    assert report["overrides"] == {"tile_n": 64} and report_bwd["overrides"] == {"scale_in_ds": True}
+    assert runtime._overrides == {} and runtime._bwd_overrides == {}  # restored after the run
