@@ -139,7 +139,7 @@ def test_cli_bench_bwd_runs_the_grid_backward(monkeypatch):
     assert cli.main(["bench", "--quick"]) == 0
     (bwd_points, bwd_kw), (fwd_points, fwd_kw) = calls
     assert bwd_points == [p for p in quick_grid() if p.hdim == 128] and len(bwd_points) == 4
-    assert bwd_kw == {"dtype": "bf16", "json_path": "x.json", "backward": True, "overrides": {}}
+    assert bwd_kw == {"dtype": "bf16", "json_path": "x.json", "backward": True, "overrides": {}, "rounds": 1}
     assert fwd_points == quick_grid() and fwd_kw["backward"] is False
 
 
@@ -182,6 +182,8 @@ def test_cli_bench_set_passes_config_overrides(monkeypatch):
     (["bench", "--set", "pingpong"], "--set takes KEY=VALUE"),
     (["bench", "--set", "tile_n=wide"], "--set takes KEY=VALUE"),
     (["bench", "--ablation", "--set", "tile_n=64"], "--set applies to the grid, not to --ablation"),
+    (["bench", "--rounds", "0"], "--rounds takes N >= 1"),
+    (["bench", "--ablation", "--rounds", "3"], "--rounds takes N >= 1, for the grid (not --ablation)"),
 ])
 def test_cli_bench_set_refuses_bad_fields(argv, message, capsys):
     assert cli.main(argv) == 2  # before any GPU check: refused on a CPU machine too
@@ -195,7 +197,8 @@ def test_run_bench_records_and_applies_overrides(monkeypatch):
     monkeypatch.setattr(runner, "matmul_tflops", lambda: 800.0)
     monkeypatch.setattr(runner.torch.cuda, "get_device_name", lambda: "fake GPU")
 
-    def fake_run_point(p, providers, dtype, backward):
+    def fake_run_point(p, providers, dtype, backward, rounds):
+        assert rounds == 1
         seen.append(dict(runtime._bwd_overrides if backward else runtime._overrides))
         return {"hdim": p.hdim, "causal": p.causal, "seqlen": p.seqlen, "batch": p.batch, "heads": p.heads,
                 "tflops": {"flashhopper": 1.0}, "ratio": None, "errors": {}}

@@ -58,3 +58,33 @@ def test_run_point_records_failures_and_ratio(monkeypatch):
     assert row["tflops"]["flashhopper"] == pytest.approx(point.flops / 2.0 / 1e9)
     assert row["tflops"]["fa4"] is None and row["errors"] == {"fa4": "RuntimeError: no kernel for this shape"}
     assert row["ratio"] == pytest.approx(1.0)
+
+
+def test_run_point_rounds_interleave_providers_and_take_the_median(monkeypatch):
+    from flashhopper.bench import runner
+    from flashhopper.bench.grid import Point
+
+    order, times = [], {"flashhopper": iter([2.0, 1.0, 4.0]), "cudnn": iter([2.0, 2.0, 2.0])}
+
+    def fake_time_ms(call):
+        order.append(call.name)
+        return next(times[call.name])
+
+    monkeypatch.setattr(runner, "time_ms", fake_time_ms)
+    providers = [runner.Provider(n, lambda q, k, v, c, n=n: _Call(n)) for n in ("flashhopper", "cudnn")]
+    point = Point(batch=1, seqlen=16, heads=2, hdim=64, causal=False)
+    row = runner.run_point(point, providers, device="cpu", rounds=3)
+    assert order == ["flashhopper", "cudnn"] * 3  # the providers take turns within each round
+    assert row["tflops"]["flashhopper"] == pytest.approx(point.flops / 2.0 / 1e9)  # median of 2, 1, 4 ms
+    assert row["spread"]["flashhopper"] == pytest.approx([point.flops / 4.0 / 1e9, point.flops / 1.0 / 1e9])
+    assert row["rounds"] == 3 and row["ratio"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        runner.run_point(point, providers, device="cpu", rounds=0)
+
+
+class _Call:
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self):
+        return None

@@ -83,7 +83,7 @@ def test_run_bench_prints_and_stores_the_summary(monkeypatch, tmp_path):
     monkeypatch.setattr(runner, "matmul_tflops", lambda: 800.0)
     monkeypatch.setattr(runner.torch.cuda, "get_device_name", lambda: "fake GPU")
 
-    def fake_run_point(p, providers, dtype, backward):
+    def fake_run_point(p, providers, dtype, backward, rounds):
         assert backward is False
         return {**rows[(p.hdim, p.causal, p.seqlen)], "batch": p.batch, "heads": p.heads, "errors": {}}
 

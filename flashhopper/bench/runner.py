@@ -58,28 +58,49 @@ def _short(exc: Exception) -> str:
 
 
 def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda",
-              backward: bool = False) -> dict:
-    """TFLOP/s of each provider at one point: the forward, or with `backward` the backward alone."""
+              backward: bool = False, rounds: int = 1) -> dict:
+    """TFLOP/s of each provider at one point: the forward, or with `backward` the backward alone.
+
+    With `rounds` > 1 every provider is timed that many times, the providers taking turns within
+    a round, and the median is reported (with min / max under "spread"): a clock or power swing
+    then hits every provider alike instead of whichever ran during it."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     shape = (point.batch, point.seqlen, point.heads, point.hdim)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
     dout = torch.randn(shape, device=device, dtype=dtype) if backward else None
     flops = point.bwd_flops if backward else point.flops
-    tflops, errors = {}, {}
+    tflops, errors, calls, samples = {}, {}, {}, {}
     for provider in providers:
         try:
             with provider.context():
                 fn = provider.timed_call(q, k, v, point.causal, dout)
                 fn()  # first call compiles / picks a kernel; keep it out of the timing
-                tflops[provider.name] = flops / time_ms(fn) / 1e9
+            calls[provider.name] = (provider, fn)
         except Exception as exc:  # one provider failing must not lose the rest of the row
             tflops[provider.name] = None
             errors[provider.name] = _short(exc)
+    for _ in range(rounds):
+        for name, (provider, fn) in list(calls.items()):
+            try:
+                with provider.context():
+                    samples.setdefault(name, []).append(flops / time_ms(fn) / 1e9)
+            except Exception as exc:
+                errors[name] = _short(exc)
+                del calls[name]
+    for provider in providers:
+        name = provider.name
+        if name in tflops:
+            continue
+        tflops[name] = statistics.median(samples[name]) if name in calls else None
+    spread = {n: [min(s), max(s)] for n, s in samples.items() if n in calls} if rounds > 1 else None
     peers = [tflops.get(name) for name in BEST_PEERS if tflops.get(name)]
     mine = tflops.get("flashhopper")
     ratio = mine / max(peers) if mine and peers else None
     return {
         "hdim": point.hdim, "causal": point.causal, "seqlen": point.seqlen, "batch": point.batch,
         "heads": point.heads, "flops": flops, "tflops": tflops, "ratio": ratio, "errors": errors,
+        **({"rounds": rounds, "spread": spread} if spread is not None else {}),
     }
 
 
@@ -102,38 +123,38 @@ def format_row(row: dict, names) -> str:
 
 def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = None,
               providers: list[Provider] | None = None, out=sys.stdout, backward: bool = False,
-              overrides: dict | None = None) -> dict:
+              overrides: dict | None = None, rounds: int = 1) -> dict:
     """Time every provider at every point (with `backward`, the backward alone); print the table.
     `overrides`: config fields flashhopper's kernels run with instead of the dispatched ones
-    (FwdConfig, or BwdConfig with `backward`), recorded in the report."""
+    (FwdConfig, or BwdConfig with `backward`), recorded in the report. `rounds`: see run_point."""
     providers = providers if providers is not None else default_providers()
     names = [p.name for p in providers]
     ceiling = matmul_tflops()
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
         "direction": "bwd" if backward else "fwd", "matmul_tflops": ceiling, "providers": names,
-        "overrides": dict(overrides or {}), "results": [],
+        "overrides": dict(overrides or {}), "rounds": rounds, "results": [],
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
           file=out, flush=True)
     if overrides:
         print(f"flashhopper config overrides: {overrides}", file=out, flush=True)
     if not overrides:
-        return _run_points(report, points, providers, dtype, json_path, out, backward)
+        return _run_points(report, points, providers, dtype, json_path, out, backward, rounds)
     from flashhopper.hopper import runtime
 
     with (runtime.bwd_config_overrides if backward else runtime.config_overrides)(**overrides):
-        return _run_points(report, points, providers, dtype, json_path, out, backward)
+        return _run_points(report, points, providers, dtype, json_path, out, backward, rounds)
 
 
 def _run_points(report: dict, points: list[Point], providers: list[Provider], dtype: str,
-                json_path: str | None, out, backward: bool) -> dict:
+                json_path: str | None, out, backward: bool, rounds: int = 1) -> dict:
     names = report["providers"]
     what = "backward TFLOP/s (FLOPs = 2.5 x forward, backward alone)" if backward else "forward TFLOP/s"
     print(f"{what}; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
     print(format_header(names), file=out, flush=True)
     for point in points:
-        row = run_point(point, providers, DTYPES[dtype], backward=backward)
+        row = run_point(point, providers, DTYPES[dtype], backward=backward, rounds=rounds)
         report["results"].append(row)
         print(format_row(row, names), file=out, flush=True)
         for name, message in row["errors"].items():
