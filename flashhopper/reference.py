@@ -95,6 +95,38 @@ def attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap):
     o.backward(dout)
     return qs.grad, ks.grad, vs.grad
 
+
+def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap):
+    """(dq, dk, dv) with a flash backward's roundings and fp32 math otherwise: O, P and dS rounded to
+    the input dtype before the GEMMs that read them, as SDPA's flash backend and FA2-4 do, and the
+    gradients at the end: what the dtype costs an exact-arithmetic flash kernel, where
+    `attention_grads_in_dtype` (the GPU tests' yardstick) keeps dS in fp32. For studying the tails
+    of the tests' bound (scripts/dq_err_probe.py); the tests do not use it yet."""
+    dt, group = q.dtype, q.shape[2] // k.shape[2]
+    qf, dof = q.float(), dout.float()
+    kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", qf, kf) * scale
+    if softcap:
+        t = torch.tanh(s / softcap)
+        s = softcap * t
+    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)  # rows that see no key: P = 0
+    p16 = p.to(dt).float()
+    o = torch.einsum("bhqk,bkhd->bqhd", p16, vf).to(dt)
+    d = (dof * o.float()).sum(-1).permute(0, 2, 1).unsqueeze(-1)  # (b, h, q, 1)
+    dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
+    ds = p * (dp - d)
+    if softcap:
+        ds = ds * (1 - t * t)
+    ds16 = ds.to(dt).float()
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds16, kf) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds16, qf) * scale
+    dv = torch.einsum("bhqk,bqhd->bkhd", p16, dof)
+    b, sk, hk = k.shape[0], k.shape[1], k.shape[2]
+    dk, dv = (x.reshape(b, sk, hk, group, x.shape[-1]).sum(3) for x in (dk, dv))
+    return dq.to(dt), dk.to(dt), dv.to(dt)
+
+
 def attention_bwd_ref(q, k, v, dout, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
     """Exact (dq, dk, dv) in float64; dk/dv are summed over the query heads sharing a KV head."""
     with torch.enable_grad():

@@ -152,3 +152,31 @@ def test_grads_in_dtype_yardstick_is_close_to_exact():
     for got, want in zip(yard, exact, strict=True):
         assert got.dtype == torch.bfloat16 and got.shape == want.shape
         torch.testing.assert_close(got.double(), want, atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("causal,window,softcap", [(True, (-1, -1), 3.0), (False, (3, 1), 0.0),
+                                                   (False, (-1, -1), 0.0)])
+def test_flash_rounding_yardstick(causal, window, softcap):
+    """The second yardstick (O, P, dS rounded as a flash backward does): exact in float64, where the
+    roundings are no-ops, and close to exact in bf16; rows that see no key give zero gradients."""
+    from flashhopper.reference import attention_grads_flash_rounding
+
+    gen = torch.Generator().manual_seed(5)
+    q, dout = (torch.randn(2, 19, 4, 32, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 23, 2, 32, generator=gen, dtype=torch.float64) for _ in range(2))
+    exact = attention_bwd_ref(q, k, v, dout, 0.2, causal, window, softcap)
+    got = attention_grads_flash_rounding(q, k, v, dout, 0.2, causal, window, softcap)
+    for g, want in zip(got, exact, strict=True):
+        assert g.dtype == torch.float64 and g.shape == want.shape
+        torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-5)  # fp32 math inside
+    q16, k16, v16, do16 = (t.to(torch.bfloat16) for t in (q, k, v, dout))
+    exact = attention_bwd_ref(q16, k16, v16, do16, 0.2, causal, window, softcap)
+    for g, want in zip(attention_grads_flash_rounding(q16, k16, v16, do16, 0.2, causal, window, softcap),
+                       exact, strict=True):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g.double(), want, atol=5e-2, rtol=5e-2)
+    # 5 queries, 2 keys, a window that leaves the first 3 queries with no key (the last sees two)
+    q, dout = (torch.randn(1, 5, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(1, 2, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    dq, _, _ = attention_grads_flash_rounding(q, k, v, dout, 0.3, False, (1, 0), 0.0)
+    assert torch.equal(dq[:, :3], torch.zeros_like(dq[:, :3])) and dq[:, 4].abs().sum() > 0
