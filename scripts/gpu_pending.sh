@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The GPU work waiting at the end of session 6, one device call of <= 10 minutes each, in this order:
+# GPU work by mode, one device call of <= 10 minutes each. Waiting at the end of session 7, on a
+# two-GPU machine (kind nvidia-h200-x2), one mode per GPU through scripts/gpu_two.sh:
 #
-#   source .device/setup.sh && bash scripts/gpu_pending.sh grids         # forward + backward grids
-#   source .device/setup.sh && bash scripts/gpu_pending.sh fwd_timings   # ablations, hdim 256 short, cluster
-#   source .device/setup.sh && bash scripts/gpu_pending.sh bwd_timings   # scale_in_ds, wide P/dS x2, 96, 64
-#   source .device/setup.sh && bash scripts/gpu_pending.sh verify        # the tests of the dispatched kernels
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_fwd s8_bwd
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_tests_fwd s8_tests_bwd
 #
-# (`tests` runs every GPU test file in full, switches included; `combos`, `failed` are session 6's.)
+# s8_fwd: the forward grids (bf16, fp16) in 3 rounds and the ablation; s8_bwd: the backward grid in
+# 3 rounds, then the backward switches not timed yet (scale_in_ds at 96 / 192 / 256, hdim 64's step
+# order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
+# dQ error probe and the cluster timing. On one GPU: `bash scripts/gpu_pending.sh MODE`.
+# Earlier sessions' modes (tests, verify, grids, fwd_timings, bwd_timings, s7_*) stay below.
 #
 # Most of a timing step is compiling each variant once (~5 s each on the GPU machine); the
 # modes interleave variants over rounds so that clock drift shows as spread.
@@ -138,6 +141,42 @@ s7_fwd)  # session 7, GPU 0: the causal forward grid with ping-pong off and on, 
   for f in fwd_causal_pp fwd_causal fwd_nc; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
   [ -f "$O/fwd_pp_tests.log" ] && { echo "--- fwd_pp_tests"; grep -E "passed|failed|^FAILED|^rc" "$O/fwd_pp_tests.log" | tail -12; }
   ;;
+s8_fwd)
+  run fwd_grid python3 -m flashhopper.cli bench --rounds 3 --json "$O/fwd_grid.json"
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --rounds 3 --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  run ablation python3 -m flashhopper.cli bench --ablation
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -5; }; done
+  [ -f "$O/ablation.log" ] && { echo "--- ablation"; quiet "$O/ablation.log" | tail -10; }
+  ;;
+s8_bwd)
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 3 --json "$O/bwd_grid.json"
+  run sid python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 96,192,256 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config scale_in_ds=True
+  run bwd64 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -4; }
+  for f in sid bwd64; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }; done
+  ;;
+s8_tests_fwd)
+  run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py tests/test_api_gpu.py
+  run probe python3 scripts/dq_err_probe.py 10
+  run cluster python3 scripts/tune_fwd.py cluster
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/fwd_tests.log" ] && { echo "--- fwd_tests"; grep -E "passed|failed|^FAILED" "$O/fwd_tests.log" | tail -10; }
+  for f in probe cluster; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -32; }; done
+  ;;
+s8_tests_bwd)
+  t=$(($(left) - 10))
+  bg bwd_a "$t" python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "not wide and not mask_runs"
+  bg bwd_b "$t" python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "wide or mask_runs"
+  wait
+  for f in bwd_a bwd_b; do
+    echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  ;;
 s7b_fwd)  # session 7, second call, GPU 0: the causal ablation twice around the forward grids, bf16 and fp16
   run ablation_causal python3 -m flashhopper.cli bench --ablation --causal yes
   run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"
@@ -190,7 +229,7 @@ grids)
   [ -f "$O/stalls.log" ] && quiet "$O/stalls.log" | tail -50
   ;;
 *)
-  echo "usage: bash scripts/gpu_pending.sh tests|fwd_timings|bwd_timings|grids" >&2
+  echo "usage: bash scripts/gpu_pending.sh s8_fwd|s8_bwd|s8_tests_fwd|s8_tests_bwd|MODE (see the case list)" >&2
   exit 2
   ;;
 esac
