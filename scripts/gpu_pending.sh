@@ -5,7 +5,7 @@
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_fwd s8_bwd
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_tests_fwd s8_tests_bwd
 #
-# s8_fwd: the forward grids (bf16, fp16) in 3 rounds and the ablation; s8_bwd: the backward grid in
+# s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds; s8_bwd: the backward grid in
 # 3 rounds, then the backward switches not timed yet (scale_in_ds at 96 / 192 / 256, hdim 64's step
 # order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
 # dQ error probe and the cluster timing. On one GPU: `bash scripts/gpu_pending.sh MODE`.
@@ -144,7 +144,7 @@ s7_fwd)  # session 7, GPU 0: the causal forward grid with ping-pong off and on, 
 s8_fwd)
   run fwd_grid python3 -m flashhopper.cli bench --rounds 3 --json "$O/fwd_grid.json"
   run fwd_grid_fp16 python3 -m flashhopper.cli bench --rounds 3 --dtype fp16 --json "$O/fwd_grid_fp16.json"
-  run ablation python3 -m flashhopper.cli bench --ablation
+  run ablation python3 -m flashhopper.cli bench --ablation --rounds 3
   echo "== end at $(($(date +%s) - T0)) s"
   for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -5; }; done
   [ -f "$O/ablation.log" ] && { echo "--- ablation"; quiet "$O/ablation.log" | tail -10; }

@@ -182,8 +182,7 @@ def test_cli_bench_set_passes_config_overrides(monkeypatch):
     (["bench", "--set", "pingpong"], "--set takes KEY=VALUE"),
     (["bench", "--set", "tile_n=wide"], "--set takes KEY=VALUE"),
     (["bench", "--ablation", "--set", "tile_n=64"], "--set applies to the grid, not to --ablation"),
-    (["bench", "--rounds", "0"], "--rounds takes N >= 1"),
-    (["bench", "--ablation", "--rounds", "3"], "--rounds takes N >= 1, for the grid (not --ablation)"),
+    (["bench", "--rounds", "0"], "--rounds takes N >= 1, got 0"),
 ])
 def test_cli_bench_set_refuses_bad_fields(argv, message, capsys):
     assert cli.main(argv) == 2  # before any GPU check: refused on a CPU machine too
@@ -212,3 +211,13 @@ def test_run_bench_records_and_applies_overrides(monkeypatch):
     assert seen == [{"tile_n": 64}, {"scale_in_ds": True}]
     assert report["overrides"] == {"tile_n": 64} and report_bwd["overrides"] == {"scale_in_ds": True}
     assert runtime._overrides == {} and runtime._bwd_overrides == {}  # restored after the run
+
+
+def test_cli_bench_ablation_takes_rounds(monkeypatch):
+    from flashhopper.bench import ablation
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ablation, "run_ablation", lambda **kw: calls.append(kw) or {})
+    assert cli.main(["bench", "--ablation", "--causal", "yes", "--rounds", "3"]) == 0
+    assert calls == [{"dtype": "bf16", "json_path": None, "causal": (True,), "rounds": 3}]

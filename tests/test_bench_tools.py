@@ -253,6 +253,40 @@ def test_run_ablation_one_mode(monkeypatch):
         ablation.run_ablation(device="cpu", attn=fake_attn, overrides=fake_overrides, out=out, causal=())
 
 
+def test_run_ablation_rounds_take_turns_and_keep_the_median(monkeypatch):
+    from flashhopper.bench import runner
+    from flashhopper.bench.grid import Point
+
+    active, order = {}, []
+    times = iter([1.0, 2.0, 3.0, 1.0, 3.0, 2.0])  # 2 configurations x 3 rounds, in call order
+
+    @contextlib.contextmanager
+    def fake_overrides(**fields):
+        active.update(fields)
+        yield
+        active.clear()
+
+    def fake_time(fn):
+        order.append(dict(active))
+        return next(times)
+
+    monkeypatch.setattr(ablation, "ablation_switches", lambda: ("pingpong",))
+    monkeypatch.setattr(runner, "time_ms", fake_time)
+    monkeypatch.setattr(ablation, "make_point", lambda s, d, c: Point(2, s, 4, d, c))
+    report = ablation.run_ablation(seqlen=64, hdim=64, device="cpu", attn=lambda q, k, v, causal: q.clone(),
+                                   overrides=fake_overrides, out=io.StringIO(), causal=(True,), rounds=3)
+    on, off = {"pingpong": True}, {"pingpong": False}
+    assert order == [on, off, on, off, on, off]  # first round compiles and times each, then turns
+    flops = 4.0 * 2 * 4 * 64 * 64 * 64 / 2
+    rows = {r["name"]: r for r in report["results"]}
+    assert rows["everything on"]["tflops"]["causal"] == pytest.approx(flops / 3.0 / 1e9)  # 1, 3, 3 ms
+    assert rows["no pingpong"]["tflops"]["causal"] == pytest.approx(flops / 2.0 / 1e9)  # 2, 1, 2 ms
+    assert rows["no pingpong"]["spread"]["causal"] == pytest.approx([flops / 2e9, flops / 1e9])
+    assert report["rounds"] == 3
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        ablation.run_ablation(device="cpu", attn=None, overrides=fake_overrides, out=io.StringIO(), rounds=0)
+
+
 def test_cli_bench_ablation_without_gpu(capsys):
     import torch
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import sys
 
 from flashhopper.bench.grid import make_point
@@ -77,11 +78,13 @@ def format_table(rows: list[dict], modes=MODES) -> list[str]:
 
 def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, device: str = "cuda",
                  attn=None, overrides=None, json_path: str | None = None, out=sys.stdout,
-                 causal=(False, True)) -> dict:
+                 causal=(False, True), rounds: int = 1) -> dict:
     """Time `attn` under each configuration; print and return the table.
 
     `causal` picks the modes (both by default; one halves the run, whose time is mostly the
-    compiles of each configuration).
+    compiles of each configuration). `rounds` > 1 times every configuration that many times, the
+    configurations taking turns, and keeps the median: single rows moved 4-6% between runs on the
+    H200 (docs/benchmarks.md, session 7), more than most switches are worth.
 
     `attn` defaults to flash_attn_func and `overrides` to runtime.config_overrides; tests pass
     stand-ins so that the table logic runs without a GPU or the CuTe DSL.
@@ -100,6 +103,8 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
     switches = ablation_switches()
     rows = [{"name": name, "overrides": o, "tflops": {}, "errors": {}, "max_diff": {}}
             for name, o in configurations(switches)]
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     modes = tuple((m, c) for m, c in MODES if c in causal)
     if not modes:
         raise ValueError(f"causal must include False and/or True, got {causal!r}")
@@ -107,8 +112,8 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
         point = make_point(seqlen, hdim, is_causal)
         shape = (point.batch, point.seqlen, point.heads, point.hdim)
         q, k, v = (torch.randn(shape, device=device, dtype=DTYPES[dtype]) for _ in range(3))
-        reference = None
-        for row in rows:
+        reference, timed = None, {}  # row index -> (call, TFLOP/s samples)
+        for i, row in enumerate(rows):
             try:
                 # the override is read on every call, so the timed calls must be inside it too
                 with overrides(**row["overrides"]):
@@ -121,14 +126,26 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
                 row["tflops"][mode] = None
                 row["errors"][mode] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
                 continue
+            timed[i] = (call, [row["tflops"][mode]])
             print(f"  {mode:<10} {row['name']:<22} {row['tflops'][mode]:7.1f} TFLOP/s", file=out, flush=True)
             reference = result if reference is None else reference
             row["max_diff"][mode] = (result.float() - reference.float()).abs().max().item()
+        # more rounds: the configurations take turns, each compiled already; the median is kept
+        for _ in range(rounds - 1):
+            for i, (call, samples) in timed.items():
+                with overrides(**rows[i]["overrides"]):
+                    samples.append(point.flops / time_ms(call) / 1e9)
+        if rounds > 1:
+            for i, (_, samples) in timed.items():
+                rows[i]["tflops"][mode] = statistics.median(samples)
+                rows[i].setdefault("spread", {})[mode] = [min(samples), max(samples)]
+            print(f"  {mode}: medians of {rounds} rounds", file=out, flush=True)
     finish_rows(rows, modes)
     point = make_point(seqlen, hdim, False)  # batch and heads do not depend on the mask
     report = {"device": torch.cuda.get_device_name() if device == "cuda" else device,
               "torch": torch.__version__, "dtype": dtype, "switches": list(switches),
               "point": {"seqlen": seqlen, "hdim": hdim, "batch": point.batch, "heads": point.heads},
+              "rounds": rounds,
               "results": rows}
     print(f"{report['device']}, torch {report['torch']}, {dtype}; ablation at hdim {hdim}, seqlen {seqlen}, "
           f"batch {point.batch}, {point.heads} heads; forward TFLOP/s, drop vs everything on", file=out)
