@@ -363,6 +363,17 @@ class BwdConfig(_KernelConfig):
     # dQ hand-off, or before each atomic in hopper/bwd_wide.py) and dK's at the end go away.
     # Rounds dS * scale instead of dS to bf16 / fp16 (the same relative error).
     scale_in_ds: bool = False
+    # Causal / local: CTAs launch longest first (LPT). A key block's work falls with its index under
+    # a causal mask (key block n sees the query blocks from about n on), and the launch order
+    # (key block fastest, then KV head, then batch) puts the last (head, batch) pair's longest
+    # CTAs into the last wave. With lpt the launch order runs over sections of (head, batch) pairs
+    # whose Q, dO, dQ accumulator, K and V fit in lpt_l2_kib, key block slowest inside a section,
+    # so the last CTAs to start are the shortest (FA3's backward LPT scheduler does the same). Not
+    # with deterministic (its dQ order needs its own launch order).
+    lpt: bool = False
+    # lpt's section budget: half the H100's 50 MB L2, so that the pairs of the resident CTAs stay
+    # in L2 on the H100 and the H200 (tests set it small to get many sections)
+    lpt_l2_kib: int = 24 * 1024
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -464,6 +475,11 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"hdim {self.hdim} must split into WGMMA N tiles across warpgroups for dQ")
         if self.ds_stages not in (1, 2):
             raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
+        if self.lpt_l2_kib < 1:
+            raise ValueError(f"lpt_l2_kib {self.lpt_l2_kib} must be >= 1")
+        if self.lpt and self.deterministic:
+            raise ValueError("lpt and deterministic: deterministic mode launches the key blocks in the order "
+                             "its dQ accumulation waits in; one of the two")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
         if self.kv_split == "keys":

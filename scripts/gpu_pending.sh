@@ -6,8 +6,8 @@
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_tests_fwd s8_tests_bwd
 #
 # s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds; s8_bwd: the backward grid in
-# 3 rounds, then the backward switches not timed yet (scale_in_ds at 96 / 192 / 256, hdim 64's step
-# order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
+# 3 rounds, then the backward switches not timed yet (lpt: longest-first launch under causal,
+# scale_in_ds at 96 / 192 / 256, hdim 64's step order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
 # dQ error probe and the cluster timing. On one GPU: `bash scripts/gpu_pending.sh MODE`.
 # Earlier sessions' modes (tests, verify, grids, fwd_timings, bwd_timings, s7_*) stay below.
 #
@@ -151,13 +151,15 @@ s8_fwd)
   ;;
 s8_bwd)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 3 --json "$O/bwd_grid.json"
+  run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
+    --bwd-config default --bwd-config lpt=True
   run sid python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 96,192,256 --seqlens 1024,8192 \
     --bwd-config default --bwd-config scale_in_ds=True
   run bwd64 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64 --seqlens 1024,8192 \
     --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -4; }
-  for f in sid bwd64; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -16; }; done
+  for f in lpt sid bwd64; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -20; }; done
   ;;
 s8_tests_fwd)
   run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py tests/test_api_gpu.py

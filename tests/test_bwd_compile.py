@@ -460,3 +460,39 @@ def test_backward_wide_variants_compile(hdim, fields, mask):
     cfg = bwd_config("bf16", hdim, **fields, **MASKS[mask])
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])
     _check_wide_report(report, cfg, mask)
+
+
+# BwdConfig.lpt: longest-first launch order for masked backward grids (hopper/bwd_common.py)
+def test_lpt_coords_is_a_bijection_longest_first():
+    from flashhopper.hopper.bwd_common import lpt_coords, lpt_section
+
+    # (the kernel's section may exceed the pairs: one section then)
+    for num_n, pairs, section in [(4, 512, 64), (32, 64, 5), (7, 10, 3), (3, 1, 1), (5, 6, 6), (2, 9, 100)]:
+        seen = [lpt_coords(i, num_n, pairs, section) for i in range(num_n * pairs)]
+        assert sorted(seen) == [(n, p) for n in range(num_n) for p in range(pairs)]  # every CTA once
+        # inside each section every pair's key block n starts before any pair's key block n + 1,
+        # and sections follow each other: the grid ends on the last section's highest key blocks
+        for first in range(0, pairs, section):
+            blocks = [n for n, p in seen if first <= p < first + section]
+            assert blocks == sorted(blocks)
+        assert seen[-1][0] == num_n - 1
+    # the section: what fits the budget, at least one pair
+    assert lpt_section(4096, 4096, 1, 128, 24 * 1024) == 24 * 1024 * 1024 // (4 * 128) // (3 * 4096)
+    assert lpt_section(512, 512, 1, 64, 24 * 1024) == 24 * 1024 * 1024 // 256 // 1536
+    assert lpt_section(1 << 20, 1 << 20, 8, 256, 24 * 1024) == 1
+
+
+@pytest.mark.parametrize(("hdim", "mask", "fields"), [
+    (64, "causal", {}), (128, "causal", {}), (96, "local", {}), (256, "causal", {}),
+    (192, "causal", {"lpt_l2_kib": 64})])
+def test_backward_lpt_compiles(hdim, mask, fields):
+    # a few integer ops at the start of the CTA: the same WGMMAs and waits, no spills
+    cfg = bwd_config("bf16", hdim, lpt=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, lpt=True, **fields, **MASKS[mask])
+    if hdim in BWD_WIDE:
+        _check_wide_report(report, cfg, mask)
+    else:
+        _check_keys_report(report, cfg, mask)
+    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **MASKS[mask])
+    assert report["sass"]["HGMMA_WAITS"] == default["sass"]["HGMMA_WAITS"]
+    assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]

@@ -372,3 +372,11 @@ def test_short_causal_hdim256_only_up_to_512():
     local = config.fwd_config("bf16", 256, local=True)
     assert config.fwd_config("bf16", 256, local=True, short=True) == local
     assert config.fwd_config("bf16", 256, short=True) == config.fwd_config("bf16", 256)
+
+
+def test_backward_lpt_is_refused_with_deterministic():
+    assert config.bwd_config("bf16", 128, causal=True, lpt=True).lpt
+    with pytest.raises(ValueError, match="lpt and deterministic"):
+        config.bwd_config("bf16", 128, causal=True, deterministic=True, lpt=True)
+    with pytest.raises(ValueError, match="lpt_l2_kib 0"):
+        config.bwd_config("bf16", 128, causal=True, lpt=True, lpt_l2_kib=0)

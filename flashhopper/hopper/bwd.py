@@ -239,6 +239,9 @@ class FlashBwdSm90(BwdKernelBase):
         seqlen_k = mK.shape[0]
         n_block = self.launch_order_n_block(n_block, seqlen_k)
         ratio = mQ.shape[2] // mK.shape[2]
+        if cutlass.const_expr(self.cfg.lpt):
+            n_block, head_kv, batch = self.lpt_launch_coords(n_block, head_kv, batch, seqlen_q, seqlen_k,
+                                                             ratio)
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
         num_m = cutlass.max(m_max - m_min, 0)
         # (query head in the group, query block) pairs, query block fastest

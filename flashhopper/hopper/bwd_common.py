@@ -153,9 +153,39 @@ class BwdKernelBase:
             pass
 
     @cute.jit
+    def lpt_launch_coords(self, n_block, head_kv, batch, seqlen_q, seqlen_k, ratio):
+        """BwdConfig.lpt: (key block, KV head, batch) of the CTA with this block index when the
+        grid launches longest first (lpt_coords over lpt_section's L2-sized sections)."""
+        num_n, num_heads, num_batch = cute.arch.grid_dim()
+        linear = n_block + num_n * (head_kv + num_heads * batch)
+        section = lpt_section(seqlen_q, seqlen_k, ratio, self.hdim, self.cfg.lpt_l2_kib, cutlass.max)
+        n_block, pair = lpt_coords(linear, num_n, num_heads * num_batch, section, cutlass.min)
+        return n_block, pair % num_heads, pair // num_heads
+
+    @cute.jit
     def launch_order_n_block(self, n_block, seqlen_k):
         """Deterministic mode with a right bound: the CTA with the highest key block launches
         first, so a CTA only ever waits for CTAs already resident or done (dq_turn's order)."""
         if cutlass.const_expr(self.cfg.deterministic and self.has_right):
             n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
         return n_block
+
+
+def lpt_section(seqlen_q, seqlen_k, ratio, hdim, budget_kib, max_fn=max):
+    """(head, batch) pairs per launch section for BwdConfig.lpt: as many as keep their Q, dO (2 B)
+    and fp32 dQ accumulator per query row of each of `ratio` query heads, and K, V (2 B) per key
+    row, within `budget_kib`; at least 1. Plain arithmetic: Python ints on the host (tests) and
+    Int32 in the kernel (the budget is a compile-time constant)."""
+    rows = 2 * seqlen_q * ratio + seqlen_k  # in units of 4 * hdim bytes
+    section = (budget_kib * 1024 // (4 * hdim)) // rows
+    return max_fn(section, 1)
+
+
+def lpt_coords(linear, num_n, pairs, section, min_fn=min):
+    """Launch index -> (key block, (head, batch) pair): sections of `section` pairs in order (the
+    last may be smaller), key block slowest inside a section, so that each section launches its
+    longest CTAs first and the grid ends on the shortest. A bijection of [0, num_n * pairs)."""
+    first = linear // (section * num_n) * section
+    size = min_fn(section, pairs - first)
+    r = linear - first * num_n
+    return r // size, first + r % size
