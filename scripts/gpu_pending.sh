@@ -8,7 +8,8 @@
 # s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds; s8_bwd: the backward grid in
 # 3 rounds, then the backward switches not timed yet (lpt: longest-first launch under causal,
 # scale_in_ds at 96 / 192 / 256, hdim 64's step order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
-# dQ error probe and the cluster timing. On one GPU: `bash scripts/gpu_pending.sh MODE`.
+# dQ error probe, the cluster timing and FA4's step-schedule switches again (session 4's single
+# rounds contradicted each other by 10%). On one GPU: `bash scripts/gpu_pending.sh MODE`.
 # Earlier sessions' modes (tests, verify, grids, fwd_timings, bwd_timings, s7_*) stay below.
 #
 # Most of a timing step is compiling each variant once (~5 s each on the GPU machine); the
@@ -165,9 +166,10 @@ s8_tests_fwd)
   run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py tests/test_api_gpu.py
   run probe python3 scripts/dq_err_probe.py 10
   run cluster python3 scripts/tune_fwd.py cluster
+  run fa4sched python3 scripts/tune_fwd.py fa4sched
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/fwd_tests.log" ] && { echo "--- fwd_tests"; grep -E "passed|failed|^FAILED" "$O/fwd_tests.log" | tail -10; }
-  for f in probe cluster; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -32; }; done
+  for f in probe cluster fa4sched; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -32; }; done
   ;;
 s8_tests_bwd)
   t=$(($(left) - 10))
