@@ -7,7 +7,7 @@
 #
 # s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds; s8_bwd: the backward grid in
 # 3 rounds, then the backward switches not timed yet (lpt: longest-first launch under causal,
-# scale_in_ds at 96 / 192 / 256, hdim 64's step order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
+# scale_in_ds at 64 (again) / 96 / 192 / 256, hdim 64's step order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
 # dQ error probe, the cluster timing and FA4's step-schedule switches again (session 4's single
 # rounds contradicted each other by 10%). On one GPU: `bash scripts/gpu_pending.sh MODE`.
 # Earlier sessions' modes (tests, verify, grids, fwd_timings, bwd_timings, s7_*) stay below.
@@ -154,7 +154,7 @@ s8_bwd)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 3 --json "$O/bwd_grid.json"
   run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
     --bwd-config default --bwd-config lpt=True
-  run sid python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 96,192,256 --seqlens 1024,8192 \
+  run sid python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,96,192,256 --seqlens 1024,8192 \
     --bwd-config default --bwd-config scale_in_ds=True
   run bwd64 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64 --seqlens 1024,8192 \
     --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
