@@ -5,11 +5,12 @@
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_fwd s8_bwd
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_tests_fwd s8_tests_bwd
 #
-# s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds; s8_bwd: the backward grid in
-# 3 rounds, then the backward switches not timed yet (lpt: longest-first launch under causal,
-# scale_in_ds at 64 (again) / 96 / 192 / 256, hdim 64's step order again), in rounds; s8_tests_*: every GPU test file in full (the per-case seeds are new), the
-# dQ error probe, the cluster timing and FA4's step-schedule switches again (session 4's single
-# rounds contradicted each other by 10%). On one GPU: `bash scripts/gpu_pending.sh MODE`.
+# s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds. s8_bwd: the backward
+# grid in 3 rounds, then the backward switches not timed yet, in rounds (lpt: longest-first launch
+# under causal; scale_in_ds at 64 again and at 96 / 192 / 256; hdim 64's step order again).
+# s8_tests_*: every GPU test file in full (the per-case seeds are new), the dQ error probe, the
+# cluster timing and FA4's step-schedule switches again (session 4's single rounds contradicted
+# each other by 10%). On one GPU: `bash scripts/gpu_pending.sh MODE`.
 # Earlier sessions' modes (tests, verify, grids, fwd_timings, bwd_timings, s7_*) stay below.
 #
 # Most of a timing step is compiling each variant once (~5 s each on the GPU machine); the
