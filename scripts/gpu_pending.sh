@@ -7,7 +7,8 @@
 #
 # s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds. s8_bwd: the backward
 # grid in 3 rounds, then the backward switches not timed yet, in rounds (lpt: longest-first launch
-# under causal; scale_in_ds at 64 again and at 96 / 192 / 256; hdim 64's step order again).
+# under causal; pre_zero_dq: no fill kernel; scale_in_ds at 64 again and at 96 / 192 / 256; hdim
+# 64's step order again).
 # s8_tests_*: every GPU test file in full (the per-case seeds are new), the dQ error probe, the
 # cluster timing and FA4's step-schedule switches again (session 4's single rounds contradicted
 # each other by 10%). On one GPU: `bash scripts/gpu_pending.sh MODE`.
@@ -155,13 +156,15 @@ s8_bwd)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 3 --json "$O/bwd_grid.json"
   run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
     --bwd-config default --bwd-config lpt=True
+  run prezero python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,1024 \
+    --bwd-config default --bwd-config pre_zero_dq=True
   run sid python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,96,192,256 --seqlens 1024,8192 \
     --bwd-config default --bwd-config scale_in_ds=True
   run bwd64 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64 --seqlens 1024,8192 \
     --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -4; }
-  for f in lpt sid bwd64; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -20; }; done
+  for f in lpt prezero sid bwd64; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -20; }; done
   ;;
 s8_tests_fwd)
   run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py tests/test_api_gpu.py

@@ -379,6 +379,32 @@ def test_backward_preprocess_compiles(hdim):
     assert report["sass"]["LDG.128"] == 2 * rows_per_thread * (hdim // VEC // lanes)
 
 
+@pytest.mark.parametrize(("hdim", "scale_d"),
+                         [(64, False), (96, False), (128, True), (192, False), (256, False)])
+def test_backward_preprocess_zero_dq_compiles(hdim, scale_d):
+    """BwdConfig.pre_zero_dq's preprocess: the same 16-byte loads as the plain one, and 16-byte
+    stores of zeros covering each of its rows of the fp32 dQ accumulator (hdim / 4 per row)."""
+    import tempfile
+
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.bwd_pre import ROWS_PER_CTA, WARPS, lanes_per_row
+    from flashhopper.hopper.runtime import compile_bwd_pre
+
+    reports = []
+    for zero_dq in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            compiled = compile_bwd_pre("bf16", hdim, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False,
+                                       scale_d=scale_d, zero_dq=zero_dq)
+            reports.append(inspect_cubin(compiled.__cubin__))
+    plain, zero = reports
+    lanes = lanes_per_row(hdim)
+    rows_per_thread = ROWS_PER_CTA // (32 * WARPS // lanes)
+    assert zero["spill_bytes"] == 0 and zero["sass"]["LDL"] == 0
+    assert zero["sass"]["LDG.128"] == plain["sass"]["LDG.128"]
+    assert plain["sass"]["STG.128"] == 0
+    assert zero["sass"]["STG.128"] == rows_per_thread * (hdim // 4 // lanes)
+
+
 def test_preprocess_lanes_per_row():
     from flashhopper.hopper.bwd_pre import lanes_per_row
 

@@ -465,3 +465,16 @@ def test_backward_lpt(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
         assert not mine.isnan().any(), f"d{name} has NaN: a CTA did not run"
         err, err_pt = ((x.double() - exact).abs().max().item() for x in (mine, pt))
         assert err <= 2 * err_pt + 1e-3, (f"d{name}", err, err_pt)
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0), (1, 1, 17, 2, 2, False, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0)])
+def test_backward_pre_zero_dq(d, b, sq, sk, hq, hk, causal, window, softcap, monkeypatch):
+    """The preprocess clears the fp32 dQ accumulator (BwdConfig.pre_zero_dq) instead of a fill
+    kernel: the accumulator starts as NaN, so a row it missed shows in dQ."""
+    monkeypatch.setattr(runtime, "poison_dq_accum", True)
+    with runtime.bwd_config_overrides(pre_zero_dq=True):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)

@@ -380,3 +380,9 @@ def test_backward_lpt_is_refused_with_deterministic():
         config.bwd_config("bf16", 128, causal=True, deterministic=True, lpt=True)
     with pytest.raises(ValueError, match="lpt_l2_kib 0"):
         config.bwd_config("bf16", 128, causal=True, lpt=True, lpt_l2_kib=0)
+
+
+def test_backward_pre_zero_dq_is_off_by_default():
+    for hdim in config.BWD_HDIMS:
+        assert not config.bwd_config("bf16", hdim).pre_zero_dq
+    assert config.bwd_config("bf16", 128, causal=True, pre_zero_dq=True).pre_zero_dq

@@ -76,8 +76,9 @@ class BwdPreprocess:
 
     @cute.jit
     def rows(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-             mD: cute.Tensor, d_scale):
-        """`d_scale` None (a trace-time choice): D unscaled, the kernel unchanged."""
+             mD: cute.Tensor, d_scale, mdQaccum=None):
+        """`d_scale` None (a trace-time choice): D unscaled, the kernel unchanged. `mdQaccum`
+        (b, sq, h, d) fp32: also cleared, row by row as O and dO are read (BwdPreprocessZeroDq)."""
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
@@ -101,6 +102,17 @@ class BwdPreprocess:
                 for v in cutlass.range_constexpr(vecs):
                     cute.autovec_copy(cute.local_tile(gO, (VEC,), (lane + v * lanes,)), rO[None, v, p])
                     cute.autovec_copy(cute.local_tile(gdO, (VEC,), (lane + v * lanes,)), rdO[None, v, p])
+        if cutlass.const_expr(mdQaccum is not None):
+            # 16-byte stores of zeros while the loads above are in flight; the group's lanes write
+            # contiguous vectors of the row, as they read O
+            rZero = cute.make_rmem_tensor((VEC // 2,), Float32)
+            rZero.fill(0.0)
+            for p in cutlass.range_constexpr(passes):
+                row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
+                if row < seqlen_q:
+                    gdQ = mdQaccum[batch, row, head, None]
+                    for v in cutlass.range_constexpr(2 * vecs):
+                        cute.autovec_copy(rZero, cute.local_tile(gdQ, (VEC // 2,), (lane + v * lanes,)))
         for p in cutlass.range_constexpr(passes):
             row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
             acc = Float32(0.0)
@@ -133,3 +145,28 @@ class BwdPreprocessScaled(BwdPreprocess):
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
                mD: cute.Tensor, d_scale: Float32):
         self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale)
+
+
+class BwdPreprocessZeroDq(BwdPreprocess):
+    """The preprocess for BwdConfig.pre_zero_dq: also clears the fp32 dQ accumulator, each row as
+    its O and dO rows are read, so the backward needs no fill kernel before it (`scale_d`: D times
+    the softmax scale, as BwdPreprocessScaled)."""
+
+    def __init__(self, dtype: str, hdim: int, scale_d: bool = False):
+        super().__init__(dtype, hdim)
+        self.scale_d = scale_d
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+                 mD: cute.Tensor, mdQaccum: cute.Tensor, d_scale: Float32, stream: cuda.CUstream):
+        grid = (cute.size(mD.shape[2]) // ROWS_PER_CTA, cute.size(mD.shape[1]), cute.size(mD.shape[0]))
+        self.kernel(mO, mdO, mLSE, mLSE2, mD, mdQaccum, d_scale).launch(grid=grid, block=[32 * WARPS, 1, 1],
+                                                                        stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+               mD: cute.Tensor, mdQaccum: cute.Tensor, d_scale: Float32):
+        if cutlass.const_expr(self.scale_d):
+            self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale, mdQaccum)
+        else:
+            self.rows(mO, mdO, mLSE, mLSE2, mD, None, mdQaccum)

@@ -49,6 +49,9 @@ persistent_ctas_cap: int | None = None
 
 
 _bwd_overrides: dict = {}
+# tests: fill the dQ accumulator with NaN before the preprocess that should clear it
+# (BwdConfig.pre_zero_dq), so that a row it missed shows
+poison_dq_accum = False
 
 
 @contextlib.contextmanager
@@ -254,15 +257,27 @@ def _fake_pre(dtype: str, hdim: int):
     return t4(), t4(), rows(sq), rows(sq_pad), rows(sq_pad)
 
 
+def _fake_dq_accum(hdim: int):
+    """(b, sq, h, d) fp32, 16-byte aligned rows: the accumulator runtime.backward allocates."""
+    strides = tuple(cute.sym_int64(divisibility=4) for _ in range(3)) + (1,)
+    shape = tuple(cute.sym_int() for _ in range(3))
+    return cute.runtime.make_fake_tensor(cutlass.Float32, (*shape, hdim), strides, assumed_align=16)
+
+
 def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
-                    scale_d: bool = False):
+                    scale_d: bool = False, zero_dq: bool = False):
     """The backward preprocess (D and log2-LSE rows), compiled without a GPU. `scale_d`: D times
-    a runtime softmax scale (BwdConfig.scale_in_ds)."""
-    from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled
+    a runtime softmax scale (BwdConfig.scale_in_ds); `zero_dq`: it also clears the fp32 dQ
+    accumulator, which then comes after D and takes the scale argument either way
+    (BwdConfig.pre_zero_dq)."""
+    from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled, BwdPreprocessZeroDq
 
     tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
+    if zero_dq:
+        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d), *_fake_pre(dtype, hdim),
+                            _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=opts.strip())
     if scale_d:
         return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
                             stream, options=opts.strip())
@@ -283,10 +298,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
-    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds)
+    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq)
     pre = _cache.get(pre_key)
     if pre is None:
-        pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds)
+        pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds,
+                                                zero_dq=cfg.pre_zero_dq)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
@@ -296,11 +312,17 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     rows = -(-sq_pad // ROWS_PER_CTA) * ROWS_PER_CTA
     lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
-    if cfg.scale_in_ds:
-        pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
+    if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
+        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        if poison_dq_accum:
+            dq_accum.fill_(float("nan"))
+        pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
-        pre(out, dout, lse, lse_log2, d_rows)
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        if cfg.scale_in_ds:
+            pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
+        else:
+            pre(out, dout, lse, lse_log2, d_rows)
+        dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     if deterministic:
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
     else:  # never read: a cached placeholder saves an allocation and a memset per call
