@@ -371,13 +371,13 @@ class BwdConfig(_KernelConfig):
     # so the last CTAs to start are the shortest (FA3's backward LPT scheduler does the same). Not
     # with deterministic (its dQ order needs its own launch order).
     lpt: bool = False
+    # lpt's section budget: half the H100's 50 MB L2, so that the pairs of the resident CTAs stay
+    # in L2 on the H100 and the H200 (tests set it small to get many sections)
+    lpt_l2_kib: int = 24 * 1024
     # The backward preprocess (hopper/bwd_pre.py) also clears the fp32 dQ accumulator, each row as
     # it reads that row's O and dO, instead of a fill kernel before it: one kernel and its launch
     # gap fewer; the bytes written are the same (BwdPreprocessZeroDq).
     pre_zero_dq: bool = False
-    # lpt's section budget: half the H100's 50 MB L2, so that the pairs of the resident CTAs stay
-    # in L2 on the H100 and the H200 (tests set it small to get many sections)
-    lpt_l2_kib: int = 24 * 1024
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0

@@ -6,6 +6,7 @@ between runs and machines: the ratio to the best peer is the figure that means s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import sys
@@ -70,30 +71,25 @@ def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, dev
     q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
     dout = torch.randn(shape, device=device, dtype=dtype) if backward else None
     flops = point.bwd_flops if backward else point.flops
-    tflops, errors, calls, samples = {}, {}, {}, {}
+    errors, calls, samples = {}, {}, {}
     for provider in providers:
         try:
             with provider.context():
                 fn = provider.timed_call(q, k, v, point.causal, dout)
                 fn()  # first call compiles / picks a kernel; keep it out of the timing
-            calls[provider.name] = (provider, fn)
+            calls[provider.name], samples[provider.name] = (provider, fn), []
         except Exception as exc:  # one provider failing must not lose the rest of the row
-            tflops[provider.name] = None
             errors[provider.name] = _short(exc)
     for _ in range(rounds):
         for name, (provider, fn) in list(calls.items()):
             try:
                 with provider.context():
-                    samples.setdefault(name, []).append(flops / time_ms(fn) / 1e9)
+                    samples[name].append(flops / time_ms(fn) / 1e9)
             except Exception as exc:
                 errors[name] = _short(exc)
                 del calls[name]
-    for provider in providers:
-        name = provider.name
-        if name in tflops:
-            continue
-        tflops[name] = statistics.median(samples[name]) if name in calls else None
-    spread = {n: [min(s), max(s)] for n, s in samples.items() if n in calls} if rounds > 1 else None
+    tflops = {p.name: statistics.median(samples[p.name]) if p.name in calls else None for p in providers}
+    spread = {n: [min(samples[n]), max(samples[n])] for n in calls} if rounds > 1 else None
     peers = [tflops.get(name) for name in BEST_PEERS if tflops.get(name)]
     mine = tflops.get("flashhopper")
     ratio = mine / max(peers) if mine and peers else None
@@ -137,28 +133,22 @@ def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = 
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
           file=out, flush=True)
+    applied = contextlib.nullcontext()
     if overrides:
+        from flashhopper.hopper import runtime  # imports the DSL: only when asked
+
         print(f"flashhopper config overrides: {overrides}", file=out, flush=True)
-    if not overrides:
-        return _run_points(report, points, providers, dtype, json_path, out, backward, rounds)
-    from flashhopper.hopper import runtime
-
-    with (runtime.bwd_config_overrides if backward else runtime.config_overrides)(**overrides):
-        return _run_points(report, points, providers, dtype, json_path, out, backward, rounds)
-
-
-def _run_points(report: dict, points: list[Point], providers: list[Provider], dtype: str,
-                json_path: str | None, out, backward: bool, rounds: int = 1) -> dict:
-    names = report["providers"]
+        applied = (runtime.bwd_config_overrides if backward else runtime.config_overrides)(**overrides)
     what = "backward TFLOP/s (FLOPs = 2.5 x forward, backward alone)" if backward else "forward TFLOP/s"
     print(f"{what}; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
     print(format_header(names), file=out, flush=True)
-    for point in points:
-        row = run_point(point, providers, DTYPES[dtype], backward=backward, rounds=rounds)
-        report["results"].append(row)
-        print(format_row(row, names), file=out, flush=True)
-        for name, message in row["errors"].items():
-            print(f"    {name}: {message}", file=out, flush=True)
+    with applied:
+        for point in points:
+            row = run_point(point, providers, DTYPES[dtype], backward=backward, rounds=rounds)
+            report["results"].append(row)
+            print(format_row(row, names), file=out, flush=True)
+            for name, message in row["errors"].items():
+                print(f"    {name}: {message}", file=out, flush=True)
     report["summary"] = summarize(report)
     # the targets in summary.py are the forward's (issue 4); the backward has none yet
     for line in format_summary(report["summary"], BEST_PEERS, targets=not backward):
