@@ -144,6 +144,31 @@ s7_fwd)  # session 7, GPU 0: the causal forward grid with ping-pong off and on, 
   for f in fwd_causal_pp fwd_causal fwd_nc; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
   [ -f "$O/fwd_pp_tests.log" ] && { echo "--- fwd_pp_tests"; grep -E "passed|failed|^FAILED|^rc" "$O/fwd_pp_tests.log" | tail -12; }
   ;;
+s8a_bwd)  # session 8, first call, GPU 0: the backward switches not timed yet (rounds), then their tests
+  run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
+    --bwd-config default --bwd-config lpt=True
+  run prezero python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,1024 \
+    --bwd-config default --bwd-config pre_zero_dq=True
+  run sid python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,96,192,256 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config scale_in_ds=True
+  run switch_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "lpt or pre_zero"
+  run bwd64 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64 --seqlens 1024,8192 \
+    --bwd-config default --bwd-config ds_then_dv=True --bwd-config mask_runs=False
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/switch_tests.log" ] && { echo "--- switch_tests"; grep -E "passed|failed|^FAILED|^E  " "$O/switch_tests.log" | tail -12; }
+  for f in lpt prezero sid bwd64; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -20; }; done
+  ;;
+s8a_tests)  # session 8, first call, GPU 1: the forward and API test files (new seeds), the dQ probe, backward tests
+  run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py tests/test_api_gpu.py
+  run probe python3 scripts/dq_err_probe.py 10
+  run bwd_a python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "not wide and not mask_runs and not lpt and not pre_zero"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd_tests bwd_a; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  [ -f "$O/probe.log" ] && { echo "--- probe"; quiet "$O/probe.log" | tail -16; }
+  ;;
 s8_fwd)
   run fwd_grid python3 -m flashhopper.cli bench --rounds 3 --json "$O/fwd_grid.json"
   run fwd_grid_fp16 python3 -m flashhopper.cli bench --rounds 3 --dtype fp16 --json "$O/fwd_grid_fp16.json"
