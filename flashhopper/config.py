@@ -20,6 +20,10 @@ WARPGROUP_THREADS = 128
 
 # (consumer, producer) registers per thread after setmaxnreg, by number of consumer warpgroups.
 # The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
+# BwdConfig.fused_dq_cast: rows of fp32 dQ per conversion chunk, and chunks in flight
+DQ_CAST_ROWS = 16
+DQ_CAST_STAGES = 2
+
 REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
@@ -378,6 +382,15 @@ class BwdConfig(_KernelConfig):
     # it reads that row's O and dO, instead of a fill kernel before it: one kernel and its launch
     # gap fewer; the bytes written are the same (BwdPreprocessZeroDq).
     pre_zero_dq: bool = False
+    # kv_split "keys" with dq_per_wg: dQ comes out of the main kernel in the input dtype, with no
+    # cast kernel after it. The dQ writer warp counts, per (batch, query head, query block), the key
+    # blocks whose reduce-add of that tile has landed (a gpu-scope acq_rel counter in the zeroed
+    # semaphore tensor); the CTA that brings the count to the number of key blocks that see the
+    # query block hands the tile to the producer warpgroup's two idle warps, which load the fp32 sum
+    # back by TMA (from L2: it was just written) in 16-row chunks through a 2-stage smem ring and
+    # store it converted. The cast kernel read the whole accumulator from DRAM after the kernel:
+    # ~48 us at every grid point, ~12% of the backward at 512 (docs/notes/bwd-keys-gap.md).
+    fused_dq_cast: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -386,6 +399,17 @@ class BwdConfig(_KernelConfig):
     # registers (hopper/bwd_wide.py); 0 picks 1, or 2 where the whole dQ tile would not fit next
     # to dK^T and dV^T (_check_hdim_split's arithmetic: hdim 256 from tile_n 80)
     dq_chunks: int = 0
+
+    @property
+    def producer_regs(self) -> int:
+        """fused_dq_cast's converter warps hold a 16-byte vector, its conversion and a row
+        address each; at 24 registers ptxas spilled 4 values at hdim 96 / 128. 32 with 2 consumer
+        warpgroups at 240 is the whole 64K register file (128 x 32 + 256 x 240)."""
+        regs = super().producer_regs
+        if self.fused_dq_cast:
+            regs = max(regs, (REGS_PER_SM - WARPGROUP_THREADS * self.num_consumer_wg * self.consumer_regs)
+                       // WARPGROUP_THREADS // 8 * 8)
+        return regs
 
     @property
     def num_do_stages(self) -> int:
@@ -441,6 +465,8 @@ class BwdConfig(_KernelConfig):
         rows = stages * self.row_stride * 4
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1) * self.ds_stages
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" else 0
+        if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
+            dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
     def check(self) -> None:
@@ -473,6 +499,12 @@ class BwdConfig(_KernelConfig):
         if self.dq_per_wg and self.kv_split != "keys":
             raise ValueError("dq_per_wg exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")
+        if self.fused_dq_cast and not (self.kv_split == "keys" and self.dq_per_wg):
+            raise ValueError("fused_dq_cast exists only for kv_split 'keys' with dq_per_wg (hdim 64 / 96 / 128, "
+                             "hopper/bwd.py): its dQ writer warp counts the landed tiles")
+        if self.fused_dq_cast and self.tile_m % DQ_CAST_ROWS:
+            raise ValueError(f"fused_dq_cast: tile_m {self.tile_m} must be a multiple of the {DQ_CAST_ROWS}-row "
+                             "conversion chunk")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):
@@ -574,6 +606,10 @@ _BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "
                                        96: {"dq_per_wg": True},
                                        128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True,
                                              "scale_in_ds": True}}
+# The preprocess clears the dQ accumulator (BwdConfig.pre_zero_dq), every hdim: +0.0..+1.6% in 12 of
+# 12 points (hdim 64 / 128 / 256, 512 / 1k, causal and not; 3 rounds, session 8, docs/benchmarks.md),
+# as expected of one kernel launch and its gap fewer with the same bytes written.
+_BWD_PRE_ZERO_DQ = True
 # added to _BWD_KEYS_SWITCHES with no causal / local mask, and with one
 _BWD_KEYS_UNMASKED: dict[int, dict] = {64: {"ds_then_dv": True}}
 _BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": True}}
@@ -600,7 +636,7 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    deterministic=deterministic, tile_m=_BWD_TILE_M.get(hdim, 64),
+                    deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ, tile_m=_BWD_TILE_M.get(hdim, 64),
                     ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide, **_BWD_KEYS_SWITCHES.get(hdim, {}),
                     **(_BWD_KEYS_MASKED if causal or local else _BWD_KEYS_UNMASKED).get(hdim, {}))
     if overrides:

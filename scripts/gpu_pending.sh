@@ -144,6 +144,21 @@ s7_fwd)  # session 7, GPU 0: the causal forward grid with ping-pong off and on, 
   for f in fwd_causal_pp fwd_causal fwd_nc; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
   [ -f "$O/fwd_pp_tests.log" ] && { echo "--- fwd_pp_tests"; grep -E "passed|failed|^FAILED|^rc" "$O/fwd_pp_tests.log" | tail -12; }
   ;;
+s8b_fused)  # session 8, second call: the fused dQ cast (BwdConfig.fused_dq_cast), a first test, timing, all tests
+  B=tests/test_bwd_gpu.py
+  run fused_smoke python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_fused_dq_cast and 4097 and not pre_zero"
+  run fused_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128 --seqlens 512,1024,2048,8192 \
+    --bwd-config default --bwd-config fused_dq_cast=True --bwd-config fused_dq_cast=True,pre_zero_dq=True
+  run fused_tests python3 -m pytest -q -rf --tb=short $B -k "fused_dq_cast"
+  run fused_time96 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 96 --seqlens 512,2048 \
+    --bwd-config default --bwd-config fused_dq_cast=True
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fused_smoke fused_tests; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  for f in fused_time fused_time96; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
+  ;;
 s8a_bwd)  # session 8, first call, GPU 0: the backward switches not timed yet (rounds), then their tests
   run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
     --bwd-config default --bwd-config lpt=True

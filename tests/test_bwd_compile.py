@@ -522,3 +522,75 @@ def test_backward_lpt_compiles(hdim, mask, fields):
     default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **MASKS[mask])
     assert report["sass"]["HGMMA_WAITS"] == default["sass"]["HGMMA_WAITS"]
     assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]
+
+
+# BwdConfig.fused_dq_cast: dQ converted inside the main kernel (hopper/bwd.py convert_dq)
+def _brute_force_visits(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr):
+    from flashhopper.hopper.bwd_common import host_m_block_range
+
+    num_m = -(-sq // tile_m)
+    visits = [0] * num_m
+    for n in range(-(-sk // tile_n)):
+        lo, hi = host_m_block_range(n, sq, sk, tile_m, tile_n, has_right, has_left, wl, wr)
+        for m in range(lo, hi):
+            visits[m] += 1
+    return visits
+
+
+def test_dq_contributors_match_the_key_blocks_that_visit():
+    """The count the last key block of a query block waits for, and the host's test for query
+    blocks nobody visits, against the visits of every key block's m_block_range."""
+    import random
+
+    from flashhopper.hopper.bwd_common import dq_contributors, every_q_block_visited
+
+    rng = random.Random(7)
+    big = 1 << 30  # runtime._UNBOUNDED
+    shapes = [(1, 1), (17, 17), (1000, 17), (17, 1000), (4097, 4097), (517, 300), (300, 517)]
+    shapes += [(rng.randint(1, 3000), rng.randint(1, 3000)) for _ in range(60)]
+    masks = [(False, False, big, big), (True, False, big, 0), (True, True, 100, 20), (True, True, 256, 0),
+             (True, True, 0, 0), (True, True, 64, 64), (True, True, big, 50), (True, True, 7, big)]
+    checked = 0
+    for sq, sk in shapes:
+        for tile_m, tile_n in ((80, 128), (128, 128), (64, 128)):
+            for has_right, has_left, wl, wr in masks:
+                visits = _brute_force_visits(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr)
+                for m, v in enumerate(visits):
+                    if v:
+                        assert dq_contributors(m, sq, sk, tile_m, tile_n, has_right, has_left, wl, wr) == v
+                        checked += 1
+                assert every_q_block_visited(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr) == all(visits), \
+                    (sq, sk, tile_m, has_right, has_left, wl, wr)
+    assert checked > 10000
+
+
+@pytest.mark.parametrize(("hdim", "mask", "fields"), [
+    (64, "none", {}), (64, "causal", {}), (96, "local", {}), (128, "none", {}), (128, "causal", {}),
+    (128, "softcap", {}), (128, "causal", {"deterministic": True}), (64, "causal", {"pre_zero_dq": True}),
+    (128, "causal", {"lpt": True})])
+def test_backward_fused_dq_cast_compiles(hdim, mask, fields):
+    """The converter warps add no WGMMA, wait or spill to the kernel; each converts a chunk of
+    DQ_CAST_ROWS rows with one 16-byte store per 8 elements, and the producer warpgroup keeps 32
+    registers (24 spilled)."""
+    from flashhopper.config import DQ_CAST_ROWS
+
+    cfg = bwd_config("bf16", hdim, fused_dq_cast=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, fused_dq_cast=True, **fields, **MASKS[mask])
+    _check_keys_report(report, cfg, mask)
+    sass = report["sass"]
+    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])["sass"]
+    assert (sass["HGMMA"], sass["HGMMA_WAITS"]) == (default["HGMMA"], default["HGMMA_WAITS"])
+    assert sorted(sass["USETMAXREG"]) == [32, 240] == sorted([cfg.producer_regs, cfg.consumer_regs])
+    stores_per_chunk = DQ_CAST_ROWS * hdim // 8 // 64
+    assert sass["STG.128"] - default["STG.128"] == (cfg.tile_m // DQ_CAST_ROWS) * stores_per_chunk
+    assert sass["UTMALDG"] - default["UTMALDG"] >= 2  # the chunk loads (first, then one ahead)
+
+
+def test_fused_dq_cast_is_refused_where_it_does_not_exist():
+    with pytest.raises(ValueError, match="fused_dq_cast exists only"):
+        bwd_config("bf16", 256, fused_dq_cast=True)
+    with pytest.raises(ValueError, match="fused_dq_cast exists only"):
+        bwd_config("bf16", 128, fused_dq_cast=True, dq_per_wg=False)
+    cfg = bwd_config("bf16", 128, causal=True, fused_dq_cast=True)
+    assert cfg.smem_bytes() <= SMEM_CAPACITY
+    assert 128 * cfg.producer_regs + 256 * cfg.consumer_regs <= 65536

@@ -146,6 +146,13 @@ class BwdKernelBase:
         return turn
 
     @cute.jit
+    def dq_contributors(self, m_block, seqlen_q, seqlen_k, window_left, window_right):
+        """BwdConfig.fused_dq_cast: how many key blocks add a dQ tile of query block `m_block`
+        (>= 1 for every query block some CTA visits)."""
+        return dq_contributors(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.has_right,
+                               self.has_left, window_left, window_right, cutlass.min)
+
+    @cute.jit
     def wait_turn(self, sem, turn):
         """Deterministic mode: spin (gpu-scope acquire) until query block's semaphore `sem` says
         the key blocks before this one have added their dQ (`turn`, from dq_turn)."""
@@ -189,3 +196,55 @@ def lpt_coords(linear, num_n, pairs, section, min_fn=min):
     size = min_fn(section, pairs - first)
     r = linear - first * num_n
     return r // size, first + r % size
+
+
+def dq_contributors(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, has_right: bool, has_left: bool,
+                    window_left, window_right, min_fn=min):
+    """Key blocks whose CTA visits query block `m_block`: BwdKernelBase.first_n_block ..
+    last_n_block (all of them without that bound). Plain arithmetic: Python ints on the host
+    (tests), Int32 in the kernel; meaningful where the count is positive (a visited block)."""
+    num_n = (seqlen_k + tile_n - 1) // tile_n
+    last = num_n - 1
+    if has_right:
+        x = (m_block + 1) * tile_m + seqlen_k - seqlen_q + window_right
+        last = min_fn((x + tile_n - 1) // tile_n - 1, num_n - 1)
+    first = 0
+    if has_left:
+        lowest_key = m_block * tile_m + seqlen_k - seqlen_q - window_left
+        first = lowest_key // tile_n if lowest_key > 0 else 0
+    return last - first + 1
+
+
+def host_m_block_range(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, has_right: bool,
+                       has_left: bool, window_left: int, window_right: int) -> tuple[int, int]:
+    """BwdKernelBase.m_block_range on the host (Python ints)."""
+    diag = seqlen_k - seqlen_q
+    m_max = (seqlen_q + tile_m - 1) // tile_m
+    m_min = 0
+    if has_right:
+        first_q = n_block * tile_n - diag - window_right
+        m_min = max(m_min, first_q // tile_m if first_q > 0 else 0)
+    if has_left:
+        last_q = (n_block + 1) * tile_n - 1 - diag + window_left
+        m_max = min(m_max, (last_q // tile_m + 1) if last_q >= 0 else 0)
+    return m_min, m_max
+
+
+def every_q_block_visited(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, has_right: bool,
+                          has_left: bool, window_left: int, window_right: int) -> bool:
+    """Whether every query block is visited by some key block's CTA (BwdConfig.fused_dq_cast: a
+    block nobody visits gets no dQ store, so the caller must zero dQ first). The key blocks' query
+    ranges are nondecreasing in both ends and consecutive ones overlap or touch (windows >= 0), so
+    their union is one interval: it is enough that the range of the first key block any query sees
+    starts at 0 and that of the last one ends at the last query block."""
+    num_m = (seqlen_q + tile_m - 1) // tile_m
+    diag = seqlen_k - seqlen_q
+    # keys some query sees: j in [i + diag - left, i + diag + right] for some i < seqlen_q
+    first_key = max(0, diag - window_left) if has_left else 0
+    last_key = min(seqlen_k - 1, seqlen_q - 1 + diag + window_right) if has_right else seqlen_k - 1
+    if num_m == 0 or first_key > last_key:
+        return num_m == 0
+    args = (seqlen_q, seqlen_k, tile_m, tile_n, has_right, has_left, window_left, window_right)
+    lo0, hi0 = host_m_block_range(first_key // tile_n, *args)
+    lo1, hi1 = host_m_block_range(last_key // tile_n, *args)
+    return lo0 < hi0 and lo0 == 0 and lo1 < hi1 and hi1 == num_m

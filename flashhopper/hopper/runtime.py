@@ -27,6 +27,7 @@ from flashhopper.config import (
     fwd_narrow_tile,
     fwd_short_causal,
 )
+from flashhopper.hopper.bwd_common import every_q_block_visited
 from flashhopper.hopper.bwd_pre import ROWS_PER_CTA
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
 from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
@@ -52,6 +53,8 @@ _bwd_overrides: dict = {}
 # tests: fill the dQ accumulator with NaN before the preprocess that should clear it
 # (BwdConfig.pre_zero_dq), so that a row it missed shows
 poison_dq_accum = False
+# test hook: fill the dQ output with NaN before a fused_dq_cast backward (catches unwritten rows)
+poison_dq = False
 
 
 @contextlib.contextmanager
@@ -224,8 +227,9 @@ def _fake_bwd(cfg: BwdConfig):
 
     sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                                         (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    dq = t4(sq, h) if cfg.fused_dq_cast else None
     return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), t4(sq, h, cutlass.Float32),
-            sem, t4(sk, hk), t4(sk, hk))
+            sem, dq, t4(sk, hk), t4(sk, hk))
 
 
 def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
@@ -323,15 +327,28 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         else:
             pre(out, dout, lse, lse_log2, d_rows)
         dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    if deterministic:
+    if deterministic or cfg.fused_dq_cast:  # turns, or landed tiles, per query block
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
     else:  # never read: a cached placeholder saves an allocation and a memset per call
         dq_sem = _unused_int32(q.device)
+    dq = None
+    if cfg.fused_dq_cast:
+        # the kernel stores every query block some key block sees; the others (queries with no
+        # key, at the ends of some masks) must read 0
+        every = every_q_block_visited(sq, k.shape[1], cfg.tile_m, cfg.tile_n, causal or local, local, wl, wr)
+        if every:
+            dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            if poison_dq:
+                dq.fill_(float("nan"))
+        else:
+            dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre, softmax_scale,
+    fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dq, dk, dv, scale_log2, softcap_pre, softmax_scale,
        wl, wr)
+    if dq is not None:
+        return dq, dk, dv
     return dq_accum.to(q.dtype), dk, dv  # the kernel already applied the softmax scale
 
 
