@@ -159,6 +159,20 @@ s8b_fused)  # session 8, second call: the fused dQ cast (BwdConfig.fused_dq_cast
   done
   for f in fused_time fused_time96; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -24; }; done
   ;;
+s8b_tests)  # session 8, second call, GPU 1: the backward tests of the dispatch (pre_zero_dq on), two processes
+  B=tests/test_bwd_gpu.py
+  t=$(($(left) - 10))
+  bg disp_a "$t" python3 -m pytest -q -rf --tb=short $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
+    $B::test_noncontiguous_grad_output $B::test_grad_output_at_unaligned_offset $B::test_unwritten_gradients_show \
+    $B::test_hopper_and_reference_backends_agree_through_autograd $B::test_gradient_matches_finite_differences
+  bg disp_b "$t" python3 -m pytest -q -rf --tb=short $B::test_deterministic_is_bitwise_reproducible \
+    $B::test_backward_pre_zero_dq $B::test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible
+  wait
+  for f in disp_a disp_b; do
+    echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
+  ;;
 s8a_bwd)  # session 8, first call, GPU 0: the backward switches not timed yet (rounds), then their tests
   run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
     --bwd-config default --bwd-config lpt=True
