@@ -500,10 +500,12 @@ class BwdConfig(_KernelConfig):
             raise ValueError("dq_per_wg exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")
         if self.fused_dq_cast and not (self.kv_split == "keys" and self.dq_per_wg):
-            raise ValueError("fused_dq_cast exists only for kv_split 'keys' with dq_per_wg (hdim 64 / 96 / 128, "
+            raise ValueError("fused_dq_cast exists only for kv_split 'keys' with dq_per_wg (hdim 64 / 96 / "
+                             "128, "
                              "hopper/bwd.py): its dQ writer warp counts the landed tiles")
         if self.fused_dq_cast and self.tile_m % DQ_CAST_ROWS:
-            raise ValueError(f"fused_dq_cast: tile_m {self.tile_m} must be a multiple of the {DQ_CAST_ROWS}-row "
+            raise ValueError(f"fused_dq_cast: tile_m {self.tile_m} must be a multiple of the "
+                             f"{DQ_CAST_ROWS}-row "
                              "conversion chunk")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
@@ -636,7 +638,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ, tile_m=_BWD_TILE_M.get(hdim, 64),
+                    deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
+                    tile_m=_BWD_TILE_M.get(hdim, 64),
                     ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide, **_BWD_KEYS_SWITCHES.get(hdim, {}),
                     **(_BWD_KEYS_MASKED if causal or local else _BWD_KEYS_UNMASKED).get(hdim, {}))
     if overrides:

@@ -559,8 +559,8 @@ def test_dq_contributors_match_the_key_blocks_that_visit():
                     if v:
                         assert dq_contributors(m, sq, sk, tile_m, tile_n, has_right, has_left, wl, wr) == v
                         checked += 1
-                assert every_q_block_visited(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr) == all(visits), \
-                    (sq, sk, tile_m, has_right, has_left, wl, wr)
+                every = every_q_block_visited(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr)
+                assert every == all(visits), (sq, sk, tile_m, has_right, has_left, wl, wr)
     assert checked > 10000
 
 

@@ -102,7 +102,7 @@ class FlashBwdSm90(BwdKernelBase):
         mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
         mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
         mdQsem: cute.Tensor,  # (b, h, m_blocks) int32 zeros (deterministic, fused_dq_cast), else any
-        mdQ: Optional[cute.Tensor],  # (b, sq, h, d) out with fused_dq_cast, else None
+        mdQ: Optional[cute.Tensor],  # noqa: UP045 (the DSL reads it)  (b, sq, h, d) out with fused_dq_cast
         mdK: cute.Tensor,  # (b, sk, hk, d)
         mdV: cute.Tensor,  # (b, sk, hk, d)
         scale_log2: Float32,
@@ -160,7 +160,8 @@ class FlashBwdSm90(BwdKernelBase):
         sCvt_layout = cute.make_layout((DQ_CAST_ROWS, self.hdim, DQ_CAST_STAGES),
                                        stride=(self.hdim, 1, DQ_CAST_ROWS * self.hdim))
 
-        SharedStorage = self.shared_storage(sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout, sCvt_layout)
+        SharedStorage = self.shared_storage(sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout,
+                                            sCvt_layout)
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.select(sQ_layout, mode=[0, 1])
@@ -235,8 +236,7 @@ class FlashBwdSm90(BwdKernelBase):
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, mdQ: Optional[cute.Tensor], mdQaccum_ld: Optional[cute.Tensor],
-               tma_atom_cvt: Optional[cute.CopyAtom], sCvt_layout: cute.Layout):
+               SharedStorage: cutlass.Constexpr, mdQ, mdQaccum_ld, tma_atom_cvt, sCvt_layout: cute.Layout):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -448,7 +448,8 @@ class FlashBwdSm90(BwdKernelBase):
         chunk_bytes = chunk_elems * 4
         sCvt_flat = cute.make_tensor(sCvt.iterator, cute.make_layout(DQ_CAST_STAGES * chunk_elems))
         tCsC = cute.group_modes(sCvt, 0, 2)
-        cute.arch.barrier_arrive(barrier_id=_BAR_CVT_EMPTY, number_of_threads=mail_threads)  # slot starts free
+        # the slot starts free
+        cute.arch.barrier_arrive(barrier_id=_BAR_CVT_EMPTY, number_of_threads=mail_threads)
         k = Int32(0)  # chunks loaded so far: ring stage k % stages, phase (k // stages) % 2
         head = Int32(0)
         while head >= 0:
@@ -457,7 +458,8 @@ class FlashBwdSm90(BwdKernelBase):
             m_block = cvt_mail[1]
             if head >= 0:
                 cute.arch.barrier_arrive(barrier_id=_BAR_CVT_EMPTY, number_of_threads=mail_threads)
-                gAcc = cute.local_tile(mdQaccum_ld[None, None, head, batch], (DQ_CAST_ROWS, self.hdim), (None, 0))
+                gAcc = cute.local_tile(mdQaccum_ld[None, None, head, batch], (DQ_CAST_ROWS, self.hdim),
+                                       (None, 0))
                 if warp == 2:
                     # the writer acquired the other CTAs' landed reduce-adds; our loads are async-proxy
                     cute.arch.fence_acq_rel_gpu()
@@ -482,8 +484,9 @@ class FlashBwdSm90(BwdKernelBase):
                         rOut = cute.make_rmem_tensor((_CVT_VEC,), self.dtype)
                         rOut.store(rAcc.load().to(self.dtype))
                         if row0 + row < seqlen_q:
-                            cute.autovec_copy(rOut, cute.local_tile(mdQ[row0 + row, None, head, batch], (_CVT_VEC,),
-                                                                    (idx % vecs_per_row,)))
+                            gdQ_row = mdQ[row0 + row, None, head, batch]
+                            col = idx % vecs_per_row
+                            cute.autovec_copy(rOut, cute.local_tile(gdQ_row, (_CVT_VEC,), (col,)))
                     # every converter thread is done with this stage: it may be loaded again
                     cute.arch.barrier(barrier_id=_BAR_CVT_CHUNK, number_of_threads=_CVT_THREADS)
                 k = k + chunks
