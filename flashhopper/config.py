@@ -24,6 +24,17 @@ WARPGROUP_THREADS = 128
 DQ_CAST_ROWS = 16
 DQ_CAST_STAGES = 2
 
+
+def register_pool(num_warpgroups: int) -> int:
+    """Registers a CTA of `num_warpgroups` warpgroups owns: what each thread is given at launch
+    (the file split evenly, in steps of 8, at most 255), times the threads. setmaxnreg moves
+    registers only inside this pool (USETMAXREG ... CTAPOOL): a split that adds up to the whole
+    64K file but not to the pool leaves the consumers' setmaxnreg.inc waiting forever (a fused
+    dQ-cast build with 32 producer registers next to 240 hung so on the H200, session 8)."""
+    threads = WARPGROUP_THREADS * num_warpgroups
+    return min(REGS_PER_SM // threads // 8 * 8, 248) * threads
+
+
 REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
@@ -206,8 +217,9 @@ class FwdConfig(_KernelConfig):
         self._check_cluster()
         cons, prod = self.consumer_regs, self.producer_regs
         total = WARPGROUP_THREADS * (prod + cons * self.num_consumer_wg)
-        if total > REGS_PER_SM:
-            raise ValueError(f"register split {prod}/{cons} needs {total} > {REGS_PER_SM} registers")
+        if total > register_pool(1 + self.num_consumer_wg):
+            raise ValueError(f"register split {prod}/{cons} needs {total} > "
+                             f"{register_pool(1 + self.num_consumer_wg)} registers (the CTA's pool)")
         # leave ~32 registers for addresses, softmax state and temporaries. This only rejects the
         # hopeless; ptxas has the last word (the compile tests require zero spills).
         if self.accumulator_regs() + 32 > cons:
@@ -401,17 +413,6 @@ class BwdConfig(_KernelConfig):
     dq_chunks: int = 0
 
     @property
-    def producer_regs(self) -> int:
-        """fused_dq_cast's converter warps hold a 16-byte vector, its conversion and a row
-        address each; at 24 registers ptxas spilled 4 values at hdim 96 / 128. 32 with 2 consumer
-        warpgroups at 240 is the whole 64K register file (128 x 32 + 256 x 240)."""
-        regs = super().producer_regs
-        if self.fused_dq_cast:
-            regs = max(regs, (REGS_PER_SM - WARPGROUP_THREADS * self.num_consumer_wg * self.consumer_regs)
-                       // WARPGROUP_THREADS // 8 * 8)
-        return regs
-
-    @property
     def num_do_stages(self) -> int:
         return self.do_stages or self.num_stages
 
@@ -520,6 +521,10 @@ class BwdConfig(_KernelConfig):
                              "its dQ accumulation waits in; one of the two")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+        total = WARPGROUP_THREADS * (self.producer_regs + self.consumer_regs * self.num_consumer_wg)
+        if total > register_pool(1 + self.num_consumer_wg):
+            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} needs {total} > "
+                             f"{register_pool(1 + self.num_consumer_wg)} registers (the CTA's pool)")
         if self.kv_split == "keys":
             self._check_key_split()
 

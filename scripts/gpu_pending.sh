@@ -173,6 +173,48 @@ s8b_tests)  # session 8, second call, GPU 1: the backward tests of the dispatch 
     grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
   ;;
+s8c_bwd)  # session 8, last call, GPU 0: the backward grid of the final dispatch in 2 rounds
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -42; }
+  ;;
+s8c_fwd)  # session 8, last call, GPU 1: the forward grid in 2 rounds, then fp16 in 1
+  run fwd_grid python3 -m flashhopper.cli bench --rounds 2 --json "$O/fwd_grid.json"
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -6; }; done
+  ;;
+s8c_fused)  # session 8, third call, GPU 0: fused dQ cast smoke (own limit: the first build hung), timing
+  B=tests/test_bwd_gpu.py
+  bg fused_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_fused_dq_cast and 4097 and not pre_zero"
+  wait
+  if grep -qE "passed" "$O/fused_smoke.log" && ! grep -qE "failed|rc=137" "$O/fused_smoke.log"; then
+    run fused_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128 --seqlens 512,2048,8192 \
+      --bwd-config default --bwd-config fused_dq_cast=True
+    run fused_grid python3 -m flashhopper.cli bench --bwd --hdim 64 128 --set fused_dq_cast=true \
+      --json "$O/bwd_grid_fused.json"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- fused_smoke: $(grep -E 'passed|failed' "$O/fused_smoke.log" | tail -1) $(tail -1 "$O/fused_smoke.log")"
+  grep -E "^FAILED|^E  " "$O/fused_smoke.log" | head -6
+  for f in fused_time fused_grid; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -30; }; done
+  ;;
+s8c_ftests)  # session 8, third call, GPU 1: every fused dQ cast test, then hdim 96's timing
+  B=tests/test_bwd_gpu.py
+  # GPU 0's smoke first: if the kernel hangs, this GPU's tests would only hang too
+  for _ in $(seq 40); do grep -q "^rc=" "$O/../fh0/fused_smoke.log" 2>/dev/null && break; sleep 4; done
+  if grep -qE " passed" "$O/../fh0/fused_smoke.log" 2>/dev/null && ! grep -qE "failed" "$O/../fh0/fused_smoke.log"; then
+    run fused_tests python3 -m pytest -q -rf --tb=short $B -k "fused_dq_cast"
+    run fused_time96 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 96 --seqlens 512,2048 \
+      --bwd-config default --bwd-config fused_dq_cast=True
+  else
+    echo "smoke did not pass: $(cat "$O/../fh0/fused_smoke.log" 2>/dev/null | tail -2)"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/fused_tests.log" ] && echo "--- fused_tests: $(grep -E 'passed|failed' "$O/fused_tests.log" | tail -1) $(tail -1 "$O/fused_tests.log")"
+  [ -f "$O/fused_tests.log" ] && grep -E "^FAILED|^E  " "$O/fused_tests.log" | head -10
+  [ -f "$O/fused_time96.log" ] && { echo "--- fused_time96"; quiet "$O/fused_time96.log" | tail -8; }
+  ;;
 s8a_bwd)  # session 8, first call, GPU 0: the backward switches not timed yet (rounds), then their tests
   run lpt python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 512,2048,4096 \
     --bwd-config default --bwd-config lpt=True

@@ -39,7 +39,7 @@ def test_dispatched_config_fits(dtype, hdim, mask, softcap):
     # the budgets recomputed here rather than trusted to check()
     assert cfg.smem_bytes() <= SMEM_CAPACITY
     regs = WARPGROUP_THREADS * (cfg.producer_regs + cfg.consumer_regs * cfg.num_consumer_wg)
-    assert regs <= REGS_PER_SM
+    assert regs <= config.register_pool(1 + cfg.num_consumer_wg) <= REGS_PER_SM
     assert cfg.accumulator_regs() < cfg.consumer_regs
     assert cfg.tile_m == 64 * cfg.num_consumer_wg and cfg.tile_n % 16 == 0
     assert cfg.num_threads == WARPGROUP_THREADS * (1 + cfg.num_consumer_wg)
@@ -88,8 +88,14 @@ def test_invalid_configs_name_the_budget(fields, budget):
 def test_register_split_over_the_register_file(monkeypatch):
     # 128 * (24 + 2 * 248) = 66560 registers: more than one SM has
     monkeypatch.setitem(config.REG_SPLIT, 2, (248, 24))
-    with pytest.raises(ValueError, match=r"register split 24/248 needs 66560 > 65536 registers"):
+    with pytest.raises(ValueError, match=r"register split 24/248 needs 66560 > 64512 registers"):
         FwdConfig(dtype="bf16", hdim=64).check()
+    # 65536 fits the SM but not the CTA's launch pool of 384 x 168 (setmaxnreg.inc would wait forever)
+    monkeypatch.setitem(config.REG_SPLIT, 2, (240, 32))
+    with pytest.raises(ValueError, match=r"register split 32/240 needs 65536 > 64512 registers"):
+        FwdConfig(dtype="bf16", hdim=64).check()
+    with pytest.raises(ValueError, match=r"register split 32/240 needs 65536 > 64512 registers"):
+        config.bwd_config("bf16", 128)
 
 
 def test_mask_kind_matches_the_reference_semantics():
@@ -110,7 +116,7 @@ def test_backward_configs_fit(hdim, mask):
     cfg.check()
     assert cfg.smem_bytes() <= SMEM_CAPACITY
     regs = WARPGROUP_THREADS * (cfg.producer_regs + cfg.consumer_regs * cfg.num_consumer_wg)
-    assert regs <= REGS_PER_SM
+    assert regs <= config.register_pool(1 + cfg.num_consumer_wg) <= REGS_PER_SM
     if hdim in config.BWD_WIDE:
         # head-dim split: whole 64-row WGMMA M tiles per warpgroup, P and dS tiles in smem
         assert cfg.kv_split == "hdim"
@@ -388,3 +394,12 @@ def test_backward_pre_zero_dq_is_dispatched_everywhere():
         for causal in (False, True):
             assert config.bwd_config("bf16", hdim, causal=causal).pre_zero_dq
     assert not config.bwd_config("bf16", 128, causal=True, pre_zero_dq=False).pre_zero_dq
+
+
+def test_register_pool_is_what_setmaxnreg_can_move():
+    # 384 threads get 168 each at launch (64512, not 65536): 24 + 2 x 240 fits, 32 + 2 x 240 does not
+    assert config.register_pool(3) == 168 * 384
+    assert config.register_pool(4) == 65536
+    assert 128 * (24 + 2 * 240) <= config.register_pool(3) < 128 * (32 + 2 * 240)
+    for wg, (cons, prod) in config.REG_SPLIT.items():
+        assert 128 * (prod + wg * cons) <= config.register_pool(1 + wg)

@@ -475,7 +475,7 @@ class FlashBwdSm90(BwdKernelBase):
                     stage = kc % DQ_CAST_STAGES
                     cute.arch.mbarrier_wait(cvt_mbar + stage, (kc // DQ_CAST_STAGES) % 2)
                     row0 = m_block * self.tile_m + c * DQ_CAST_ROWS
-                    for j in cutlass.range_constexpr(chunk_elems // _CVT_VEC // _CVT_THREADS):
+                    for j in cutlass.range(chunk_elems // _CVT_VEC // _CVT_THREADS, unroll=1):
                         idx = t + j * _CVT_THREADS
                         row = idx // vecs_per_row
                         rAcc = cute.make_rmem_tensor((_CVT_VEC,), Float32)
