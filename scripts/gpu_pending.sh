@@ -184,6 +184,24 @@ s8c_fwd)  # session 8, last call, GPU 1: the forward grid in 2 rounds, then fp16
   echo "== end at $(($(date +%s) - T0)) s"
   for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -6; }; done
   ;;
+s8c_one)  # session 8, third call, one GPU: fused dQ cast smoke (own limit: the first build hung), tests, timing
+  B=tests/test_bwd_gpu.py
+  bg fused_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_fused_dq_cast and 4097 and not pre_zero"
+  wait
+  if grep -qE " passed" "$O/fused_smoke.log" && ! grep -qE "failed" "$O/fused_smoke.log"; then
+    t=$(($(left) - 170))
+    bg fused_tests "$t" python3 -m pytest -q -rf --tb=short $B -k "fused_dq_cast and not pre_zero"
+    wait
+    run fused_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128 --seqlens 512,2048,8192 \
+      --bwd-config default --bwd-config fused_dq_cast=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fused_smoke fused_tests; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -8
+  done
+  [ -f "$O/fused_time.log" ] && { echo "--- fused_time"; quiet "$O/fused_time.log" | tail -16; }
+  ;;
 s8c_fused)  # session 8, third call, GPU 0: fused dQ cast smoke (own limit: the first build hung), timing
   B=tests/test_bwd_gpu.py
   bg fused_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_fused_dq_cast and 4097 and not pre_zero"

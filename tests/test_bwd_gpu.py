@@ -495,7 +495,7 @@ _FUSED_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 ]
 
 
-@pytest.mark.parametrize("fields", [{}, {"pre_zero_dq": True}])
+@pytest.mark.parametrize("fields", [{}, {"pre_zero_dq": False}])
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _FUSED_CASES)
 def test_backward_fused_dq_cast(d, fields, b, sq, sk, hq, hk, causal, window, softcap, monkeypatch):
