@@ -150,7 +150,7 @@ class BwdKernelBase:
         """BwdConfig.fused_dq_cast: how many key blocks add a dQ tile of query block `m_block`
         (>= 1 for every query block some CTA visits)."""
         return dq_contributors(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.has_right,
-                               self.has_left, window_left, window_right, cutlass.min)
+                               self.has_left, window_left, window_right, cutlass.min, cutlass.max)
 
     @cute.jit
     def wait_turn(self, sem, turn):
@@ -199,10 +199,11 @@ def lpt_coords(linear, num_n, pairs, section, min_fn=min):
 
 
 def dq_contributors(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, has_right: bool, has_left: bool,
-                    window_left, window_right, min_fn=min):
+                    window_left, window_right, min_fn=min, max_fn=max):
     """Key blocks whose CTA visits query block `m_block`: BwdKernelBase.first_n_block ..
     last_n_block (all of them without that bound). Plain arithmetic: Python ints on the host
-    (tests), Int32 in the kernel; meaningful where the count is positive (a visited block)."""
+    (tests), Int32 in the kernel (no Python branch on a value: the kernel's is traced); meaningful
+    where the count is positive (a visited block)."""
     num_n = (seqlen_k + tile_n - 1) // tile_n
     last = num_n - 1
     if has_right:
@@ -211,7 +212,7 @@ def dq_contributors(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, has_r
     first = 0
     if has_left:
         lowest_key = m_block * tile_m + seqlen_k - seqlen_q - window_left
-        first = lowest_key // tile_n if lowest_key > 0 else 0
+        first = max_fn(lowest_key, 0) // tile_n
     return last - first + 1
 
 
