@@ -307,8 +307,8 @@ class FlashBwdSm90(BwdKernelBase):
                                   m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right)
             if cutlass.const_expr(self.cfg.fused_dq_cast):
                 if warp_idx >= 2:
-                    self.convert_dq(mdQ, mdQaccum_ld, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch, seqlen_q,
-                                    tidx - 64)
+                    self.convert_dq(mdQ, mdQaccum_ld, mdQsem, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch,
+                                    seqlen_q, seqlen_k, window_left, window_right, tidx - 64)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
@@ -390,11 +390,13 @@ class FlashBwdSm90(BwdKernelBase):
                     if turn == count - 1:
                         self.post_dq_tile(cvt_mail, head, m_block, lane)
             elif cutlass.const_expr(fused):
-                # the previous step's parts have landed by now (a step's time after their issue)
+                # the previous step's parts have landed by now (a step's time after their issue):
+                # the converters count them. No gpu-scope fence here: one (MEMBAR.GPU) per step in
+                # this warp cost 2-17% on the H200, very likely by also waiting for the reduce-adds
+                # just issued, which holds back the next step's dQ-empty arrivals.
                 if step > 0:
                     cute.arch.cp_async_bulk_wait_group(num_wg, read=False)
-                    self.count_landed_tile(mdQsem, cvt_mail, prev_head, batch, prev_m, seqlen_q, seqlen_k,
-                                           window_left, window_right, lane)
+                    self.post_dq_tile(cvt_mail, prev_head, prev_m, lane)
                 prev_head, prev_m = head, m_block
             cute.arch.sync_warp()
         # smem must outlive the last reads
@@ -403,30 +405,14 @@ class FlashBwdSm90(BwdKernelBase):
             if cutlass.const_expr(not self.cfg.deterministic):
                 if num_steps > 0:
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    self.count_landed_tile(mdQsem, cvt_mail, prev_head, batch, prev_m, seqlen_q, seqlen_k,
-                                           window_left, window_right, lane)
+                    self.post_dq_tile(cvt_mail, prev_head, prev_m, lane)
             self.post_dq_tile(cvt_mail, Int32(-1), Int32(0), lane)  # no more tiles
-
-    @cute.jit
-    def count_landed_tile(self, mdQsem, cvt_mail, head, batch, m_block, seqlen_q, seqlen_k, window_left,
-                          window_right, lane):
-        """fused_dq_cast, after this CTA's reduce-adds of (head, m_block) have landed: count them
-        (release, so that whoever counts last sees them; acquire, so that if that is us we see
-        everyone's) and hand the tile to the converters if this was the last key block to land."""
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_warp()
-        old = Int32(0)
-        if lane == 0:
-            old = cute.arch.atomic_add(mdQsem[None, head, batch].iterator + m_block, Int32(1), sem="acq_rel",
-                                       scope="gpu")
-        old = cute.arch.shuffle_sync(old, 0)
-        if old == self.dq_contributors(m_block, seqlen_q, seqlen_k, window_left, window_right) - 1:
-            self.post_dq_tile(cvt_mail, head, m_block, lane)
 
     @cute.jit
     def post_dq_tile(self, cvt_mail, head, m_block, lane):
         """fused_dq_cast, dQ writer warp: (head, m_block) into the converters' one-slot mailbox
-        (head -1: no more tiles). The slot is free once they have read the previous message."""
+        once this CTA's reduce-adds of that tile have landed (deterministic: only the last turn's);
+        head -1: no more tiles. The slot is free once they have read the previous message."""
         cute.arch.barrier(barrier_id=_BAR_CVT_EMPTY, number_of_threads=32 + _CVT_THREADS)
         if lane == 0:
             cvt_mail[0] = head
@@ -434,8 +420,12 @@ class FlashBwdSm90(BwdKernelBase):
         cute.arch.barrier_arrive(barrier_id=_BAR_CVT_FULL, number_of_threads=32 + _CVT_THREADS)
 
     @cute.jit
-    def convert_dq(self, mdQ, mdQaccum_ld, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch, seqlen_q, t):
-        """fused_dq_cast, warps 2 and 3 (t = 0..63): for each tile the dQ writer posts, load the
+    def convert_dq(self, mdQ, mdQaccum_ld, mdQsem, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch, seqlen_q,
+                   seqlen_k, window_left, window_right, t):
+        """fused_dq_cast, warps 2 and 3 (t = 0..63): for each landed tile the dQ writer posts, warp 2
+        counts it (a gpu-scope acq_rel add on the query block's counter: release, so that whoever
+        counts last sees our reduce-adds, which the writer saw land before it posted; acquire, so
+        that if that is us we see everyone's), and if this key block was the last to land, load the
         finished fp32 sum by TMA in DQ_CAST_ROWS-row chunks (a DQ_CAST_STAGES ring, the next chunk
         in flight while this one converts) and store it in the output dtype, _CVT_VEC elements a
         thread at a time (two 16-byte smem loads, one 16-byte store). Warp 2 issues the loads."""
@@ -456,12 +446,30 @@ class FlashBwdSm90(BwdKernelBase):
             cute.arch.barrier(barrier_id=_BAR_CVT_FULL, number_of_threads=mail_threads)
             head = cvt_mail[0]
             m_block = cvt_mail[1]
+            owner = Int32(0)
             if head >= 0:
                 cute.arch.barrier_arrive(barrier_id=_BAR_CVT_EMPTY, number_of_threads=mail_threads)
+                owner = Int32(1)  # deterministic: the writer posts only its last turns
+                if cutlass.const_expr(not self.cfg.deterministic):
+                    if warp == 2:
+                        cute.arch.fence_acq_rel_gpu()
+                        old = Int32(0)
+                        if lane == 0:
+                            old = cute.arch.atomic_add(mdQsem[None, head, batch].iterator + m_block, Int32(1),
+                                                       sem="acq_rel", scope="gpu")
+                        old = cute.arch.shuffle_sync(old, 0)
+                        count = self.dq_contributors(m_block, seqlen_q, seqlen_k, window_left, window_right)
+                        if lane == 0:
+                            cvt_mail[2] = Int32(old == count - 1)
+                    # warp 3 reads the verdict after this barrier; warp 2 writes the next one only
+                    # after both have met the writer's next message (_BAR_CVT_FULL)
+                    cute.arch.barrier(barrier_id=_BAR_CVT_CHUNK, number_of_threads=_CVT_THREADS)
+                    owner = cvt_mail[2]
+            if owner != 0:
                 gAcc = cute.local_tile(mdQaccum_ld[None, None, head, batch], (DQ_CAST_ROWS, self.hdim),
                                        (None, 0))
                 if warp == 2:
-                    # the writer acquired the other CTAs' landed reduce-adds; our loads are async-proxy
+                    # the count acquired the other CTAs' landed reduce-adds; our loads are async-proxy
                     cute.arch.fence_acq_rel_gpu()
                     cute.arch.fence_proxy("async.global")
                     self.load_dq_chunk(tma_atom_cvt, gAcc, tCsC, cvt_mbar, m_block * chunks, k, chunk_bytes,
