@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Waiting at the end of session 7, on a
+# GPU work by mode, one device call of <= 10 minutes each. Waiting at the end of session 8, on a
 # two-GPU machine (kind nvidia-h200-x2), one mode per GPU through scripts/gpu_two.sh:
 #
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_fwd s8_bwd
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8_tests_fwd s8_tests_bwd
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s9_fused s9_tests
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8c_bwd s8c_fwd
 #
-# s8_fwd: the forward grids (bf16, fp16) and the ablation, each in 3 rounds. s8_bwd: the backward
-# grid in 3 rounds, then the backward switches not timed yet, in rounds (lpt: longest-first launch
-# under causal; pre_zero_dq: no fill kernel; scale_in_ds at 64 again and at 96 / 192 / 256; hdim
-# 64's step order again).
-# s8_tests_*: every GPU test file in full (the per-case seeds are new), the dQ error probe, the
-# cluster timing and FA4's step-schedule switches again (session 4's single rounds contradicted
-# each other by 10%). On one GPU: `bash scripts/gpu_pending.sh MODE`.
-# Earlier sessions' modes (tests, verify, grids, fwd_timings, bwd_timings, s7_*) stay below.
+# s9_fused: the third fused dQ cast build (converters count the tiles): smoke under its own limit,
+# all its tests (incl. the local windows that failed to build in session 8), timing in rounds.
+# s9_tests: the backward test variants not rerun since the per-case seeds changed (session 7).
+# s8c_*: the grids of the final dispatch (backward 2 rounds; forward 2 rounds, then fp16).
+# On one GPU: `bash scripts/gpu_pending.sh MODE` (s8c_one: the fused smoke, tests, timing).
+# Earlier sessions' modes stay below.
 #
 # Most of a timing step is compiling each variant once (~5 s each on the GPU machine); the
 # modes interleave variants over rounds so that clock drift shows as spread.
@@ -183,6 +181,33 @@ s8c_fwd)  # session 8, last call, GPU 1: the forward grid in 2 rounds, then fp16
   run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
   echo "== end at $(($(date +%s) - T0)) s"
   for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -6; }; done
+  ;;
+s9_fused)  # fused dQ cast, third build: smoke (own limit), every test, timing in rounds
+  B=tests/test_bwd_gpu.py
+  bg fused_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_fused_dq_cast and 4097 and not pre_zero"
+  wait
+  if grep -qE " passed" "$O/fused_smoke.log" && ! grep -qE "failed" "$O/fused_smoke.log"; then
+    run fused_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,96,128 --seqlens 512,2048,8192 \
+      --bwd-config default --bwd-config fused_dq_cast=True
+    run fused_tests python3 -m pytest -q -rf --tb=short $B -k "fused_dq_cast"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fused_smoke fused_tests; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -8
+  done
+  [ -f "$O/fused_time.log" ] && { echo "--- fused_time"; quiet "$O/fused_time.log" | tail -22; }
+  ;;
+s9_tests)  # the backward test variants, two processes
+  B=tests/test_bwd_gpu.py
+  t=$(($(left) - 10))
+  bg var_a "$t" python3 -m pytest -q -rf --tb=short $B -k "hdim64_variants or dk_rs or dq_per_wg or scale_in_ds or 80_rows or ds_then_dv or lpt"
+  bg var_b "$t" python3 -m pytest -q -rf --tb=short $B -k "mask_runs or wide"
+  wait
+  for f in var_a var_b; do
+    echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    grep -E "^FAILED|^E  " "$O/$f.log" | head -10
+  done
   ;;
 s8c_one)  # session 8, third call, one GPU: fused dQ cast smoke (own limit: the first build hung), tests, timing
   B=tests/test_bwd_gpu.py
