@@ -622,6 +622,19 @@ _BWD_KEYS_UNMASKED: dict[int, dict] = {64: {"ds_then_dv": True}}
 _BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": True}}
 
 
+# Longest-first launch (BwdConfig.lpt) per call: hdim 128 causal from 2k to 4k tokens, +2.0 / +2.7% there
+# (3 rounds, session 8, docs/benchmarks.md); at 512 -2..-5%, without a mask -1..-3% (the CTAs that
+# run together then no longer share Q and dO in L2), at hdim 64 / 256 +-1%; 8k and longer not timed.
+_BWD_LPT_CAUSAL = {128: (2048, 4096)}
+
+
+def bwd_lpt(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic: bool) -> bool:
+    """Whether a backward call launches longest first (_BWD_LPT_CAUSAL; never deterministic,
+    whose dQ order fixes the launch order)."""
+    lo, hi = _BWD_LPT_CAUSAL.get(hdim, (1, 0))
+    return causal and not deterministic and lo <= max(seqlen_q, seqlen_k) <= hi
+
+
 def parse_overrides(text: str) -> dict:
     """Config fields from the command line / environment: 'tile_n=80,do_stages=1' ->
     {'tile_n': 80, 'do_stages': 1}; 'dq_by_rows=True' -> {'dq_by_rows': True} (true / false in any

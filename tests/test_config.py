@@ -403,3 +403,15 @@ def test_register_pool_is_what_setmaxnreg_can_move():
     assert 128 * (24 + 2 * 240) <= config.register_pool(3) < 128 * (32 + 2 * 240)
     for wg, (cons, prod) in config.REG_SPLIT.items():
         assert 128 * (prod + wg * cons) <= config.register_pool(1 + wg)
+
+
+def test_backward_lpt_per_call_only_where_timed():
+    # hdim 128 causal from 2k to 4k tokens (config._BWD_LPT_CAUSAL): +2.0 / +2.7% on the H200
+    lpt = config.bwd_lpt
+    assert lpt(128, 2048, 2048, True, False) and lpt(128, 4096, 4096, True, False)
+    assert lpt(128, 100, 3000, True, False)
+    assert not lpt(128, 2047, 2047, True, False) and not lpt(128, 4097, 4097, True, False)
+    assert not lpt(128, 2048, 2048, False, False)  # no mask: -1..-3%
+    assert not lpt(128, 2048, 2048, True, True)  # deterministic launches in its own order
+    assert not any(lpt(hdim, 2048, 2048, True, False) for hdim in (64, 96, 192, 256))
+    assert config.bwd_config("bf16", 128, causal=True, lpt=True).lpt

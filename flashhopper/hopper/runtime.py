@@ -22,6 +22,7 @@ from flashhopper.config import (
     BwdConfig,
     FwdConfig,
     bwd_config,
+    bwd_lpt,
     fwd_config,
     fwd_grid,
     fwd_narrow_tile,
@@ -297,8 +298,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
     causal, local, wl, wr = _mask_kind(causal, window_size)
+    per_call = {}
+    if "lpt" not in _bwd_overrides and bwd_lpt(q.shape[-1], q.shape[1], k.shape[1], causal, deterministic):
+        per_call["lpt"] = True
     cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
-                     deterministic=deterministic, **_bwd_overrides)
+                     deterministic=deterministic, **per_call, **_bwd_overrides)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
