@@ -407,6 +407,11 @@ class BwdConfig(_KernelConfig):
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
 
+    # kv_split "hdim": the warpgroups split dK^T and dV^T by keys (WGMMA N: tile_n / W keys each, all
+    # hdim rows as M tiles) instead of by head-dim rows, FA4's shape at hdim 192 (2 warpgroups at 240
+    # registers, 64 x 96; docs/notes/bwd-hdim192.md). The accumulator count is the same; the M split
+    # needs hdim / W to be whole 64-row tiles (so 3 warpgroups at 192), this one does not.
+    dkv_by_keys: bool = False
     # kv_split "hdim": dQ = dS K in this many column chunks, one after the other in the same
     # registers (hopper/bwd_wide.py); 0 picks 1, or 2 where the whole dQ tile would not fit next
     # to dK^T and dV^T (_check_hdim_split's arithmetic: hdim 256 from tile_n 80)
@@ -495,6 +500,9 @@ class BwdConfig(_KernelConfig):
             raise ValueError("ds_then_dv exists only for kv_split 'keys' with tile_m 128 (hdim 64's "
                              "128-row step; 64-row steps already issue dV after dS, and at 80 rows "
                              "ptxas serialized every WGMMA and spilled)")
+        if self.dkv_by_keys and self.kv_split != "hdim":
+            raise ValueError("dkv_by_keys exists only for kv_split 'hdim' (hdim 192 / 256, "
+                             "hopper/bwd_wide.py); kv_split 'keys' splits dK and dV by keys already")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":
@@ -564,9 +572,9 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"num_consumer_wg {wg} not in {sorted(REG_SPLIT)}")
         if self.tile_m != 64:
             raise ValueError(f"tile_m {self.tile_m} must be 64 (one WGMMA M for S and dP)")
-        if self.hdim % (64 * wg):
+        if self.hdim % (64 if self.dkv_by_keys else 64 * wg):
             raise ValueError(f"hdim {self.hdim} must split into 64-row WGMMA M tiles across {wg} "
-                             "warpgroups for dK^T and dV^T")
+                             "warpgroups for dK^T and dV^T (whole 64-row tiles with dkv_by_keys)")
         if self.tile_n % (8 * wg) or self.tile_n % 16 or self.tile_n > 256:
             raise ValueError(f"tile_n {self.tile_n} must give each of the {wg} warpgroups a multiple "
                              "of 8 keys (WGMMA N of S and dP) and be a multiple of 16 up to 256 (WGMMA "

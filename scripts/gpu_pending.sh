@@ -6,6 +6,8 @@
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s9_tests s9_tests_b
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8c_bwd s8c_fwd
 #
+# s9_192: hdim 192 backward with FA4's split (BwdConfig.dkv_by_keys, 2 warpgroups), cases and timing
+# (run it on GPU 1 after s9_short, or in place of s9_tests_b).
 # s9_short: hdim 128 backward at 512-2k with 64-row steps (FA4 takes 64 rows under causal masks; we
 # take 80 everywhere, measured better at 1k / 8k in session 6 but never at 512, our weakest point).
 # s9_fused: the third fused dQ cast build (converters count the tiles): smoke under its own limit,
@@ -209,6 +211,15 @@ s9_short)  # hdim 128 backward on short sequences with 64-row steps (FA4's causa
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/short128.log" ] && { echo "--- short128"; quiet "$O/short128.log" | tail -10; }
   [ -f "$O/short128_cases.log" ] && { echo "--- short128_cases"; grep -E "FAIL|fail|rc=" "$O/short128_cases.log" | tail -8; }
+  ;;
+s9_192)  # hdim 192 backward in FA4's shape (dkv_by_keys, 2 warpgroups): cases, then timing in rounds
+  run cases192 python3 scripts/bwd_check.py --no-bench --case-hdims 192 --bwd-config num_consumer_wg=2,dkv_by_keys=True
+  run time192 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 192 --seqlens 1024,4096,8192 \
+    --bwd-config default --bwd-config num_consumer_wg=2,dkv_by_keys=True \
+    --bwd-config num_consumer_wg=2,dkv_by_keys=True,ds_stages=1
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/cases192.log" ] && { echo "--- cases192"; grep -E "FAIL|fail|rc=" "$O/cases192.log" | tail -8; }
+  [ -f "$O/time192.log" ] && { echo "--- time192"; quiet "$O/time192.log" | tail -10; }
   ;;
 s9_tests|s9_tests_b)  # the backward test variants not rerun since the seeds changed, two processes per GPU
   B=tests/test_bwd_gpu.py

@@ -415,7 +415,7 @@ def _check_wide_report(report, cfg, mask):
     sass = report["sass"]
     # per query block and warpgroup: S and dP (hdim/16 k-blocks each), dV^T and dK^T (64-row M tiles
     # x 4 k-blocks each), dQ (tile_n/16 k-blocks per chunk)
-    m_tiles = cfg.hdim // cfg.num_consumer_wg // 64
+    m_tiles = cfg.hdim // 64 if cfg.dkv_by_keys else cfg.hdim // cfg.num_consumer_wg // 64
     chunks = cfg.num_dq_chunks
     assert sass["HGMMA"] == 2 * (cfg.hdim // 16) + 2 * 4 * m_tiles + chunks * cfg.tile_n // 16
     # commit groups per query block: S, dP, dV^T, dK^T and each dQ chunk; more waits = serialized
@@ -593,3 +593,29 @@ def test_fused_dq_cast_is_refused_where_it_does_not_exist():
     cfg = bwd_config("bf16", 128, causal=True, fused_dq_cast=True)
     assert cfg.smem_bytes() <= SMEM_CAPACITY
     assert 128 * cfg.producer_regs + 256 * cfg.consumer_regs <= 65536
+
+
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize(("hdim", "fields"), [(192, {"num_consumer_wg": 2})])
+def test_backward_wide_dkv_by_keys_compiles(hdim, fields, mask):
+    """dK^T / dV^T split by keys (BwdConfig.dkv_by_keys): at hdim 192 FA4's 2 warpgroups x 48 keys
+    at 240 registers (3 M tiles each) instead of 3 x 64 head-dim rows at 160; the same structure.
+    (At hdim 256, 2 x 40 keys, ptxas spills 4 values: not offered there.)"""
+    cfg = bwd_config("bf16", hdim, dkv_by_keys=True, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, dkv_by_keys=True, **fields, **MASKS[mask])
+    _check_wide_report(report, cfg, mask)
+
+
+def test_backward_wide_dkv_by_keys_deterministic_compiles():
+    cfg = bwd_config("bf16", 192, causal=True, deterministic=True, dkv_by_keys=True, num_consumer_wg=2)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, deterministic=True, dkv_by_keys=True,
+                            num_consumer_wg=2)
+    _check_wide_report(report, cfg, "causal")
+
+
+def test_dkv_by_keys_only_in_the_wide_kernel():
+    with pytest.raises(ValueError, match="dkv_by_keys exists only"):
+        bwd_config("bf16", 128, dkv_by_keys=True)
+    with pytest.raises(ValueError, match="must split into 64-row WGMMA M tiles"):
+        bwd_config("bf16", 192, num_consumer_wg=2)  # the head-dim split needs 3 at 192
+    assert bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=True).num_consumer_wg == 2

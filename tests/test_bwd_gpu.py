@@ -310,6 +310,7 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
     (192, {"do_stages": 1}),
     (256, {"ds_stages": 1}),  # one P / dS buffer pair (two, the default, drop a barrier per step)
     (192, {"ds_stages": 1}),
+    (192, {"dkv_by_keys": True, "num_consumer_wg": 2}),  # FA4's shape (docs/notes/bwd-hdim192.md)
 ])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
 def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
@@ -398,6 +399,12 @@ def _check_deterministic(d, causal, window):
 @pytest.mark.parametrize("d,causal,window", [(256, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(ds_stages=1):
+        _check_deterministic(d, causal, window)
+
+
+@pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (192, False, (300, 40))])
+def test_deterministic_wide_dkv_by_keys_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(dkv_by_keys=True, num_consumer_wg=2):
         _check_deterministic(d, causal, window)
 
 

@@ -55,7 +55,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
 from flashhopper.hopper.bwd_common import BwdKernelBase
-from flashhopper.hopper.bwd_layout import _atom_cols
+from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
 
 # Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
@@ -126,9 +126,13 @@ class FlashBwdWideSm90(BwdKernelBase):
             tiler_mn=(64, self.keys_per_wg))
         # dV^T = dO^T P, dK^T = Q^T dS: M = head dim (split across warpgroups), N = keys, K = queries.
         # A = dO^T / Q^T and B = P^T / dS^T views whose contiguous dim is M / N: both MN-major.
+        # dkv_by_keys: the warpgroups split N (each its own keys_per_wg, the ones its S / dP cover)
+        # and each runs all hdim / 64 M tiles.
+        dkv_atoms, dkv_tiler = (wgs, 1, 1), (64, self.tile_n)
+        if cutlass.const_expr(self.cfg.dkv_by_keys):
+            dkv_atoms, dkv_tiler = (1, wgs, 1), (64, self.keys_per_wg)
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=(wgs, 1, 1),
-            tiler_mn=(64, self.tile_n))
+            self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=dkv_atoms, tiler_mn=dkv_tiler)
         # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
         # per chunk of hdim / dq_chunks columns, split across the warpgroups
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
@@ -138,6 +142,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim)
+        if cutlass.const_expr(self.cfg.dkv_by_keys):
+            # dQ's B operand K^T is split by head dim into hdim / W columns (96 at hdim 192 with two
+            # warpgroups: 1.5 atoms of the 128-byte swizzle, which WGMMA cannot start inside)
+            sK_layout = k_smem_layout(self.dtype, self.tile_n, self.hdim, wgs)
         sP_layout = self.pds_smem_layout()
         # per-query LSE (D) of each Q (dO) stage, loaded on the same barriers as Q (dO)
         sLSE_layout = cute.make_layout((self.tile_m, self.num_stages))
