@@ -412,6 +412,10 @@ class BwdConfig(_KernelConfig):
     # registers, 64 x 96; docs/notes/bwd-hdim192.md). The accumulator count is the same; the M split
     # needs hdim / W to be whole 64-row tiles (so 3 warpgroups at 192), this one does not.
     dkv_by_keys: bool = False
+    # with dkv_by_keys: dV^T is issued as soon as this warpgroup's own P columns are in smem (a
+    # 128-thread barrier), before the all-consumer barrier that dQ (reading every warpgroup's dS)
+    # still needs; order dV^T, dQ, dK^T instead of dQ, dV^T, dK^T (dQ's atomics then run under dK^T)
+    dkv_early: bool = False
     # kv_split "hdim": dQ = dS K in this many column chunks, one after the other in the same
     # registers (hopper/bwd_wide.py); 0 picks 1, or 2 where the whole dQ tile would not fit next
     # to dK^T and dV^T (_check_hdim_split's arithmetic: hdim 256 from tile_n 80)
@@ -503,6 +507,9 @@ class BwdConfig(_KernelConfig):
         if self.dkv_by_keys and self.kv_split != "hdim":
             raise ValueError("dkv_by_keys exists only for kv_split 'hdim' (hdim 192 / 256, "
                              "hopper/bwd_wide.py); kv_split 'keys' splits dK and dV by keys already")
+        if self.dkv_early and not (self.dkv_by_keys and self.kv_split == "hdim" and self.num_dq_chunks == 1):
+            raise ValueError("dkv_early needs dkv_by_keys (each warpgroup reading only its own P columns for "
+                             "dV^T) and dQ in one chunk")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":

@@ -213,9 +213,11 @@ s9_short)  # hdim 128 backward on short sequences with 64-row steps (FA4's causa
   [ -f "$O/short128_cases.log" ] && { echo "--- short128_cases"; grep -E "FAIL|fail|rc=" "$O/short128_cases.log" | tail -8; }
   ;;
 s9_192)  # hdim 192 backward in FA4's shape (dkv_by_keys, 2 warpgroups): cases, then timing in rounds
-  run cases192 python3 scripts/bwd_check.py --no-bench --case-hdims 192 --bwd-config num_consumer_wg=2,dkv_by_keys=True
+  run cases192 python3 scripts/bwd_check.py --no-bench --case-hdims 192 --bwd-config num_consumer_wg=2,dkv_by_keys=True \
+    --bwd-config num_consumer_wg=2,dkv_by_keys=True,dkv_early=True
   run time192 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 192 --seqlens 1024,4096,8192 \
     --bwd-config default --bwd-config num_consumer_wg=2,dkv_by_keys=True \
+    --bwd-config num_consumer_wg=2,dkv_by_keys=True,dkv_early=True \
     --bwd-config num_consumer_wg=2,dkv_by_keys=True,ds_stages=1
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/cases192.log" ] && { echo "--- cases192"; grep -E "FAIL|fail|rc=" "$O/cases192.log" | tail -8; }

@@ -596,7 +596,8 @@ def test_fused_dq_cast_is_refused_where_it_does_not_exist():
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize(("hdim", "fields"), [(192, {"num_consumer_wg": 2})])
+@pytest.mark.parametrize(("hdim", "fields"), [(192, {"num_consumer_wg": 2}),
+                                              (192, {"num_consumer_wg": 2, "dkv_early": True})])
 def test_backward_wide_dkv_by_keys_compiles(hdim, fields, mask):
     """dK^T / dV^T split by keys (BwdConfig.dkv_by_keys): at hdim 192 FA4's 2 warpgroups x 48 keys
     at 240 registers (3 M tiles each) instead of 3 x 64 head-dim rows at 160; the same structure.
@@ -613,9 +614,20 @@ def test_backward_wide_dkv_by_keys_deterministic_compiles():
     _check_wide_report(report, cfg, "causal")
 
 
+def test_backward_wide_dkv_early_adds_one_barrier():
+    # a 128-thread barrier per warpgroup before dV^T; the WGMMAs stay asynchronous (5 waits)
+    fields = {"num_consumer_wg": 2, "dkv_by_keys": True}
+    early = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, dkv_early=True, **fields)["sass"]
+    plain = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, **fields)["sass"]
+    assert early["BAR"] == plain["BAR"] + 1
+    assert early["HGMMA_WAITS"] == plain["HGMMA_WAITS"] == 5
+
+
 def test_dkv_by_keys_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dkv_by_keys exists only"):
         bwd_config("bf16", 128, dkv_by_keys=True)
     with pytest.raises(ValueError, match="must split into 64-row WGMMA M tiles"):
         bwd_config("bf16", 192, num_consumer_wg=2)  # the head-dim split needs 3 at 192
     assert bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=True).num_consumer_wg == 2
+    with pytest.raises(ValueError, match="dkv_early needs dkv_by_keys"):
+        bwd_config("bf16", 192, dkv_early=True)

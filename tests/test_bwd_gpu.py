@@ -311,6 +311,7 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
     (256, {"ds_stages": 1}),  # one P / dS buffer pair (two, the default, drop a barrier per step)
     (192, {"ds_stages": 1}),
     (192, {"dkv_by_keys": True, "num_consumer_wg": 2}),  # FA4's shape (docs/notes/bwd-hdim192.md)
+    (192, {"dkv_by_keys": True, "num_consumer_wg": 2, "dkv_early": True}),
 ])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
 def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):

@@ -63,6 +63,8 @@ _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are don
 _BAR_PDS_FULL = 3  # this query block's P and dS are in smem
 _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any more / tile written
 _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
+# dkv_early: warpgroup w's own P / dS columns are in smem (its 128 threads), ids 6 .. 6 + W - 1
+_BAR_WG_PDS = 6
 
 
 class FlashBwdWideSm90(BwdKernelBase):
@@ -408,13 +410,22 @@ class FlashBwdWideSm90(BwdKernelBase):
             cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
             # generic-proxy smem writes, read next by WGMMA (async proxy)
             cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
             tVrP_s = self.pds_buffer(tVrP, pds)
             tKrdS_s = self.pds_buffer(tKrdS, pds)
             tQrdS_s = self.pds_buffer(tQrdS, pds)
-            # dQ first, so its atomics run under dV and dK
-            issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-            issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s, zero_init=False)
+            if cutlass.const_expr(self.cfg.dkv_early):
+                # dV^T reads only this warpgroup's P columns: it starts once this warpgroup has
+                # written them; dQ reads every warpgroup's dS and waits for all of them
+                cute.arch.barrier(barrier_id=_BAR_WG_PDS + wg, number_of_threads=128)
+                issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s, zero_init=False)
+                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+            else:
+                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                # dQ first, so its atomics run under dV and dK
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+                issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
+                      zero_init=False)
             if cutlass.const_expr(self.dq_chunks == 2):
                 # dQ in two halves through the same registers: the first's atomics under dV^T, the
                 # second's under dK^T
@@ -439,7 +450,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             else:
                 issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                       zero_init=False)
-                warpgroup.wait_group(2)
+                # dQ has landed (issued first, or second after dV^T with dkv_early)
+                warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
                 if cutlass.const_expr(self.cfg.deterministic):
                     self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
                                       window_left, window_right, tidx)
