@@ -20,6 +20,8 @@ WARPGROUP_THREADS = 128
 
 # (consumer, producer) registers per thread after setmaxnreg, by number of consumer warpgroups.
 # The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
+REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+
 # BwdConfig.fused_dq_cast: rows of fp32 dQ per conversion chunk, and chunks in flight
 DQ_CAST_ROWS = 16
 DQ_CAST_STAGES = 2
@@ -34,8 +36,6 @@ def register_pool(num_warpgroups: int) -> int:
     threads = WARPGROUP_THREADS * num_warpgroups
     return min(REGS_PER_SM // threads // 8 * 8, 248) * threads
 
-
-REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
 # with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
@@ -101,6 +101,13 @@ class _KernelConfig:
     @property
     def producer_regs(self) -> int:
         return REG_SPLIT[self.num_consumer_wg][1]
+
+    def _check_register_split(self) -> None:
+        total = WARPGROUP_THREADS * (self.producer_regs + self.consumer_regs * self.num_consumer_wg)
+        pool = register_pool(1 + self.num_consumer_wg)
+        if total > pool:
+            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} needs {total} > "
+                             f"{pool} registers (the CTA's pool)")
 
 
 @dataclass(frozen=True)
@@ -215,11 +222,8 @@ class FwdConfig(_KernelConfig):
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
         self._check_cluster()
-        cons, prod = self.consumer_regs, self.producer_regs
-        total = WARPGROUP_THREADS * (prod + cons * self.num_consumer_wg)
-        if total > register_pool(1 + self.num_consumer_wg):
-            raise ValueError(f"register split {prod}/{cons} needs {total} > "
-                             f"{register_pool(1 + self.num_consumer_wg)} registers (the CTA's pool)")
+        self._check_register_split()
+        cons = self.consumer_regs
         # leave ~32 registers for addresses, softmax state and temporaries. This only rejects the
         # hopeless; ptxas has the last word (the compile tests require zero spills).
         if self.accumulator_regs() + 32 > cons:
@@ -395,10 +399,10 @@ class BwdConfig(_KernelConfig):
     # gap fewer; the bytes written are the same (BwdPreprocessZeroDq).
     pre_zero_dq: bool = False
     # kv_split "keys" with dq_per_wg: dQ comes out of the main kernel in the input dtype, with no
-    # cast kernel after it. The dQ writer warp counts, per (batch, query head, query block), the key
-    # blocks whose reduce-add of that tile has landed (a gpu-scope acq_rel counter in the zeroed
-    # semaphore tensor); the CTA that brings the count to the number of key blocks that see the
-    # query block hands the tile to the producer warpgroup's two idle warps, which load the fp32 sum
+    # cast kernel after it. The dQ writer warp posts each tile whose reduce-adds have landed to the
+    # producer warpgroup's two idle warps, which count it per (batch, query head, query block) (a
+    # gpu-scope acq_rel counter in the zeroed semaphore tensor); the CTA that brings the count to the
+    # number of key blocks that see the query block loads the fp32 sum
     # back by TMA (from L2: it was just written) in 16-row chunks through a 2-stage smem ring and
     # store it converted. The cast kernel read the whole accumulator from DRAM after the kernel:
     # ~48 us at every grid point, ~12% of the backward at 512 (docs/notes/bwd-keys-gap.md).
@@ -517,12 +521,10 @@ class BwdConfig(_KernelConfig):
                              "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")
         if self.fused_dq_cast and not (self.kv_split == "keys" and self.dq_per_wg):
             raise ValueError("fused_dq_cast exists only for kv_split 'keys' with dq_per_wg (hdim 64 / 96 / "
-                             "128, "
-                             "hopper/bwd.py): its dQ writer warp counts the landed tiles")
+                             "128, hopper/bwd.py): its dQ writer warp posts the landed tiles")
         if self.fused_dq_cast and self.tile_m % DQ_CAST_ROWS:
             raise ValueError(f"fused_dq_cast: tile_m {self.tile_m} must be a multiple of the "
-                             f"{DQ_CAST_ROWS}-row "
-                             "conversion chunk")
+                             f"{DQ_CAST_ROWS}-row conversion chunk")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):
@@ -536,10 +538,7 @@ class BwdConfig(_KernelConfig):
                              "its dQ accumulation waits in; one of the two")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
-        total = WARPGROUP_THREADS * (self.producer_regs + self.consumer_regs * self.num_consumer_wg)
-        if total > register_pool(1 + self.num_consumer_wg):
-            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} needs {total} > "
-                             f"{register_pool(1 + self.num_consumer_wg)} registers (the CTA's pool)")
+        self._check_register_split()
         if self.kv_split == "keys":
             self._check_key_split()
 
