@@ -649,6 +649,24 @@ def bwd_lpt(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic
     return causal and not deterministic and lo <= max(seqlen_q, seqlen_k) <= hi
 
 
+# Shorter query steps per call under causal masks: hdim 128 takes 64 rows (FA4's causal tile) up to 1k
+# tokens instead of its 80: +5.0% at 512, +0.5 / +0.4% at 1k / 2k, and -1..-3% without a mask at 1k / 2k
+# (3 rounds, session 9, docs/benchmarks.md). 512 queries are 6.4 steps of 80 rows against 8 of 64. Not
+# with softcap: there the 64-row step with hdim 128's switches spills (one LDL), and it was not timed.
+_BWD_SHORT_CAUSAL_TILE_M = {128: (1024, 64)}
+
+
+def bwd_per_call(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic: bool,
+                 softcap: bool = False) -> dict:
+    """BwdConfig fields chosen per call from the sequence lengths (bwd_lpt, _BWD_SHORT_CAUSAL_TILE_M);
+    only where timed: deterministic mode keeps the per-hdim config."""
+    fields = {"lpt": True} if bwd_lpt(hdim, seqlen_q, seqlen_k, causal, deterministic) else {}
+    longest, tile_m = _BWD_SHORT_CAUSAL_TILE_M.get(hdim, (0, 0))
+    if causal and not deterministic and not softcap and max(seqlen_q, seqlen_k) <= longest:
+        fields["tile_m"] = tile_m
+    return fields
+
+
 def parse_overrides(text: str) -> dict:
     """Config fields from the command line / environment: 'tile_n=80,do_stages=1' ->
     {'tile_n': 80, 'do_stages': 1}; 'dq_by_rows=True' -> {'dq_by_rows': True} (true / false in any

@@ -239,6 +239,15 @@ s9_tests|s9_tests_b)  # the backward test variants not rerun since the seeds cha
     grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
   ;;
+s9_ftests)  # session 9, last call, GPU 1: the new short-causal dispatch's tests, the forward grid (bf16, fp16)
+  run short_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "short_causal or test_backward_fp16 or finite"
+  run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- short_tests: $(grep -E 'passed|failed' "$O/short_tests.log" | tail -1) $(tail -1 "$O/short_tests.log")"
+  grep -E "^FAILED|^E  " "$O/short_tests.log" | head -8
+  for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -6; }; done
+  ;;
 s8c_one)  # session 8, third call, one GPU: fused dQ cast smoke (own limit: the first build hung), tests, timing
   B=tests/test_bwd_gpu.py
   bg fused_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_fused_dq_cast and 4097 and not pre_zero"

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from flashhopper import config
 from flashhopper.compile import inspect_kernel
 from flashhopper.config import BWD_HDIMS, BWD_WIDE, SMEM_CAPACITY, bwd_config
 
@@ -225,6 +226,18 @@ def test_backward_80_rows_variants_compile(fields, mask):
     report = inspect_kernel("bwd", dtype="bf16", hdim=128, tile_m=80, **fields, **MASKS[mask])
     _check_keys_report(report, cfg, mask)
     assert report["sass"]["UTMAREDG"] == _dq_boxes(cfg)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_backward_short_causal_64_rows_compiles(dtype):
+    # what runtime.backward dispatches at hdim 128 under a causal mask up to 1k tokens
+    # (config.bwd_per_call): 64 query rows with hdim 128's switches (dk_rs, dq_per_wg, mask_runs, ...)
+    fields = config.bwd_per_call(128, 1024, 1024, True, False)
+    assert fields == {"tile_m": 64}
+    cfg = bwd_config(dtype, 128, causal=True, **fields)
+    assert not cfg.dq_transposed and cfg.dk_rs and cfg.mask_runs and cfg.scale_in_ds
+    report = inspect_kernel("bwd", dtype=dtype, hdim=128, causal=True, **fields)
+    _check_keys_report(report, cfg, "causal")
 
 
 @pytest.mark.parametrize(("hdim", "fields", "match"), [

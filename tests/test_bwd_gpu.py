@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
 
-from flashhopper import flash_attn_func  # noqa: E402
+from flashhopper import config, flash_attn_func  # noqa: E402
 from flashhopper.hopper import runtime  # noqa: E402
 
 DEV = "cuda"
@@ -318,6 +318,16 @@ def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, so
     """The wide kernel's candidate tiles (BwdConfig tile_n, do_stages) agree with the reference."""
     with runtime.bwd_config_overrides(**fields):
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [_BF16, _FP16])
+@pytest.mark.parametrize("b,sq,sk,hq,hk", [(1, 512, 512, 2, 2), (2, 300, 517, 4, 2), (2, 1024, 1000, 4, 1),
+                                          (1, 17, 1024, 2, 2), (1, 1, 1, 2, 2), (2, 80, 80, 2, 1)])
+def test_backward_short_causal_dispatch(dtype, b, sq, sk, hq, hk):
+    """hdim 128 causal up to 1k tokens runs 64-row steps (config.bwd_per_call), not the 80 of longer
+    sequences: the dispatched path itself, with ragged ends and GQA."""
+    assert config.bwd_per_call(128, sq, sk, True, False) == {"tile_m": 64}
+    run_case(b, sq, sk, hq, hk, 128, dtype=dtype, causal=True)
 
 
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])

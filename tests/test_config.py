@@ -396,6 +396,19 @@ def test_backward_pre_zero_dq_is_dispatched_everywhere():
     assert not config.bwd_config("bf16", 128, causal=True, pre_zero_dq=False).pre_zero_dq
 
 
+def test_backward_per_call_fields_only_where_timed():
+    # hdim 128 causal up to 1k tokens takes 64-row steps (+5.0% at 512 on the H200), 2k-4k lpt
+    per_call = config.bwd_per_call
+    assert per_call(128, 512, 512, True, False) == {"tile_m": 64}
+    assert per_call(128, 17, 1024, True, False) == {"tile_m": 64}
+    assert per_call(128, 1025, 1025, True, False) == {}
+    assert per_call(128, 2048, 2048, True, False) == {"lpt": True}
+    assert per_call(128, 512, 512, False, False) == {}  # no mask: -1..-3% at 1k / 2k
+    assert per_call(128, 512, 512, True, True) == {}  # deterministic: not timed
+    assert per_call(128, 512, 512, True, False, softcap=True) == {}  # spills with softcap
+    assert not any(per_call(hdim, 512, 512, True, False) for hdim in (64, 96, 192, 256))
+
+
 def test_register_pool_is_what_setmaxnreg_can_move():
     # 384 threads get 168 each at launch (64512, not 65536): 24 + 2 x 240 fits, 32 + 2 x 240 does not
     assert config.register_pool(3) == 168 * 384
