@@ -424,6 +424,13 @@ class BwdConfig(_KernelConfig):
     # registers (hopper/bwd_wide.py); 0 picks 1, or 2 where the whole dQ tile would not fit next
     # to dK^T and dV^T (_check_hdim_split's arithmetic: hdim 256 from tile_n 80)
     dq_chunks: int = 0
+    # kv_split "hdim": dQ leaves through an fp32 smem tile (tile_m x hdim) that the producer
+    # warpgroup's second warp adds to the accumulator with TMA reduce-adds, one per warpgroup part
+    # (and dQ chunk), on per-warpgroup empty / full named barriers, as hopper/bwd.py's dq_per_wg and
+    # FA4 at hdim 192 / 256, instead of 8-byte fp32 atomics from the consumers. The tile needs the
+    # smem of a dO stage and a P / dS pair at hdim 192, and FA4's 64 x 64 tile with single Q / dO
+    # stages at 256 (docs/notes/bwd-hdim192.md).
+    dq_tma: bool = False
 
     @property
     def num_do_stages(self) -> int:
@@ -478,7 +485,7 @@ class BwdConfig(_KernelConfig):
         q_do = stages * self.tile_m * self.hdim * 2
         rows = stages * self.row_stride * 4
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1) * self.ds_stages
-        dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" else 0
+        dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" or self.dq_tma else 0
         if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
@@ -514,6 +521,9 @@ class BwdConfig(_KernelConfig):
         if self.dkv_early and not (self.dkv_by_keys and self.kv_split == "hdim" and self.num_dq_chunks == 1):
             raise ValueError("dkv_early needs dkv_by_keys (each warpgroup reading only its own P columns for "
                              "dV^T) and dQ in one chunk")
+        if self.dq_tma and self.kv_split != "hdim":
+            raise ValueError("dq_tma exists only for kv_split 'hdim' (hdim 192 / 256, hopper/bwd_wide.py); "
+                             "kv_split 'keys' always adds dQ by TMA reduce-adds")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":

@@ -239,6 +239,25 @@ s9_tests|s9_tests_b)  # the backward test variants not rerun since the seeds cha
     grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
   ;;
+s9_dqtma192|s9_dqtma256)  # session 9: the wide kernel's dQ by TMA reduce-adds (BwdConfig.dq_tma) in FA4's tiles
+  if [ "$1" = s9_dqtma192 ]; then
+    H=192 NEW=num_consumer_wg=2,dkv_by_keys=True,dq_tma=True,do_stages=1,ds_stages=1
+    ALT=num_consumer_wg=2,dkv_by_keys=True,do_stages=1,ds_stages=1
+  else
+    H=256 NEW=tile_n=64,num_stages=1,do_stages=1,ds_stages=1,dq_tma=True ALT=tile_n=64,num_stages=1,do_stages=1,ds_stages=1
+  fi
+  bg smoke 120 python3 scripts/bwd_check.py --no-bench --case-hdims $H --bwd-config $NEW
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/smoke.log"; then
+    run time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims $H --seqlens 1024,4096,8192 \
+      --bwd-config default --bwd-config $NEW --bwd-config $ALT
+    run det python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "dq_tma and $H"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- smoke"; grep -E "^FAIL|failed|rc=" "$O/smoke.log" | tail -8
+  [ -f "$O/time.log" ] && { echo "--- time"; quiet "$O/time.log" | tail -9; }
+  [ -f "$O/det.log" ] && echo "--- det: $(grep -E 'passed|failed' "$O/det.log" | tail -1) $(tail -1 "$O/det.log")"
+  ;;
 s9_ftests)  # session 9, last call, GPU 1: the new short-causal dispatch's tests, the forward grid (bf16, fp16)
   run short_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "short_causal or test_backward_fp16 or finite"
   run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"

@@ -636,6 +636,31 @@ def test_backward_wide_dkv_early_adds_one_barrier():
     assert early["HGMMA_WAITS"] == plain["HGMMA_WAITS"] == 5
 
 
+_DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "do_stages": 1, "ds_stages": 1},
+           256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1}}
+
+
+@pytest.mark.parametrize("mask", list(MASKS) + ["deterministic"])
+@pytest.mark.parametrize("hdim", [192, 256])
+def test_backward_wide_dq_tma_compiles(hdim, mask):
+    """BwdConfig.dq_tma in FA4's tiles: no atomics, one TMA reduce-add per warpgroup part from the
+    producer warpgroup's second warp; 240 registers, no spills, the WGMMAs asynchronous."""
+    fields = {**_DQ_TMA[hdim], "dq_tma": True}
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", hdim, **fields, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    assert report["sass"]["UTMAREDG"] > 0
+    assert cfg.smem_bytes() - bwd_config("bf16", hdim, **_DQ_TMA[hdim], **masks).smem_bytes() == 64 * hdim * 4
+
+
+def test_dq_tma_only_in_the_wide_kernel():
+    with pytest.raises(ValueError, match="dq_tma exists only"):
+        bwd_config("bf16", 128, dq_tma=True)
+    with pytest.raises(ValueError, match="shared memory"):
+        bwd_config("bf16", 256, dq_tma=True)  # the dispatched 64 x 80 tile has no room for it
+
+
 def test_dkv_by_keys_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dkv_by_keys exists only"):
         bwd_config("bf16", 128, dkv_by_keys=True)

@@ -407,6 +407,28 @@ def _check_deterministic(d, causal, window):
         assert (mine.double() - exact).abs().max() <= 2 * (pt.double() - exact).abs().max() + 1e-3
 
 
+# BwdConfig.dq_tma in FA4's tiles: hdim 192 as 2 warpgroups x 48 keys, hdim 256 at 64 x 64 with one
+# Q / dO stage (the fp32 dQ smem tile takes what a stage and a P / dS pair had)
+DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "dq_tma": True, "do_stages": 1, "ds_stages": 1},
+          256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1, "dq_tma": True}}
+
+
+@pytest.mark.parametrize("d", [192, 256])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (2, 517, 300, 2, 2, True, (-1, -1), 0.0),
+    (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0), (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (1, 1, 17, 2, 2, False, (-1, -1), 0.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
+def test_backward_dq_tma(d, b, sq, sk, hq, hk, causal, window, softcap):
+    with runtime.bwd_config_overrides(**DQ_TMA[d]):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (256, False, (300, 40))])
+def test_deterministic_dq_tma_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(**DQ_TMA[d]):
+        _check_deterministic(d, causal, window)
+
+
 @pytest.mark.parametrize("d,causal,window", [(256, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(ds_stages=1):

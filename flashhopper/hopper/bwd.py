@@ -510,16 +510,6 @@ class FlashBwdSm90(BwdKernelBase):
                                            cute.group_modes(gAcc, 0, 2))
         cute.copy(tma_atom_cvt, tCgA[None, chunk], tCsA[None, stage], tma_bar_ptr=cvt_mbar + stage)
 
-    @cute.jit
-    def pass_turn_when_landed(self, sem, lane):
-        """Deterministic mode, dQ writer warp: the next key block's CTA may add its dQ of this
-        query block only once every reduce-add this warp issued has landed in gmem."""
-        cute.arch.cp_async_bulk_wait_group(0, read=False)
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.sync_warp()
-        if lane == 0:
-            cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
-
     def dq_part_shape(self) -> tuple[int, int]:
         """(rows, cols) of the smem dQ tile that one TMA reduce-add covers: the whole tile, or with
         dq_per_wg one warpgroup's part (its head-dim columns; its query rows with dq_by_rows)."""

@@ -160,6 +160,16 @@ class BwdKernelBase:
             pass
 
     @cute.jit
+    def pass_turn_when_landed(self, sem, lane):
+        """Deterministic mode, dQ writer warp: the next key block's CTA may add its dQ of this
+        query block only once every reduce-add this warp issued has landed in gmem."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_warp()
+        if lane == 0:
+            cute.arch.atomic_add(sem, Int32(1), sem="release", scope="gpu")
+
+    @cute.jit
     def lpt_launch_coords(self, n_block, head_kv, batch, seqlen_q, seqlen_k, ratio):
         """BwdConfig.lpt: (key block, KV head, batch) of the CTA with this block index when the
         grid launches longest first (lpt_coords over lpt_section's L2-sized sections)."""

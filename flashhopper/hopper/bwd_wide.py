@@ -65,6 +65,9 @@ _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any 
 _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
 # dkv_early: warpgroup w's own P / dS columns are in smem (its 128 threads), ids 6 .. 6 + W - 1
 _BAR_WG_PDS = 6
+# dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
+# id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
+_BAR_DQ_WG = 9
 
 
 class FlashBwdWideSm90(BwdKernelBase):
@@ -153,19 +156,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         sLSE_layout = cute.make_layout((self.tile_m, self.num_stages))
         sD_layout = cute.make_layout((self.tile_m, self.do_stages))
 
-        @cute.struct
-        class SharedStorage:
-            mbar_KV: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_dO: cute.struct.MemRange[cutlass.Int64, 2 * self.do_stages]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout)], 1024]
-            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sLSE_layout)], 128]
-            sD: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sD_layout)], 128]
+        # dq_tma: the fp32 dQ tile, each warpgroup part (and chunk) whole swizzle atoms
+        sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_dq_parts)
+        SharedStorage = self.shared_storage(sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout,
+                                            sD_layout, sdQ_layout)
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.select(sQ_layout, mode=[0, 1])
@@ -180,17 +174,23 @@ class FlashBwdWideSm90(BwdKernelBase):
         store_op = cpasync.CopyBulkTensorTileS2GOp()
         tma_atom_dK, tma_dK = cpasync.make_tiled_tma_atom(store_op, mdK, sK_layout, (self.tile_n, self.hdim))
         tma_atom_dV, tma_dV = cpasync.make_tiled_tma_atom(store_op, mdV, sK_layout, (self.tile_n, self.hdim))
+        # dq_tma: the writer's TMA box is one part (a warpgroup's columns of one chunk)
+        tma_atom_dQ, dQaccum = None, mdQaccum
+        if cutlass.const_expr(self.cfg.dq_tma):
+            tma_atom_dQ, dQaccum = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, self.dq_part_layout(sdQ_layout),
+                (self.tile_m, self.dq_part_cols))
 
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, mdQaccum, mdQsem, tma_dK, tma_dV,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQsem, tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
             tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
             sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
             tiled_mma_dkv, tiled_mma_dq,
-            SharedStorage,
+            SharedStorage, tma_atom_dQ, sdQ_layout,
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -203,7 +203,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                sK_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
                sLSE_layout: cute.Layout, sD_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr):
+               SharedStorage: cutlass.Constexpr, tma_atom_dQ, sdQ_layout: cute.ComposedLayout):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -219,6 +219,11 @@ class FlashBwdWideSm90(BwdKernelBase):
         sdS = storage.sdS.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
         sLSE = storage.sLSE.get_tensor(sLSE_layout)
         sD = storage.sD.get_tensor(sD_layout)
+        sdQ = None
+        if cutlass.const_expr(self.cfg.dq_tma):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_atom_dQ)
 
         # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per consumer warp.
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
@@ -257,17 +262,21 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
                              pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
+            if cutlass.const_expr(self.cfg.dq_tma):
+                if warp_idx == 1:
+                    self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
+                                  num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
-                         sdS, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
+                         sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
                          seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
     def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
-                sP, sdS, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx, n_block,
-                head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
+                sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx,
+                n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
                 softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         # smem descriptors depend only on the warpgroup; register partitions on the thread
@@ -315,6 +324,15 @@ class FlashBwdWideSm90(BwdKernelBase):
             dq_coords = [thr_dq.partition_C(cute.local_tile(
                 cute.make_identity_tensor((self.tile_m, self.hdim)), (self.tile_m, dq_cols), (0, c)))
                 for c in range(self.dq_chunks)]
+        tdQsdQ = None
+        dq_copy = None
+        if cutlass.const_expr(self.cfg.dq_tma):
+            # dQ fragments to the smem tile as 8-byte stores (the WGMMA C layout's column pairs)
+            dq_copy = cute.make_tiled_copy_C(
+                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
+                tiled_mma_dq).get_slice(tidx)
+            tdQsdQ = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))
+                      for c in range(self.dq_chunks)]
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
         # four 8 x 8 matrices (16 keys) per stmatrix where the warpgroup's keys come in 16s; two
@@ -430,21 +448,27 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # dQ in two halves through the same registers: the first's atomics under dV^T, the
                 # second's under dK^T
                 warpgroup.wait_group(1)
-                if cutlass.const_expr(self.cfg.deterministic):
-                    self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
-                                      window_left, window_right, tidx)
-                self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
-                            softmax_scale)
+                if cutlass.const_expr(self.cfg.dq_tma):
+                    self.stage_dq(acc_dQ, dq_copy, tdQsdQ[0], wg, softmax_scale, first=True, last=False)
+                else:
+                    if cutlass.const_expr(self.cfg.deterministic):
+                        self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
+                                          window_left, window_right, tidx)
+                    self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
+                                softmax_scale)
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
                 issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                       zero_init=False)
                 warpgroup.wait_group(1)
                 # dV^T has read dO
                 pipe_do.consumer_release(do_state)
-                self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
-                            softmax_scale)
-                if cutlass.const_expr(self.cfg.deterministic):
-                    self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
+                if cutlass.const_expr(self.cfg.dq_tma):
+                    self.stage_dq(acc_dQ, dq_copy, tdQsdQ[1], wg, softmax_scale, first=False, last=True)
+                else:
+                    self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
+                                softmax_scale)
+                    if cutlass.const_expr(self.cfg.deterministic):
+                        self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
@@ -452,13 +476,16 @@ class FlashBwdWideSm90(BwdKernelBase):
                       zero_init=False)
                 # dQ has landed (issued first, or second after dV^T with dkv_early)
                 warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
-                if cutlass.const_expr(self.cfg.deterministic):
-                    self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
-                                      window_left, window_right, tidx)
-                self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
-                            softmax_scale)
-                if cutlass.const_expr(self.cfg.deterministic):
-                    self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
+                if cutlass.const_expr(self.cfg.dq_tma):
+                    self.stage_dq(acc_dQ, dq_copy, tdQsdQ[0], wg, softmax_scale, first=True, last=True)
+                else:
+                    if cutlass.const_expr(self.cfg.deterministic):
+                        self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
+                                          window_left, window_right, tidx)
+                    self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
+                                softmax_scale)
+                    if cutlass.const_expr(self.cfg.deterministic):
+                        self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
                 if cutlass.const_expr(self.do_stages == 1):
                     # one dO stage: hand it back as soon as dV^T has read it (usually done under
                     # the atomics already), so the next block's dO loads under dK^T, not after it
@@ -499,6 +526,104 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+
+    @property
+    def num_dq_parts(self) -> int:
+        """dq_tma: TMA reduce-adds per step, one per (warpgroup, dQ chunk)."""
+        return self.num_consumer_wg * self.dq_chunks
+
+    @property
+    def dq_part_cols(self) -> int:
+        """dq_tma: head-dim columns of one part. Chunk c's tiled MMA covers columns
+        [c * hdim / chunks, (c + 1) * hdim / chunks), warpgroup w the w-th 1 / W of those: part
+        c * W + w, counting parts along the head dim."""
+        return self.hdim // self.num_dq_parts
+
+    def dq_part_layout(self, sdQ_layout):
+        """Part 0 of the smem dQ tile, the TMA atom's smem side; the other parts are the same
+        layout at offsets of whole swizzle periods (checked here, at trace time)."""
+        parts = cute.zipped_divide(sdQ_layout.outer, (self.tile_m, self.dq_part_cols))
+        rest = cute.get(parts, mode=[1])
+        for i in range(cute.size(rest)):
+            if (rest(i) * 4) % 1024:
+                raise ValueError(f"dq_tma: dQ part {i} starts at {rest(i)} fp32, not whole 1 KiB")
+        return cute.make_composed_layout(sdQ_layout.inner, 0, cute.get(parts, mode=[0]))
+
+    def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, sdQ_layout):
+        """The kernel's shared memory, built from a dict in plain Python (a class body's `if` would be
+        traced; this module's postponed annotations would reach cute.struct as strings)."""
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields = {
+            "mbar_KV": mem[cutlass.Int64, 2],
+            "mbar_Q": mem[cutlass.Int64, 2 * self.num_stages],
+            "mbar_dO": mem[cutlass.Int64, 2 * self.do_stages],
+            "sK": align[mem[self.dtype, cute.cosize(sK_layout)], 1024],
+            "sV": align[mem[self.dtype, cute.cosize(sK_layout)], 1024],
+            "sQ": align[mem[self.dtype, cute.cosize(sQ_layout)], 1024],
+            "sdO": align[mem[self.dtype, cute.cosize(sdO_layout)], 1024],
+            "sP": align[mem[self.dtype, cute.cosize(sP_layout)], 1024],
+            "sdS": align[mem[self.dtype, cute.cosize(sP_layout)], 1024],
+            "sLSE": align[mem[Float32, cute.cosize(sLSE_layout)], 128],
+            "sD": align[mem[Float32, cute.cosize(sD_layout)], 128],
+        }
+        if self.cfg.dq_tma:  # last, so that the other buffers keep their offsets
+            fields["sdQ"] = align[mem[Float32, cute.cosize(sdQ_layout)], 1024]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    @cute.jit
+    def stage_dq(self, acc_dQ, dq_copy, tdQsdQ_c, wg, softmax_scale, first: cutlass.Constexpr[bool],
+                 last: cutlass.Constexpr[bool]):
+        """dq_tma: this warpgroup's dQ chunk into its part of the smem tile, once the writer has
+        read the previous step's (first chunk); hand the part over after the last chunk."""
+        if cutlass.const_expr(first):
+            cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
+        if cutlass.const_expr(not self.cfg.scale_in_ds):
+            acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
+        cute.copy(dq_copy, dq_copy.retile(acc_dQ), tdQsdQ_c)
+        if cutlass.const_expr(last):
+            # generic-proxy smem writes, read next by the TMA unit (async proxy)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+                                     number_of_threads=128 + 32)
+
+    @cute.jit
+    def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
+                 num_steps, seqlen_q, seqlen_k, window_left, window_right):
+        """dq_tma, one warp of the producer warpgroup: each warpgroup's dQ part(s) of every step added
+        into dQaccum by TMA reduce-adds (rows past seqlen_q clipped by the TMA unit), one bulk group
+        per warpgroup in warpgroup order; a part is handed back once its group has been read."""
+        lane = cute.arch.lane_idx()
+        wg_threads = 128 + 32
+        num_wg = self.num_consumer_wg
+        part = (self.tile_m, self.dq_part_cols)
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            for w in cutlass.range_constexpr(num_wg):
+                cute.arch.cp_async_bulk_wait_group(num_wg - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+            if cutlass.const_expr(self.cfg.deterministic):
+                sem = mdQsem[None, head, batch].iterator + m_block
+                turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
+            for w in cutlass.range_constexpr(num_wg):
+                cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                if cutlass.const_expr(self.cfg.deterministic and w == 0):
+                    self.wait_turn(sem, turn)
+                for c in cutlass.range_constexpr(self.dq_chunks):
+                    p = c * num_wg + w
+                    # the whole warp runs the copy (it elects its issuing lane itself)
+                    gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, (m_block, p))
+                    sdQ_p = cute.local_tile(sdQ, part, (0, p))
+                    tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                           cute.group_modes(sdQ_p, 0, 2),
+                                                           cute.group_modes(gdQ, 0, 2))
+                    cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+                cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.cfg.deterministic):
+                self.pass_turn_when_landed(sem, lane)
+            cute.arch.sync_warp()
+        # smem must outlive the last reads
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def dp_minus_d(self, dp, d, softmax_scale):
         """dP - D, or with scale_in_ds (D arrived times the scale) dP * scale - D: one FFMA."""
