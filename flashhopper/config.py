@@ -429,7 +429,9 @@ class BwdConfig(_KernelConfig):
     # (and dQ chunk), on per-warpgroup empty / full named barriers, as hopper/bwd.py's dq_per_wg and
     # FA4 at hdim 192 / 256, instead of 8-byte fp32 atomics from the consumers. The tile needs the
     # smem of a dO stage and a P / dS pair at hdim 192, and FA4's 64 x 64 tile with single Q / dO
-    # stages at 256 (docs/notes/bwd-hdim192.md).
+    # stages at 256 (docs/notes/bwd-hdim192.md). Session 9 on the H200: +8..+24% over the atomics in
+    # those tiles, but the tiles lose more to the dispatched ones (net -3..-5% at 192, -11..-19% at
+    # 256); not dispatched.
     dq_tma: bool = False
 
     @property

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Waiting at the end of session 8, on a
-# two-GPU machine (kind nvidia-h200-x2), one mode per GPU through scripts/gpu_two.sh:
+# GPU work by mode, one device call of <= 10 minutes each. Session 9 ran every queued mode (results in
+# docs/benchmarks.md, "GPU runs of session 9"); nothing is waiting. On a two-GPU machine (kind
+# nvidia-h200-x2), one mode per GPU:
 #
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s9_fused s9_short
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s9_tests s9_tests_b
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8c_bwd s8c_fwd
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh MODE0 MODE1
 #
 # s9_192: hdim 192 backward with FA4's split (BwdConfig.dkv_by_keys, 2 warpgroups), cases and timing
 # (run it on GPU 1 after s9_short, or in place of s9_tests_b).
@@ -13,6 +12,9 @@
 # s9_fused: the third fused dQ cast build (converters count the tiles): smoke under its own limit,
 # all its tests (incl. the local windows that failed to build in session 8), timing in rounds.
 # s9_tests: the backward test variants not rerun since the per-case seeds changed (session 7).
+# s9_dqtma192, s9_dqtma256: the wide kernel's dQ by TMA reduce-adds (dq_tma) in FA4's tiles: cases,
+# timing against the dispatch and the same tiles with atomics, its GPU tests.
+# s9_ftests: the short-causal dispatch's tests, then the forward grid in bf16 and fp16.
 # s8c_*: the grids of the final dispatch (backward 2 rounds; forward 2 rounds, then fp16).
 # On one GPU: `bash scripts/gpu_pending.sh MODE`. The modes that produced recorded results stay below
 # (docs/benchmarks.md names them); those never run were dropped.
