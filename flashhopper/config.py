@@ -433,6 +433,11 @@ class BwdConfig(_KernelConfig):
     # those tiles, but the tiles lose more to the dispatched ones (net -3..-5% at 192, -11..-19% at
     # 256); not dispatched.
     dq_tma: bool = False
+    # with dq_tma: smem for the whole fp32 dQ tile (0), or for one part (1: tile_m x hdim / (W x
+    # dq_chunks), 16 KiB at 192 / 256) that the writer lends to one warpgroup at a time in part order
+    # (per-warpgroup barriers, so the warpgroups never meet on one), so that the dispatched tiles fit
+    # with one P / dS pair; the hand-offs of a step then run one after the other.
+    dq_slots: int = 0
 
     @property
     def num_do_stages(self) -> int:
@@ -488,6 +493,8 @@ class BwdConfig(_KernelConfig):
         rows = stages * self.row_stride * 4
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1) * self.ds_stages
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" or self.dq_tma else 0
+        if self.dq_tma and self.dq_slots:
+            dq //= self.num_consumer_wg * self.num_dq_chunks
         if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
@@ -526,6 +533,9 @@ class BwdConfig(_KernelConfig):
         if self.dq_tma and self.kv_split != "hdim":
             raise ValueError("dq_tma exists only for kv_split 'hdim' (hdim 192 / 256, hopper/bwd_wide.py); "
                              "kv_split 'keys' always adds dQ by TMA reduce-adds")
+        if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
+            raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
+                             "time), and only with dq_tma")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":

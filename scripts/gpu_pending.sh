@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 9 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 9"); nothing is waiting. On a two-GPU machine (kind
-# nvidia-h200-x2), one mode per GPU:
+# docs/benchmarks.md, "GPU runs of session 9"). Waiting, on a two-GPU machine (kind nvidia-h200-x2),
+# one mode per GPU:
 #
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh MODE0 MODE1
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s10_slot256 s10_slot192
 #
+# s10_slot256 / s10_slot192: the wide kernel's dQ by TMA reduce-adds through one smem part (dq_tma,
+# dq_slots=1) in the dispatched tiles with one P / dS pair, against the dispatch and the same tiles with
+# the atomics; cases first under their own limit (a new barrier protocol: a hang costs that step).
+# If it wins at 256 (on the grid: 0.91-1.01 of the best peer, target 1.3x), dispatch and rerun s8c_bwd.
 # s9_192: hdim 192 backward with FA4's split (BwdConfig.dkv_by_keys, 2 warpgroups), cases and timing
 # (run it on GPU 1 after s9_short, or in place of s9_tests_b).
 # s9_short: hdim 128 backward at 512-2k with 64-row steps (FA4 takes 64 rows under causal masks; we
@@ -240,6 +244,25 @@ s9_tests|s9_tests_b)  # the backward test variants not rerun since the seeds cha
     echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
     grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
+  ;;
+s10_slot192|s10_slot256)  # session 10: dq_tma with one smem dQ part (dq_slots=1) in the dispatched tiles
+  if [ "$1" = s10_slot192 ]; then
+    H=192 NEW=num_consumer_wg=2,dkv_by_keys=True,ds_stages=1,dq_tma=True,dq_slots=1
+    ALT=num_consumer_wg=2,dkv_by_keys=True,ds_stages=1
+  else
+    H=256 NEW=ds_stages=1,dq_tma=True,dq_slots=1 ALT=ds_stages=1
+  fi
+  bg smoke 120 python3 scripts/bwd_check.py --no-bench --case-hdims $H --bwd-config $NEW
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/smoke.log"; then
+    run time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims $H --seqlens 1024,2048,4096,8192,16384 \
+      --bwd-config default --bwd-config $NEW --bwd-config $ALT
+    run det python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "dq_tma and slot and $H"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- smoke"; grep -E "^FAIL|failed|rc=" "$O/smoke.log" | tail -8
+  [ -f "$O/time.log" ] && { echo "--- time"; quiet "$O/time.log" | tail -12; }
+  [ -f "$O/det.log" ] && echo "--- det: $(grep -E 'passed|failed' "$O/det.log" | tail -1) $(tail -1 "$O/det.log")"
   ;;
 s9_dqtma192|s9_dqtma256)  # session 9: the wide kernel's dQ by TMA reduce-adds (BwdConfig.dq_tma) in FA4's tiles
   if [ "$1" = s9_dqtma192 ]; then

@@ -654,9 +654,34 @@ def test_backward_wide_dq_tma_compiles(hdim, mask):
     assert cfg.smem_bytes() - bwd_config("bf16", hdim, **_DQ_TMA[hdim], **masks).smem_bytes() == 64 * hdim * 4
 
 
+# dq_slots: one fp32 dQ part in smem, lent to each warpgroup in turn, so that the dispatched tiles fit
+# with one P / dS pair (256: 64 x 80, two Q stages; 192: FA4's split with two Q / dO stages)
+_DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1},
+            256: {"ds_stages": 1}}
+
+
+@pytest.mark.parametrize("mask", list(MASKS) + ["deterministic"])
+@pytest.mark.parametrize("hdim", [192, 256])
+def test_backward_wide_dq_slot_compiles(hdim, mask):
+    fields = {**_DQ_SLOT[hdim], "dq_tma": True, "dq_slots": 1}
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", hdim, **fields, **masks)
+    assert (cfg.tile_n, cfg.num_stages) == ((96, 2) if hdim == 192 else (80, 2))
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    assert report["sass"]["UTMAREDG"] > 0
+    # one part: 64 x 96 fp32 at 192 (2 warpgroups, one chunk), 64 x 64 at 256 (2 x 2 chunks)
+    part = 64 * (96 if hdim == 192 else 64) * 4
+    assert cfg.smem_bytes() - bwd_config("bf16", hdim, **_DQ_SLOT[hdim], **masks).smem_bytes() == part
+
+
 def test_dq_tma_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dq_tma exists only"):
         bwd_config("bf16", 128, dq_tma=True)
+    with pytest.raises(ValueError, match="dq_slots 1"):
+        bwd_config("bf16", 256, ds_stages=1, dq_slots=1)
+    with pytest.raises(ValueError, match="dq_slots 2"):
+        bwd_config("bf16", 256, ds_stages=1, dq_tma=True, dq_slots=2)
     with pytest.raises(ValueError, match="shared memory"):
         bwd_config("bf16", 256, dq_tma=True)  # the dispatched 64 x 80 tile has no room for it
 

@@ -413,19 +413,27 @@ DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "dq_tma": True, "do_s
           256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1, "dq_tma": True}}
 
 
+# with dq_slots: one dQ part in smem lent to each warpgroup in turn, in the dispatched tiles with one
+# P / dS pair (192 in FA4's split with two Q / dO stages)
+DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1},
+           256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1}}
+
+
+@pytest.mark.parametrize("slot", [False, True], ids=["tile", "slot"])
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (2, 517, 300, 2, 2, True, (-1, -1), 0.0),
     (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0), (1, 700, 700, 2, 2, False, (100, 20), 10.0),
     (1, 1, 17, 2, 2, False, (-1, -1), 0.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
-def test_backward_dq_tma(d, b, sq, sk, hq, hk, causal, window, softcap):
-    with runtime.bwd_config_overrides(**DQ_TMA[d]):
+def test_backward_dq_tma(slot, d, b, sq, sk, hq, hk, causal, window, softcap):
+    with runtime.bwd_config_overrides(**(DQ_SLOT if slot else DQ_TMA)[d]):
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.parametrize("slot", [False, True], ids=["tile", "slot"])
 @pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (256, False, (300, 40))])
-def test_deterministic_dq_tma_is_bitwise_reproducible(d, causal, window):
-    with runtime.bwd_config_overrides(**DQ_TMA[d]):
+def test_deterministic_dq_tma_is_bitwise_reproducible(slot, d, causal, window):
+    with runtime.bwd_config_overrides(**(DQ_SLOT if slot else DQ_TMA)[d]):
         _check_deterministic(d, causal, window)
 
 

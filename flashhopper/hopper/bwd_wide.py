@@ -41,6 +41,12 @@ registers: chunk 0 is issued before dV^T and its atomics run under dV^T, chunk 1
 atomics under dK^T. Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with
 one); with one dO stage it is released as soon as dV^T has read it, so the next block's dO loads
 under dK^T.
+
+BwdConfig.dq_tma (default off) replaces the atomics: each warpgroup stores its dQ chunk(s) into its
+part of an fp32 smem tile and the producer warpgroup's second warp adds every part with a TMA
+reduce-add (hopper/bwd.py's dq_per_wg hand-off). The tile fits only beside FA4's smaller tiles
+(one dO stage and one P / dS pair at 192, 64 x 64 with single stages at 256), where it measured
++8..+24% over the atomics but below the dispatched tiles (docs/notes/bwd-hdim192.md).
 """
 
 from __future__ import annotations
@@ -156,8 +162,18 @@ class FlashBwdWideSm90(BwdKernelBase):
         sLSE_layout = cute.make_layout((self.tile_m, self.num_stages))
         sD_layout = cute.make_layout((self.tile_m, self.do_stages))
 
-        # dq_tma: the fp32 dQ tile, each warpgroup part (and chunk) whole swizzle atoms
+        # dq_tma: the fp32 dQ tile, each warpgroup part (and chunk) whole swizzle atoms; with
+        # dq_slots one part, which every part passes through
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_dq_parts)
+        if cutlass.const_expr(self.cfg.dq_slots):
+            sdQ_layout = self.dq_part_layout(sdQ_layout)
+        # dq_slots: one warpgroup's dQ MMA over one part, to partition the slot by thread % 128
+        tiled_mma_dq_part = None
+        if cutlass.const_expr(self.cfg.dq_slots):
+            tiled_mma_dq_part = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, 1, 1),
+                tiler_mn=(self.tile_m, self.dq_part_cols))
+            self.check_part_mma(tiled_mma_dq, tiled_mma_dq_part)
         SharedStorage = self.shared_storage(sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout,
                                             sD_layout, sdQ_layout)
 
@@ -178,7 +194,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         tma_atom_dQ, dQaccum = None, mdQaccum
         if cutlass.const_expr(self.cfg.dq_tma):
             tma_atom_dQ, dQaccum = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, self.dq_part_layout(sdQ_layout),
+                cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum,
+                sdQ_layout if self.cfg.dq_slots else self.dq_part_layout(sdQ_layout),
                 (self.tile_m, self.dq_part_cols))
 
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
@@ -190,7 +207,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
             sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
             tiled_mma_dkv, tiled_mma_dq,
-            SharedStorage, tma_atom_dQ, sdQ_layout,
+            SharedStorage, tma_atom_dQ, sdQ_layout, tiled_mma_dq_part,
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -203,7 +220,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                sK_layout: cute.ComposedLayout, sP_layout: cute.ComposedLayout,
                sLSE_layout: cute.Layout, sD_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, tma_atom_dQ, sdQ_layout: cute.ComposedLayout):
+               SharedStorage: cutlass.Constexpr, tma_atom_dQ, sdQ_layout: cute.ComposedLayout,
+               tiled_mma_dq_part):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -264,18 +282,21 @@ class FlashBwdWideSm90(BwdKernelBase):
                              pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
             if cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
-                    self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
-                                  num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right)
+                    writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
+                    writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
+                           num_steps, seqlen_q, seqlen_k, window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
-                         sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
+                         sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv,
+                         pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
                          seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
     def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
-                sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx,
+                sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv, pipe_q,
+                pipe_do, tidx,
                 n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
                 softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -333,6 +354,13 @@ class FlashBwdWideSm90(BwdKernelBase):
                 tiled_mma_dq).get_slice(tidx)
             tdQsdQ = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))
                       for c in range(self.dq_chunks)]
+            if cutlass.const_expr(self.cfg.dq_slots):
+                # every part goes through the one slot: this thread's place in it is where the
+                # same thread of warpgroup 0 would write part 0 (check_part_mma)
+                dq_copy = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
+                    tiled_mma_dq_part).get_slice(tidx % 128)
+                tdQsdQ = [dq_copy.partition_D(sdQ)] * self.dq_chunks
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
         # four 8 x 8 matrices (16 keys) per stmatrix where the warpgroup's keys come in 16s; two
@@ -575,12 +603,12 @@ class FlashBwdWideSm90(BwdKernelBase):
                  last: cutlass.Constexpr[bool]):
         """dq_tma: this warpgroup's dQ chunk into its part of the smem tile, once the writer has
         read the previous step's (first chunk); hand the part over after the last chunk."""
-        if cutlass.const_expr(first):
+        if cutlass.const_expr(first or self.cfg.dq_slots):
             cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
         if cutlass.const_expr(not self.cfg.scale_in_ds):
             acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
         cute.copy(dq_copy, dq_copy.retile(acc_dQ), tdQsdQ_c)
-        if cutlass.const_expr(last):
+        if cutlass.const_expr(last or self.cfg.dq_slots):
             # generic-proxy smem writes, read next by the TMA unit (async proxy)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
@@ -624,6 +652,59 @@ class FlashBwdWideSm90(BwdKernelBase):
             cute.arch.sync_warp()
         # smem must outlive the last reads
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
+                      num_steps, seqlen_q, seqlen_k, window_left, window_right):
+        """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
+        0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
+        the grant and the hand-back are that warpgroup's own barriers."""
+        lane = cute.arch.lane_idx()
+        wg_threads = 128 + 32
+        num_wg = self.num_consumer_wg
+        part = (self.tile_m, self.dq_part_cols)
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            if cutlass.const_expr(self.cfg.deterministic):
+                sem = mdQsem[None, head, batch].iterator + m_block
+                turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
+            for c in cutlass.range_constexpr(self.dq_chunks):
+                for w in cutlass.range_constexpr(num_wg):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+                    cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                    if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0):
+                        self.wait_turn(sem, turn)
+                    gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, (m_block, c * num_wg + w))
+                    # the whole warp runs the copy (it elects its issuing lane itself)
+                    tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                                           cute.group_modes(sdQ, 0, 2),
+                                                           cute.group_modes(gdQ, 0, 2))
+                    cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+                    cute.arch.cp_async_bulk_commit_group()
+            if cutlass.const_expr(self.cfg.deterministic):
+                self.pass_turn_when_landed(sem, lane)
+            cute.arch.sync_warp()
+
+    def check_part_mma(self, tiled_mma_dq, tiled_mma_dq_part):
+        """dq_slots: thread t of warpgroup w holds, in its part of the dQ chunk, the elements thread t
+        of the one-warpgroup part MMA holds, in the same register order (checked at trace time on
+        a few threads: the slot is partitioned by thread % 128)."""
+        cols = self.dq_part_cols
+        chunk = cute.make_identity_tensor((self.tile_m, self.hdim // self.dq_chunks))
+        one = cute.make_identity_tensor((self.tile_m, cols))
+        for w in range(self.num_consumer_wg):
+            for t in (0, 5, 31, 32, 77, 127):
+                mine = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
+                ref = tiled_mma_dq_part.get_slice(t).partition_C(one)
+                if cute.size(mine) != cute.size(ref):
+                    raise ValueError("dq_slots: the part MMA's fragment differs in size")
+                for i in range(cute.size(mine)):
+                    r, c = mine[i]
+                    if (r, c - w * cols) != tuple(ref[i]):
+                        raise ValueError(f"dq_slots: thread {w * 128 + t} holds dQ ({r}, {c}) at {i}, "
+                                         f"the part MMA {tuple(ref[i])}")
 
     def dp_minus_d(self, dp, d, softmax_scale):
         """dP - D, or with scale_in_ds (D arrived times the scale) dP * scale - D: one FFMA."""
