@@ -46,7 +46,9 @@ BwdConfig.dq_tma (default off) replaces the atomics: each warpgroup stores its d
 part of an fp32 smem tile and the producer warpgroup's second warp adds every part with a TMA
 reduce-add (hopper/bwd.py's dq_per_wg hand-off). The tile fits only beside FA4's smaller tiles
 (one dO stage and one P / dS pair at 192, 64 x 64 with single stages at 256), where it measured
-+8..+24% over the atomics but below the dispatched tiles (docs/notes/bwd-hdim192.md).
++8..+24% over the atomics but below the dispatched tiles (docs/notes/bwd-hdim192.md). With
+dq_slots=1 only one part lives in smem and the writer lends it to the warpgroups in part order,
+which fits the dispatched tiles with one P / dS pair (not yet run on a GPU).
 """
 
 from __future__ import annotations
