@@ -438,6 +438,11 @@ class BwdConfig(_KernelConfig):
     # (per-warpgroup barriers, so the warpgroups never meet on one), so that the dispatched tiles fit
     # with one P / dS pair; the hand-offs of a step then run one after the other.
     dq_slots: int = 0
+    # kv_split "hdim": where the tile-wide swizzle atom of P / dS does not divide a warpgroup's key
+    # columns, the widest atom that does (FA4's rule: 48 keys at hdim 192 by keys -> the 32-byte
+    # swizzle, 32 keys of tile_n 64 -> the 64-byte one) instead of the interleaved atom; 40 keys (the
+    # dispatched 64 x 80 at 256) have none and stay interleaved
+    pds_swizzle_per_wg: bool = False
 
     @property
     def num_do_stages(self) -> int:
@@ -536,6 +541,8 @@ class BwdConfig(_KernelConfig):
         if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
             raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
                              "time), and only with dq_tma")
+        if self.pds_swizzle_per_wg and self.kv_split != "hdim":
+            raise ValueError("pds_swizzle_per_wg exists only for kv_split 'hdim' (hopper/bwd_wide.py)")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":

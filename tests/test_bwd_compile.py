@@ -675,6 +675,16 @@ def test_backward_wide_dq_slot_compiles(hdim, mask):
     assert cfg.smem_bytes() - bwd_config("bf16", hdim, **_DQ_SLOT[hdim], **masks).smem_bytes() == part
 
 
+@pytest.mark.parametrize("mask", ["none", "causal", "softcap"])
+def test_backward_wide_pds_swizzle_per_wg_compiles(mask):
+    # FA4's step at hdim 192 (48 keys per warpgroup: the 32-byte swizzle for P / dS, dV^T before the
+    # all-consumer barrier, the scale in dS) with dQ through one smem part
+    fields = {**_DQ_SLOT[192], "dq_tma": True, "dq_slots": 1, "pds_swizzle_per_wg": True, "dkv_early": True,
+              "scale_in_ds": True}
+    cfg = bwd_config("bf16", 192, **fields, **MASKS[mask])
+    _check_wide_report(inspect_kernel("bwd", dtype="bf16", hdim=192, **fields, **MASKS[mask]), cfg, mask)
+
+
 def test_dq_tma_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dq_tma exists only"):
         bwd_config("bf16", 128, dq_tma=True)
@@ -682,6 +692,8 @@ def test_dq_tma_only_in_the_wide_kernel():
         bwd_config("bf16", 256, ds_stages=1, dq_slots=1)
     with pytest.raises(ValueError, match="dq_slots 2"):
         bwd_config("bf16", 256, ds_stages=1, dq_tma=True, dq_slots=2)
+    with pytest.raises(ValueError, match="pds_swizzle_per_wg exists only"):
+        bwd_config("bf16", 128, pds_swizzle_per_wg=True)
     with pytest.raises(ValueError, match="shared memory"):
         bwd_config("bf16", 256, dq_tma=True)  # the dispatched 64 x 80 tile has no room for it
 

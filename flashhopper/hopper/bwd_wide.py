@@ -59,6 +59,7 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
@@ -90,12 +91,14 @@ class FlashBwdWideSm90(BwdKernelBase):
     def pds_smem_layout(self):
         """(queries, keys, ds_stages) layout of the P and dS tiles, keys contiguous.
 
-        The widest swizzle whose atom holds a whole number of each warpgroup's keys, since every
-        warpgroup stores its own key columns (stmatrix, partitioned by the S / dP tiled MMA): at
-        tile_n 64 (32 keys per warpgroup) the 128-byte swizzle; at 80 (40) and 48 (24) no swizzle
-        atom divides the warpgroup's columns (a 40-column offset is 2.5 atoms of the 32-byte one),
-        so the interleaved (unswizzled) atom of 8 x 8 core matrices, as FA3 picks for 64 x 80:
-        each core matrix is 128 contiguous bytes, so stmatrix and WGMMA stay free of bank conflicts.
+        The swizzle atom of the whole tile's width where it holds a whole number of each
+        warpgroup's keys, since every warpgroup stores its own key columns (stmatrix, partitioned by
+        the S / dP tiled MMA): 32 keys per warpgroup at tile_n 96 (the 64-byte atom). Otherwise (40
+        keys of tile_n 80, 48 of 96 with two warpgroups, 32 of 64 whose tile-wide atom is the
+        128-byte one) the interleaved (unswizzled) atom of 8 x 8 core matrices, as FA3 picks for
+        64 x 80: each core matrix is 128 contiguous bytes, so stmatrix and WGMMA stay free of bank
+        conflicts; with pds_swizzle_per_wg the widest swizzle that does divide the warpgroup's keys
+        where there is one (FA4's rule).
         """
         atom_cols = _atom_cols(self.dtype, self.tile_n)
         # one pair of buffers keeps the 2-D layout (and the dispatched kernels' code) unchanged
@@ -103,6 +106,11 @@ class FlashBwdWideSm90(BwdKernelBase):
         if self.keys_per_wg % atom_cols == 0:
             return L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n, *stages)
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_INTER, self.dtype)
+        swizzled = _atom_cols(self.dtype, self.keys_per_wg) >= 256 // self.dtype.width
+        if self.cfg.pds_swizzle_per_wg and swizzled:
+            # a narrower swizzle that each warpgroup's columns hold whole (SW32 for 48 keys)
+            kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.keys_per_wg)
+            atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
         shape = (self.tile_m, self.tile_n, *stages)
         return cute.tile_to_shape(atom, shape, order=tuple(range(len(shape))))
 
