@@ -9,6 +9,8 @@
 # dq_slots=1) in the dispatched tiles with one P / dS pair, against the dispatch and the same tiles with
 # the atomics; cases first under their own limit (a new barrier protocol: a hang costs that step).
 # If it wins at 256 (on the grid: 0.91-1.01 of the best peer, target 1.3x), dispatch and rerun s8c_bwd.
+# s10_ncu192: ncu of the hdim 192 backward main kernel, ours (3 variants) against FA4's: tensor pipe,
+# stall reasons, L2 reduce sectors, smem bank conflicts (why FA4 is 1.32-1.38x faster in the same tile).
 # s9_192: hdim 192 backward with FA4's split (BwdConfig.dkv_by_keys, 2 warpgroups), cases and timing
 # (run it on GPU 1 after s9_short, or in place of s9_tests_b).
 # s9_short: hdim 128 backward at 512-2k with 64-row steps (FA4 takes 64 rows under causal masks; we
@@ -244,6 +246,11 @@ s9_tests|s9_tests_b)  # the backward test variants not rerun since the seeds cha
     echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
     grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
+  ;;
+s10_ncu192)  # session 10: Nsight Compute of the hdim 192 backward, ours against FA4's (scripts/profile_bwd.sh)
+  run ncu192 bash scripts/profile_bwd.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/ncu192.log" ] && tail -100 "$O/ncu192.log"
   ;;
 s10_slot192|s10_slot256)  # session 10: dq_tma with one smem dQ part (dq_slots=1) in the dispatched tiles
   # 192 also with FA4's P / dS swizzle (pds_swizzle_per_wg) and its step order (dV^T before the
