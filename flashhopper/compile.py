@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 TARGET_ARCH = "sm_90a"
 # Opcode families counted in SASS. A line counts for NAME when its opcode is NAME or NAME.<modifiers>.
+# ACQBULK: griddepcontrol.wait (programmatic dependent launch, BwdConfig.pdl)
 SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH",
-                "LDL", "STL")
+                "LDL", "STL", "ACQBULK")
 INSTALL_HINT = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
 

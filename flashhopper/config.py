@@ -443,6 +443,13 @@ class BwdConfig(_KernelConfig):
     # swizzle, 32 keys of tile_n 64 -> the 64-byte one) instead of the interleaved atom; 40 keys (the
     # dispatched 64 x 80 at 256) have none and stay interleaved
     pds_swizzle_per_wg: bool = False
+    # Programmatic dependent launch: the main kernel is launched so that it may start while the
+    # preprocess (pre_zero_dq's, which signals once its O / dO rows are read) is still finishing, and
+    # only the warps that read what the preprocess writes (LSE / D rows, the cleared dQ accumulator)
+    # wait for it (griddepcontrol.wait): the launch and the prologue (barrier init, descriptor
+    # prefetch, K / V loads) run under the preprocess's tail, as FA4 does. A few microseconds a call;
+    # most visible at short sequences.
+    pdl: bool = False
 
     @property
     def num_do_stages(self) -> int:

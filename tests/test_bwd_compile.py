@@ -685,6 +685,56 @@ def test_backward_wide_pds_swizzle_per_wg_compiles(mask):
     _check_wide_report(inspect_kernel("bwd", dtype="bf16", hdim=192, **fields, **MASKS[mask]), cfg, mask)
 
 
+@pytest.mark.parametrize(("hdim", "mask", "waits"), [
+    (64, "none", 2), (128, "causal", 2), (128, "deterministic", 2), (192, "none", 2), (256, "causal", 2)])
+def test_backward_pdl_compiles(hdim, mask, waits):
+    """BwdConfig.pdl: the main kernel waits for the preprocess (griddepcontrol.wait, SASS ACQBULK)
+    only in the warps that read what it wrote: the producer (LSE / D rows) and the dQ writer (keys
+    kernel) or the consumers' atomics (wide kernel); the rest of the kernel is unchanged."""
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", hdim, pdl=True, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, pdl=True, **masks)
+    plain = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **masks)
+    assert report["sass"]["ACQBULK"] == waits and plain["sass"]["ACQBULK"] == 0
+    for key in ("HGMMA", "HGMMA_WAITS", "BAR", "SYNCS", "UTMAREDG"):
+        assert report["sass"][key] == plain["sass"][key], key
+    assert report["spill_bytes"] == 0 and report["registers"] == plain["registers"]
+    assert cfg.pdl
+
+
+def test_backward_preprocess_pdl_signals_dependents():
+    from flashhopper.hopper.runtime import compile_bwd_pre
+
+    def opcodes(pdl):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = compile_bwd_pre("bf16", 128, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False,
+                                    zero_dq=True, pdl=pdl).__cubin__
+        return _sass_opcodes(cubin)
+
+    # griddepcontrol.launch_dependents is SASS PREEXIT
+    assert opcodes(True).count("PREEXIT") == 1 and opcodes(False).count("PREEXIT") == 0
+
+
+def _sass_opcodes(cubin: bytes) -> list[str]:
+    import os
+    import subprocess
+    import tempfile
+
+    from flashhopper.compile import find_sass_tools, parse_sass
+
+    cuobjdump, nvdisasm = find_sass_tools()
+    env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, env=env,
+                              check=True).stdout
+    return [op for op, _ in parse_sass(text)]
+
+
 def test_dq_tma_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dq_tma exists only"):
         bwd_config("bf16", 128, dq_tma=True)

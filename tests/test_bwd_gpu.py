@@ -407,6 +407,25 @@ def _check_deterministic(d, causal, window):
         assert (mine.double() - exact).abs().max() <= 2 * (pt.double() - exact).abs().max() + 1e-3
 
 
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
+def test_backward_pdl(d, b, sq, sk, hq, hk, causal, window, softcap):
+    """BwdConfig.pdl: the main kernel may start under the preprocess's tail; only the warps that
+    read the preprocess's rows and cleared accumulator wait for it. Run twice in a row, so that the
+    second call's preprocess follows the first call's kernels."""
+    with runtime.bwd_config_overrides(pdl=True):
+        for _ in range(2):
+            run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d,causal,window", [(128, True, (-1, -1)), (256, False, (300, 40))])
+def test_deterministic_pdl_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(pdl=True):
+        _check_deterministic(d, causal, window)
+
+
 # BwdConfig.dq_tma in FA4's tiles: hdim 192 as 2 warpgroups x 48 keys, hdim 256 at 64 x 64 with one
 # Q / dO stage (the fp32 dQ smem tile takes what a stage and a P / dS pair had)
 DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "dq_tma": True, "do_stages": 1, "ds_stages": 1},

@@ -199,7 +199,7 @@ class FlashBwdSm90(BwdKernelBase):
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
             SharedStorage, mdQ, tma_cvt, tma_atom_cvt, sCvt_layout,
         ).launch(grid=grid, block=[128 * (1 + self.num_consumer_wg), 1, 1], stream=stream,
-                 min_blocks_per_mp=1)
+                 min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
 
     def shared_storage(self, sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout, sCvt_layout):
         """The kernel's shared memory (plain Python: the DSL would turn the class body's `if` into
@@ -321,6 +321,8 @@ class FlashBwdSm90(BwdKernelBase):
                  num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right):
         """One warp: add each step's smem dQ tile into dQaccum with a TMA reduce (rows past
         seqlen_q are clipped by the TMA unit)."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         dq_threads = self.num_consumer_threads + 32
         for step in cutlass.range(num_steps, unroll=1):
@@ -353,6 +355,8 @@ class FlashBwdSm90(BwdKernelBase):
         overwrite it once that TMA has read it (its dQ-empty barrier): the warpgroups meet the
         writer, not each other. Deterministic: one semaphore turn per query block covers all parts,
         issued in warpgroup order, and is handed on once all of them have landed in gmem."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
@@ -429,6 +433,8 @@ class FlashBwdSm90(BwdKernelBase):
         finished fp32 sum by TMA in DQ_CAST_ROWS-row chunks (a DQ_CAST_STAGES ring, the next chunk
         in flight while this one converts) and store it in the output dtype, _CVT_VEC elements a
         thread at a time (two 16-byte smem loads, one 16-byte store). Warp 2 issues the loads."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: dQaccum and its counters
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = cute.arch.lane_idx()
         mail_threads = 32 + _CVT_THREADS

@@ -63,6 +63,9 @@ class BwdKernelBase:
         pipe_kv.producer_acquire(kv_state)
         cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        if cutlass.const_expr(self.cfg.pdl):
+            # BwdConfig.pdl: K and V are inputs; the LSE / D rows are the preprocess's
+            cute.arch.griddepcontrol_wait()
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of

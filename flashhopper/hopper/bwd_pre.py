@@ -53,6 +53,7 @@ class BwdPreprocess:
         self.hdim = hdim
         self.lanes = lanes_per_row(hdim)
         self.rows_per_pass = 32 * WARPS // self.lanes
+        self.pdl = False  # BwdPreprocessZeroDq's option
         if ROWS_PER_CTA % self.rows_per_pass:
             raise ValueError(f"hdim {hdim}: {self.rows_per_pass} rows per pass do not divide {ROWS_PER_CTA}")
 
@@ -102,6 +103,10 @@ class BwdPreprocess:
                 for v in cutlass.range_constexpr(vecs):
                     cute.autovec_copy(cute.local_tile(gO, (VEC,), (lane + v * lanes,)), rO[None, v, p])
                     cute.autovec_copy(cute.local_tile(gdO, (VEC,), (lane + v * lanes,)), rdO[None, v, p])
+        if cutlass.const_expr(self.pdl):
+            # BwdConfig.pdl: the main kernel may launch now; it waits for this grid to complete
+            # (griddepcontrol.wait) before it reads anything written below
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(mdQaccum is not None):
             # 16-byte stores of zeros while the loads above are in flight; the group's lanes write
             # contiguous vectors of the row, as they read O
@@ -152,9 +157,10 @@ class BwdPreprocessZeroDq(BwdPreprocess):
     its O and dO rows are read, so the backward needs no fill kernel before it (`scale_d`: D times
     the softmax scale, as BwdPreprocessScaled)."""
 
-    def __init__(self, dtype: str, hdim: int, scale_d: bool = False):
+    def __init__(self, dtype: str, hdim: int, scale_d: bool = False, pdl: bool = False):
         super().__init__(dtype, hdim)
         self.scale_d = scale_d
+        self.pdl = pdl
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,

@@ -218,7 +218,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
             tiled_mma_dkv, tiled_mma_dq,
             SharedStorage, tma_atom_dQ, sdQ_layout, tiled_mma_dq_part,
-        ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1,
+                 use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV,
@@ -310,6 +311,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
                 softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
         # smem descriptors depend only on the warpgroup; register partitions on the thread
         wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
@@ -630,6 +633,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         """dq_tma, one warp of the producer warpgroup: each warpgroup's dQ part(s) of every step added
         into dQaccum by TMA reduce-adds (rows past seqlen_q clipped by the TMA unit), one bulk group
         per warpgroup in warpgroup order; a part is handed back once its group has been read."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
@@ -669,6 +674,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
         0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
         the grant and the hand-back are that warpgroup's own barriers."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg

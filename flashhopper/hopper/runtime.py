@@ -270,18 +270,19 @@ def _fake_dq_accum(hdim: int):
 
 
 def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
-                    scale_d: bool = False, zero_dq: bool = False):
+                    scale_d: bool = False, zero_dq: bool = False, pdl: bool = False):
     """The backward preprocess (D and log2-LSE rows), compiled without a GPU. `scale_d`: D times
     a runtime softmax scale (BwdConfig.scale_in_ds); `zero_dq`: it also clears the fp32 dQ
     accumulator, which then comes after D and takes the scale argument either way
-    (BwdConfig.pre_zero_dq)."""
+    (BwdConfig.pre_zero_dq); `pdl` (with zero_dq): it lets the main kernel launch once its rows are
+    read (BwdConfig.pdl)."""
     from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled, BwdPreprocessZeroDq
 
     tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     if zero_dq:
-        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d), *_fake_pre(dtype, hdim),
+        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d, pdl), *_fake_pre(dtype, hdim),
                             _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=opts.strip())
     if scale_d:
         return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
@@ -305,11 +306,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
-    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq)
+    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq, cfg.pdl)
     pre = _cache.get(pre_key)
     if pre is None:
         pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds,
-                                                zero_dq=cfg.pre_zero_dq)
+                                                zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
