@@ -450,6 +450,13 @@ class BwdConfig(_KernelConfig):
     # prefetch, K / V loads) run under the preprocess's tail, as FA4 does. A few microseconds a call;
     # most visible at short sequences.
     pdl: bool = False
+    # The fp32 dQ accumulator in (batch, head, seqlen, hdim) memory order instead of q's (batch,
+    # seqlen, head, hdim), passed to the same kernels as a permuted view (their strides are runtime
+    # values): a query block's tile is then one contiguous tile_m x hdim block instead of rows
+    # h x hdim x 4 bytes apart, closer to FA4's flat accumulator, for the reduce-adds' L2 / DRAM
+    # locality (docs/notes/bwd-hdim192.md). The cast to dQ writes q's order. A runtime choice only:
+    # the kernels compiled for it are the same.
+    dq_accum_head_major: bool = False
 
     @property
     def num_do_stages(self) -> int:

@@ -5,6 +5,7 @@
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s10_slot256 s10_slot192
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s10_pdl s10_ncu192
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s10_accum s8c_bwd
 #
 # s10_slot256 / s10_slot192: the wide kernel's dQ by TMA reduce-adds through one smem part (dq_tma,
 # dq_slots=1) in the dispatched tiles with one P / dS pair, against the dispatch and the same tiles with
@@ -12,6 +13,8 @@
 # If it wins at 256 (on the grid: 0.91-1.01 of the best peer, target 1.3x), dispatch and rerun s8c_bwd.
 # s10_pdl: the backward main kernel launched under the preprocess's tail (BwdConfig.pdl): smoke, timing
 # at 512-4k (predicted: a few us a call, +1-3% at 512, nothing at 4k), its tests.
+# s10_accum: the dQ accumulator in (b, h, sq, d) memory order (BwdConfig.dq_accum_head_major; FA4's
+# accumulator is per (b, h) too): smoke, timing at every hdim, tests.
 # s10_ncu192: ncu of the hdim 192 backward main kernel, ours (3 variants) against FA4's: tensor pipe,
 # stall reasons, L2 reduce sectors, smem bank conflicts (why FA4 is 1.32-1.38x faster in the same tile).
 # s9_192: hdim 192 backward with FA4's split (BwdConfig.dkv_by_keys, 2 warpgroups), cases and timing
@@ -265,6 +268,22 @@ s10_pdl)  # session 10: programmatic dependent launch of the backward main kerne
     [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -8
   done
   [ -f "$O/pdl_time.log" ] && { echo "--- pdl_time"; quiet "$O/pdl_time.log" | tail -20; }
+  ;;
+s10_accum)  # session 10: the dQ accumulator in (b, h, sq, d) order (BwdConfig.dq_accum_head_major)
+  B=tests/test_bwd_gpu.py
+  bg accum_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_dq_accum_head_major and 17-17"
+  wait
+  if grep -qE " passed" "$O/accum_smoke.log" && ! grep -qE "failed" "$O/accum_smoke.log"; then
+    run accum_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,192,256 --seqlens 1024,8192 \
+      --bwd-config default --bwd-config dq_accum_head_major=True
+    run accum_tests python3 -m pytest -q -rf --tb=short $B -k "head_major"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in accum_smoke accum_tests; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -8
+  done
+  [ -f "$O/accum_time.log" ] && { echo "--- accum_time"; quiet "$O/accum_time.log" | tail -20; }
   ;;
 s10_ncu192)  # session 10: Nsight Compute of the hdim 192 backward, ours against FA4's (scripts/profile_bwd.sh)
   run ncu192 bash scripts/profile_bwd.sh

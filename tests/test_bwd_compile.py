@@ -756,3 +756,17 @@ def test_dkv_by_keys_only_in_the_wide_kernel():
     assert bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=True).num_consumer_wg == 2
     with pytest.raises(ValueError, match="dkv_early needs dkv_by_keys"):
         bwd_config("bf16", 192, dkv_early=True)
+
+
+def test_dq_accum_head_major_is_a_permuted_view():
+    # BwdConfig.dq_accum_head_major: the kernels get (b, sq, h, d) with (b, h, sq, d) memory
+    import torch
+
+    from flashhopper.hopper.runtime import _dq_accum
+
+    q = torch.empty(2, 17, 3, 64)
+    plain = _dq_accum(q, bwd_config("bf16", 64), torch.zeros)
+    head_major = _dq_accum(q, bwd_config("bf16", 64, dq_accum_head_major=True), torch.zeros)
+    assert plain.shape == head_major.shape == q.shape and plain.is_contiguous()
+    assert head_major.stride() == (3 * 17 * 64, 64, 17 * 64, 1)
+    assert head_major.permute(0, 2, 1, 3).is_contiguous()

@@ -295,6 +295,15 @@ def _unused_int32(device) -> torch.Tensor:
     return torch.zeros((1, 1, 1), dtype=torch.int32, device=device)
 
 
+def _dq_accum(q, cfg: BwdConfig, alloc):
+    """The fp32 dQ accumulator as a (b, sq, h, d) tensor; with dq_accum_head_major its memory is
+    (b, h, sq, d) (a permuted view: the kernels take any strides)."""
+    b, sq, h, d = q.shape
+    if cfg.dq_accum_head_major:
+        return alloc((b, h, sq, d), dtype=torch.float32, device=q.device).permute(0, 2, 1, 3)
+    return alloc(q.shape, dtype=torch.float32, device=q.device)
+
+
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
@@ -321,7 +330,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
-        dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        dq_accum = _dq_accum(q, cfg, torch.empty)
         if poison_dq_accum:
             dq_accum.fill_(float("nan"))
         pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
@@ -330,7 +339,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
             pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
         else:
             pre(out, dout, lse, lse_log2, d_rows)
-        dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq_accum = _dq_accum(q, cfg, torch.zeros)
     if deterministic or cfg.fused_dq_cast:  # turns, or landed tiles, per query block
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
     else:  # never read: a cached placeholder saves an allocation and a memset per call
@@ -353,7 +362,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
        wl, wr)
     if dq is not None:
         return dq, dk, dv
-    return dq_accum.to(q.dtype), dk, dv  # the kernel already applied the softmax scale
+    # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
+    return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
 
 
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
