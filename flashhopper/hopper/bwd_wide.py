@@ -703,6 +703,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
+        # smem must outlive the last read
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     def check_part_mma(self, tiled_mma_dq, tiled_mma_dq_part):
         """dq_slots: thread t of warpgroup w holds, in its part of the dQ chunk, the elements thread t
