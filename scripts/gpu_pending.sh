@@ -299,15 +299,16 @@ s10_slot192|s10_slot256)  # session 10: dq_tma with one smem dQ part (dq_slots=1
     ALL=$NEW,pds_swizzle_per_wg=True,dkv_early=True,scale_in_ds=True
     MORE="--bwd-config $NEW,pds_swizzle_per_wg=True --bwd-config $ALL"
   else
-    H=256 NEW=ds_stages=1,dq_tma=True,dq_slots=1 ALT=ds_stages=1 ALL=$NEW,scale_in_ds=True
-    MORE="--bwd-config $ALL"
+    # and FA4's own hdim 256 tile (64 x 48, one dO stage, one pair) with the whole dQ tile in smem
+    H=256 NEW=ds_stages=1,dq_tma=True,dq_slots=1 ALT=ds_stages=1 ALL=tile_n=48,do_stages=1,ds_stages=1,dq_tma=True
+    MORE="--bwd-config $NEW,scale_in_ds=True --bwd-config $ALL"
   fi
   bg smoke 150 python3 scripts/bwd_check.py --no-bench --case-hdims $H --bwd-config $NEW --bwd-config $ALL
   wait
   if grep -qE "^0 of [0-9]+ cases failed" "$O/smoke.log"; then
     run time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims $H --seqlens 1024,2048,4096,8192,16384 \
       --bwd-config default --bwd-config $NEW --bwd-config $ALT $MORE
-    run det python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "(dq_tma and slot and $H) or (fa4_step and $H)"
+    run det python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "(dq_tma and slot and $H) or (fa4_step and $H) or (fa4_tile and $H)"
   fi
   echo "== end at $(($(date +%s) - T0)) s"
   echo "--- smoke"; grep -E "^FAIL|failed|rc=" "$O/smoke.log" | tail -8

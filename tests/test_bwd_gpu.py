@@ -473,6 +473,16 @@ def test_backward_dq_slot_fa4_step_192(b, sq, sk, hq, hk, causal, window, softca
         run_case(b, sq, sk, hq, hk, 192, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
+def test_backward_dq_tma_fa4_tile_256(b, sq, sk, hq, hk, causal, window, softcap):
+    """FA4's hdim 256 tile (64 x 48, two Q stages, one dO stage, one P / dS pair) with the whole fp32
+    dQ tile in smem."""
+    with runtime.bwd_config_overrides(tile_n=48, do_stages=1, ds_stages=1, dq_tma=True):
+        run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window, softcap=softcap)
+
+
 @pytest.mark.parametrize("slot", [False, True], ids=["tile", "slot"])
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
