@@ -735,6 +735,18 @@ def _sass_opcodes(cubin: bytes) -> list[str]:
     return [op for op, _ in parse_sass(text)]
 
 
+@pytest.mark.parametrize("mask", ["none", "causal", "local", "softcap", "deterministic"])
+def test_backward_wide_dq_tma_fa4_tile_256_compiles(mask):
+    # FA4's hdim 256 tile: 64 x 48 (24 keys per warpgroup), two Q stages, one dO stage, one P / dS
+    # pair and the whole 64 KiB fp32 dQ tile: 227,136 bytes of smem
+    fields = {"tile_n": 48, "do_stages": 1, "ds_stages": 1, "dq_tma": True}
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", 256, **fields, **masks)
+    assert cfg.num_dq_chunks == 1 and cfg.smem_bytes() <= SMEM_CAPACITY
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **fields, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+
+
 def test_dq_tma_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dq_tma exists only"):
         bwd_config("bf16", 128, dq_tma=True)
