@@ -15,7 +15,8 @@
 # the atomics; cases first under their own limit (a new barrier protocol: a hang costs that step).
 # If it wins at 256 (on the grid: 0.91-1.01 of the best peer, target 1.3x), dispatch and rerun s8c_bwd.
 # s10_pdl: the backward main kernel launched under the preprocess's tail (BwdConfig.pdl): smoke, timing
-# at 512-4k (predicted: a few us a call, +1-3% at 512, nothing at 4k), its tests.
+# at 512-4k (predicted: a few us a call, +1-3% at 512, nothing at 4k), its tests; then hdim 64 backward
+# at 512-2k with 64-row steps (FA4's causal tile; our hdim 64 causal 512 / 1k sit at 0.93 / 0.94).
 # s10_accum: the dQ accumulator in (b, h, sq, d) memory order (BwdConfig.dq_accum_head_major; FA4's
 # accumulator is per (b, h) too): smoke, timing at every hdim, tests.
 # s10_ncu192: ncu of the hdim 192 backward main kernel, ours (3 variants) against FA4's: tensor pipe,
@@ -265,7 +266,13 @@ s10_pdl)  # session 10: programmatic dependent launch of the backward main kerne
       --bwd-config default --bwd-config pdl=True
     run pdl_tests python3 -m pytest -q -rf --tb=short $B -k "pdl"
   fi
+  # then hdim 64 with FA4's 64-row causal step (we take 128 rows), as s9_short did for hdim 128
+  run short64 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64 --seqlens 512,1024,2048 \
+    --bwd-config default --bwd-config tile_m=64
+  run short64_cases python3 scripts/bwd_check.py --no-bench --case-hdims 64 --bwd-config tile_m=64
   echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/short64.log" ] && { echo "--- short64"; quiet "$O/short64.log" | tail -8; }
+  [ -f "$O/short64_cases.log" ] && { echo "--- short64_cases"; grep -E "FAIL|fail|rc=" "$O/short64_cases.log" | tail -4; }
   for f in pdl_smoke pdl_tests; do
     [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
     [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -8
