@@ -124,7 +124,7 @@ def test_parse_sass_lines():
     assert [op for op, _ in ins][:3] == ["USETMAXREG.TRY_ALLOC.CTAPOOL", "BRA", "BAR.SYNC.DEFER_BLOCKING"]
     counts = count_opcodes(ins)
     assert counts == {"HGMMA": 1, "QGMMA": 0, "UTMALDG": 1, "UTMASTG": 0, "UTMAREDG": 0, "SYNCS": 1, "BAR": 2,
-                      "MUFU.EX2": 1, "MUFU.TANH": 0, "LDL": 1, "STL": 0}
+                      "MUFU.EX2": 1, "MUFU.TANH": 0, "LDL": 1, "STL": 0, "ACQBULK": 0}
     assert setmaxnreg_values(ins) == [{"kind": "TRY_ALLOC.CTAPOOL", "regs": 240},
                                       {"kind": "DEALLOC.CTAPOOL", "regs": 24}]
     assert parse_ptxas_spills("no spills here") == 0
