@@ -43,7 +43,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from flashhopper.config import DQ_CAST_ROWS, DQ_CAST_STAGES
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
-from flashhopper.hopper.bwd_common import BwdKernelBase
+from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
 from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
 
@@ -202,9 +202,7 @@ class FlashBwdSm90(BwdKernelBase):
                  min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
 
     def shared_storage(self, sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout, sCvt_layout):
-        """The kernel's shared memory (plain Python: the DSL would turn the class body's `if` into
-        a traced branch, whose annotations would not reach the struct)."""
-        # built from a dict: this module's postponed annotations would reach cute.struct as strings
+        """The kernel's shared memory (bwd_common.smem_struct: built from a dict)."""
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
             "mbar_KV": mem[cutlass.Int64, 2],
@@ -223,7 +221,7 @@ class FlashBwdSm90(BwdKernelBase):
             fields["mbar_cvt"] = mem[cutlass.Int64, DQ_CAST_STAGES]
             fields["cvt_mail"] = mem[Int32, 4]
             fields["sCvt"] = align[mem[Float32, cute.cosize(sCvt_layout)], 128]
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        return smem_struct(fields)
 
     @cute.kernel
     def kernel(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV,

@@ -13,6 +13,13 @@ from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
 
 
+def smem_struct(fields: dict):
+    """A cute.struct from {name: MemRange / Align type}, built in plain Python: a kernel's class-body
+    `if` would be traced (its annotations would not reach the struct), and the kernel modules'
+    postponed annotations would reach cute.struct as strings."""
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+
 class BwdKernelBase:
     def __init__(self, cfg: BwdConfig):
         cfg.check()

@@ -63,7 +63,7 @@ from cutlass.tensor_utils import LayoutEnum
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
-from flashhopper.hopper.bwd_common import BwdKernelBase
+from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
 from flashhopper.hopper.mma import issue_gemm
 
@@ -362,18 +362,16 @@ class FlashBwdWideSm90(BwdKernelBase):
         dq_copy = None
         if cutlass.const_expr(self.cfg.dq_tma):
             # dQ fragments to the smem tile as 8-byte stores (the WGMMA C layout's column pairs)
-            dq_copy = cute.make_tiled_copy_C(
-                cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
-                tiled_mma_dq).get_slice(tidx)
-            tdQsdQ = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))
-                      for c in range(self.dq_chunks)]
+            st_dq = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64)
             if cutlass.const_expr(self.cfg.dq_slots):
                 # every part goes through the one slot: this thread's place in it is where the
                 # same thread of warpgroup 0 would write part 0 (check_part_mma)
-                dq_copy = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
-                    tiled_mma_dq_part).get_slice(tidx % 128)
+                dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq_part).get_slice(tidx % 128)
                 tdQsdQ = [dq_copy.partition_D(sdQ)] * self.dq_chunks
+            else:
+                dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq).get_slice(tidx)
+                tdQsdQ = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))
+                          for c in range(self.dq_chunks)]
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
         # four 8 x 8 matrices (16 keys) per stmatrix where the warpgroup's keys come in 16s; two
@@ -591,8 +589,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         return cute.make_composed_layout(sdQ_layout.inner, 0, cute.get(parts, mode=[0]))
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, sdQ_layout):
-        """The kernel's shared memory, built from a dict in plain Python (a class body's `if` would be
-        traced; this module's postponed annotations would reach cute.struct as strings)."""
+        """The kernel's shared memory (bwd_common.smem_struct: built from a dict)."""
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
             "mbar_KV": mem[cutlass.Int64, 2],
@@ -609,7 +606,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         }
         if self.cfg.dq_tma:  # last, so that the other buffers keep their offsets
             fields["sdQ"] = align[mem[Float32, cute.cosize(sdQ_layout)], 1024]
-        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+        return smem_struct(fields)
 
     @cute.jit
     def stage_dq(self, acc_dQ, dq_copy, tdQsdQ_c, wg, softmax_scale, first: cutlass.Constexpr[bool],
@@ -638,7 +635,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
-        part = (self.tile_m, self.dq_part_cols)
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
@@ -654,13 +650,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                     self.wait_turn(sem, turn)
                 for c in cutlass.range_constexpr(self.dq_chunks):
                     p = c * num_wg + w
-                    # the whole warp runs the copy (it elects its issuing lane itself)
-                    gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, (m_block, p))
-                    sdQ_p = cute.local_tile(sdQ, part, (0, p))
-                    tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                                           cute.group_modes(sdQ_p, 0, 2),
-                                                           cute.group_modes(gdQ, 0, 2))
-                    cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+                    sdQ_p = cute.local_tile(sdQ, (self.tile_m, self.dq_part_cols), (0, p))
+                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, p)
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
@@ -679,7 +670,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
-        part = (self.tile_m, self.dq_part_cols)
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
@@ -693,18 +683,24 @@ class FlashBwdWideSm90(BwdKernelBase):
                     cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                     if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0):
                         self.wait_turn(sem, turn)
-                    gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, (m_block, c * num_wg + w))
-                    # the whole warp runs the copy (it elects its issuing lane itself)
-                    tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
-                                                           cute.group_modes(sdQ, 0, 2),
-                                                           cute.group_modes(gdQ, 0, 2))
-                    cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
+                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ, head, batch, m_block, c * num_wg + w)
                     cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
         # smem must outlive the last read
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, p: cutlass.Constexpr[int]):
+        """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ part p of query block
+        m_block (rows past seqlen_q clipped by the TMA unit). The whole warp runs the copy (it
+        elects its issuing lane itself)."""
+        part = (self.tile_m, self.dq_part_cols)
+        gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, (m_block, p))
+        tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
+                                               cute.group_modes(sdQ_p, 0, 2), cute.group_modes(gdQ, 0, 2))
+        cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
 
     def check_part_mma(self, tiled_mma_dq, tiled_mma_dq_part):
         """dq_slots: thread t of warpgroup w holds, in its part of the dQ chunk, the elements thread t

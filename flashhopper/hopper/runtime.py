@@ -308,10 +308,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
     causal, local, wl, wr = _mask_kind(causal, window_size)
-    per_call = bwd_per_call(q.shape[-1], q.shape[1], k.shape[1], causal, deterministic, softcap > 0.0)
-    per_call = {key: value for key, value in per_call.items() if key not in _bwd_overrides}
+    # the per-call fields, then the test / tuning overrides over them
+    fields = {**bwd_per_call(q.shape[-1], q.shape[1], k.shape[1], causal, deterministic, softcap > 0.0),
+              **_bwd_overrides}
     cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
-                     deterministic=deterministic, **per_call, **_bwd_overrides)
+                     deterministic=deterministic, **fields)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
