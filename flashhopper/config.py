@@ -165,6 +165,11 @@ class FwdConfig(_KernelConfig):
     # loads half of every K and V tile and multicasts it to both, halving L2->SM traffic for K/V
     # (hopper/fwd_cluster.py, docs/notes/fwd-cluster.md). No causal/local mask, static schedule only.
     cluster_m: int = 1
+    # A consumer warpgroup whose 64 rows all lie past seqlen_q (the last query block when the
+    # tile pads the length: hdim 64's 192 rows cover 512 queries with 576) skips its GEMMs,
+    # softmax and O store, and only keeps the pipeline and ping-pong barriers in step, so the
+    # tensor cores and the other warpgroups' turns are not spent on rows that are never written.
+    skip_idle_wg: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -265,6 +270,12 @@ def _fwd_persistent(hdim: int, masked: bool) -> bool:
 # non-causal 8k: +1.5% in one round, -2.9% in the other). Not at hdim 64's 192-row causal tile with
 # softcap: there it spilled (6 LDL), the shared epilogue does not.
 _FWD_WG_EPILOGUE = True
+# Warpgroups whose rows all lie past seqlen_q skip their GEMMs and softmax (FwdConfig.skip_idle_wg).
+# Session 10 on the H200 (scripts/tune_fwd.py idle, 3 rounds, medians): hdim 64 (192-row tiles) +11.8%
+# at 512 and +6.4% at 1k without a mask, +2.1..+3.7% causal at 2k-16k; -2.9..+0.7% at 2k-16k without
+# a mask (spread: the rounds disagree in sign at 4k); at hdim 128, where no warpgroup is ever idle at
+# these lengths, -1.9 / +3.3% (spread).
+_FWD_SKIP_IDLE_WG = True
 
 
 @functools.cache
@@ -282,7 +293,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
                     persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128,
-                    wg_epilogue=_FWD_WG_EPILOGUE and not (softcap and causal and tile_m == 192))
+                    wg_epilogue=_FWD_WG_EPILOGUE and not (softcap and causal and tile_m == 192),
+                    skip_idle_wg=_FWD_SKIP_IDLE_WG)
     if short and causal and not local and hdim in _SHORT_CAUSAL:
         cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim])
     cfg.check()
@@ -656,6 +668,22 @@ _BWD_TILE_M: dict[int, int] = {64: 128, 128: 80}
 # pair per stage, 223 KiB at 256): two pairs drop its "buffers free" barrier, +0.2..+3.0% in 8 of 8
 # points on the H200 (session 7, docs/benchmarks.md).
 _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
+# The wide kernel's dQ (hdim 192 / 256): by TMA reduce-adds from one fp32 smem part that the producer
+# warpgroup's writer warp lends to the consumer warpgroups in turn (BwdConfig.dq_tma, dq_slots=1),
+# instead of each consumer thread's atomics; the part's 16-24 KiB take the second P / dS pair. At
+# hdim 192 with FA4's split (2 warpgroups x 48 keys, dK^T / dV^T by keys). Session 10 on the H200
+# (scripts/gpu_pending.sh s10_slot192 / s10_slot256, 3 rounds, 1k-16k, causal and not): +10..+18% at
+# 256 and +12..+20% at 192 over the atomics with two pairs, in 20 of 20 points.
+_BWD_WIDE_SWITCHES: dict[int, dict] = {
+    192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1},
+    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1},
+}
+# The wide kernel as dispatched before that (dQ by atomics, two P / dS pairs; 192 as 3 warpgroups of
+# 64 head-dim rows): the base its earlier candidates were measured on, kept for the tests and scripts
+BWD_WIDE_ATOMICS: dict[int, dict] = {
+    192: {"num_consumer_wg": 3, "dkv_by_keys": False, "ds_stages": 2, "dq_tma": False, "dq_slots": 0},
+    256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0},
+}
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
 # measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
 # 128 measured -7..+2% at 64-row steps (on with 80 rows, below). The per-warpgroup dQ hand-off (dq_per_wg)
@@ -729,11 +757,12 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     wide = {}
     if hdim in BWD_WIDE:
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
-                    do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0))
+                    do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), ds_stages=_BWD_DS_STAGES.get(hdim, 1))
+        wide.update(_BWD_WIDE_SWITCHES.get(hdim, {}))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
                     tile_m=_BWD_TILE_M.get(hdim, 64),
-                    ds_stages=_BWD_DS_STAGES.get(hdim, 1), **wide, **_BWD_KEYS_SWITCHES.get(hdim, {}),
+                    **{"ds_stages": _BWD_DS_STAGES.get(hdim, 1), **wide}, **_BWD_KEYS_SWITCHES.get(hdim, {}),
                     **(_BWD_KEYS_MASKED if causal or local else _BWD_KEYS_UNMASKED).get(hdim, {}))
     if overrides:
         cfg = dataclasses.replace(cfg, **overrides)

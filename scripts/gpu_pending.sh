@@ -257,6 +257,51 @@ s9_tests|s9_tests_b)  # the backward test variants not rerun since the seeds cha
     grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
   ;;
+s10_wide)  # session 10, second call: the wide kernel's new dispatch (dQ by TMA reduce-adds through one
+  # smem part at hdim 192 / 256): every backward GPU test at those head dims except the atomics-based
+  # candidates (unchanged kernels), then the API tests there
+  run wide_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py \
+    -k "(192 or 256) and not wide_variants and not dq_accum and not pdl"
+  run wide_api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py -k "192 or 256"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in wide_tests wide_api; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED" "$O/$f.log" | head -8
+  done
+  ;;
+s10_idle)  # session 10: forward warpgroups with no rows below seqlen_q skip their work (FwdConfig.skip_idle_wg)
+  run idle_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k skip_idle_wg
+  if grep -qE " passed" "$O/idle_tests.log" && ! grep -qE "failed" "$O/idle_tests.log"; then
+    run idle_time python3 scripts/tune_fwd.py idle
+    FH_TEST_FWD_OVERRIDES=skip_idle_wg=true run idle_all python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+      -k "not cluster and not wide_key and not skip_idle"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- idle_tests: $(grep -E 'passed|failed' "$O/idle_tests.log" | tail -1) $(tail -1 "$O/idle_tests.log")"
+  grep -E "^FAILED" "$O/idle_tests.log" | head -8
+  [ -f "$O/idle_time.log" ] && { echo "--- idle_time"; grep TFLOP "$O/idle_time.log" | sed 's/TFLOP\/s//'; }
+  [ -f "$O/idle_all.log" ] && echo "--- idle_all: $(grep -E 'passed|failed' "$O/idle_all.log" | tail -1) $(tail -1 "$O/idle_all.log")"
+  ;;
+s10_verify)  # session 10, last call: the final dispatch (forward: idle warpgroups skip; backward 192 / 256:
+  # dQ through one smem slot) through the API tests, the forward tests not run with it yet, and
+  # test_backward's shape list
+  run api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  run fwd_rest python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "cluster or wide_key or hdim_dtype"
+  run bwd_main python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py::test_backward
+  run bwd_sids python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "scale_in_ds and 256"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in api fwd_rest bwd_main bwd_sids; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED" "$O/$f.log" | head -8
+  done
+  ;;
+s10_tiles64)  # session 10: hdim 64 forward, 192 vs 128 rows at 512-4k now that idle warpgroups skip
+  # their work (skip_idle_wg; config.fwd_narrow_tile took 128 rows for causal 512 / 1k when 192 padded),
+  # then the head-major dQ accumulator (s10_accum)
+  run tiles64 python3 scripts/tune_fwd.py tiles64
+  echo "--- tiles64"; grep TFLOP "$O/tiles64.log" | sed 's/TFLOP\/s//'
+  DEADLINE=$(left) bash "$0" s10_accum
+  ;;
 s10_pdl)  # session 10: programmatic dependent launch of the backward main kernel (BwdConfig.pdl)
   B=tests/test_bwd_gpu.py
   bg pdl_smoke 150 python3 -m pytest -x -q -rf --tb=short $B -k "test_backward_pdl and 17-17"

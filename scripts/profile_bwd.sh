@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Nsight Compute of the backward main kernel at one head dim: ours (dispatch, FA4's tile with dQ by
-# TMA reduce-adds, the same with FA4's whole step) against FA4's SM90 backward, which runs 1.32-1.38x
-# faster at hdim 192 in the same tile shape with an almost identical loop (docs/notes/bwd-hdim192.md).
+# Nsight Compute of the backward main kernel at one head dim: ours (dispatch: since session 10 FA4's
+# split with dQ through one smem slot; FA4's tile with the whole dQ tile in smem; the slot with FA4's
+# whole step) against FA4's SM90 backward, which ran 1.32-1.38x faster at hdim 192 in the same tile
+# shape with an almost identical loop (docs/notes/bwd-hdim192.md), and still 1.05-1.16x after.
 # Tensor-pipe activity, stall reasons per issued instruction, L2 reduce traffic, smem bank conflicts.
 # On the GPU machine after `source .device/setup.sh`; never changes clocks. ~1 min per variant.
 set -uo pipefail
@@ -16,7 +17,8 @@ M+=',sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'
 M+=',lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,lts__t_requests_op_red.sum'
 M+=',lts__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed'
 M+=',l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,smsp__inst_executed.sum,gpu__time_duration.sum'
-FA4_TILE="--set num_consumer_wg=2 --set dkv_by_keys=true --set dq_tma=true --set do_stages=1 --set ds_stages=1"
+FA4_TILE="--set num_consumer_wg=2 --set dkv_by_keys=true --set dq_tma=true --set dq_slots=0 --set do_stages=1
+  --set ds_stages=1"
 declare -A VARIANTS=(
   [dispatch]=""
   [fa4_tile_dq_tma]="$FA4_TILE"

@@ -12,6 +12,7 @@
     python scripts/tune_fwd.py overlap    # K released after the softmax (P @ V wait pinned) vs before
     python scripts/tune_fwd.py fa4sched   # FA4's step schedule (early K release, rescale among exp2s) vs ours
     python scripts/tune_fwd.py cluster    # 2x1 cluster with K/V multicast vs the dispatched kernel (no mask)
+    python scripts/tune_fwd.py idle       # warpgroups with no rows below seqlen_q skip their work, or not
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -142,6 +143,17 @@ _STATIC = ({"persistent": False, "dynamic_sched": False}, {"persistent": True, "
 CLUSTER = [(hdim, False, seqlen, over) for hdim in (128, 256) for seqlen in (2048, 8192, 16384)
            for over in ({}, *_STATIC, *({**o, "cluster_m": 2} for o in _STATIC))]
 
+# FwdConfig.skip_idle_wg: a consumer warpgroup whose rows all lie past seqlen_q skips its GEMMs and
+# softmax. hdim 64's 192-row tile pads every grid length (512 -> 576 rows: the last block's third
+# warpgroup is idle; 1024 -> 1152: two of three); hdim 128 at 8k / 16k never has an idle warpgroup
+# (the control: the same kernel with the switch compiled in)
+IDLE = [(hdim, causal, seqlen, {"skip_idle_wg": on})
+        for hdim, causal, seqlen in [(64, False, 512), (64, False, 1024), (64, False, 2048),
+                                     (64, False, 4096), (64, False, 16384), (64, True, 2048),
+                                     (64, True, 4096), (64, True, 16384), (128, False, 16384),
+                                     (128, True, 8192)]
+        for on in (False, True)]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -151,7 +163,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "wg_epilogue": (WG_EPILOGUE, 2),
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
-               "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2)}
+               "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

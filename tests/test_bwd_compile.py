@@ -8,7 +8,7 @@ import pytest
 
 from flashhopper import config
 from flashhopper.compile import inspect_kernel
-from flashhopper.config import BWD_HDIMS, BWD_WIDE, SMEM_CAPACITY, bwd_config
+from flashhopper.config import BWD_HDIMS, BWD_WIDE, BWD_WIDE_ATOMICS, SMEM_CAPACITY, bwd_config
 
 MASKS = {"none": {}, "causal": {"causal": True}, "local": {"local": True}, "softcap": {"softcap": True}}
 KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (64 keys per warpgroup)
@@ -327,13 +327,16 @@ def test_deterministic_backward_compiles(hdim):
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
 @pytest.mark.parametrize("hdim", sorted(BWD_WIDE))
 def test_deterministic_wide_backward_compiles(hdim, mask):
-    # dQ atomics in key-block order (a per-query-block semaphore, one consumer barrier before and
-    # after a block's atomics): the same WGMMA structure as the default kernel, no spills
-    cfg = bwd_config("bf16", hdim, deterministic=True, **MASKS[mask])
-    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, deterministic=True, **MASKS[mask])
-    _check_wide_report(report, cfg, mask)
-    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **MASKS[mask])["sass"]
-    assert report["sass"]["BAR"] == default["BAR"] + 2
+    # dQ reduce-adds in key-block order: with the dispatched dQ slot the writer warp waits for the
+    # query block's semaphore and passes the turn on, so the consumers' barriers do not change; with
+    # the atomics (a per-query-block semaphore, one consumer barrier before and after a block's
+    # atomics) there are two more. Either way the WGMMA structure of the default kernel, no spills.
+    for fields, extra_bars in (({}, 0), (BWD_WIDE_ATOMICS[hdim], 2)):
+        cfg = bwd_config("bf16", hdim, deterministic=True, **fields, **MASKS[mask])
+        report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, deterministic=True, **fields, **MASKS[mask])
+        _check_wide_report(report, cfg, mask)
+        default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])["sass"]
+        assert report["sass"]["BAR"] == default["BAR"] + extra_bars
 
 
 @pytest.mark.parametrize(("hdim", "mask"), [(64, "none"), (64, "causal"), (96, "softcap"), (128, "none"),
@@ -477,25 +480,27 @@ WIDE_VARIANTS = [
 def test_backward_wide_two_pds_buffers_compile(hdim, mask):
     # ds_stages=2: P / dS buffer pairs alternate by step, so the "buffers free" barrier goes (one
     # BAR fewer in SASS); same WGMMAs and commit groups, no spills, smem within the limit
-    # (dispatched since session 7: compared with one pair here)
-    cfg = bwd_config("bf16", hdim, ds_stages=2, **MASKS[mask])
-    assert cfg == bwd_config("bf16", hdim, **MASKS[mask])
-    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, ds_stages=2, **MASKS[mask])
+    # (dispatched in sessions 7-9 with dQ by atomics: compared with one pair here)
+    base = {**BWD_WIDE_ATOMICS[hdim], **MASKS[mask]}
+    cfg = bwd_config("bf16", hdim, **{**base, "ds_stages": 2})
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **{**base, "ds_stages": 2})
     _check_wide_report(report, cfg, mask)
-    one = inspect_kernel("bwd", dtype="bf16", hdim=hdim, ds_stages=1, **MASKS[mask])
-    _check_wide_report(one, bwd_config("bf16", hdim, ds_stages=1, **MASKS[mask]), mask)
+    one = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **{**base, "ds_stages": 1})
+    _check_wide_report(one, bwd_config("bf16", hdim, **{**base, "ds_stages": 1}), mask)
     assert report["sass"]["BAR"] == one["sass"]["BAR"] - 1
     assert report["sass"]["HGMMA_WAITS"] == one["sass"]["HGMMA_WAITS"]
 
 
 def test_deterministic_wide_two_pds_buffers_compile():
-    cfg = bwd_config("bf16", 256, causal=True, deterministic=True, ds_stages=2)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=256, causal=True, deterministic=True, ds_stages=2)
+    fields = {**BWD_WIDE_ATOMICS[256], "ds_stages": 2}
+    cfg = bwd_config("bf16", 256, causal=True, deterministic=True, **fields)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, causal=True, deterministic=True, **fields)
     _check_wide_report(report, cfg, "causal")
 
 
 @pytest.mark.parametrize(("hdim", "fields", "mask"), WIDE_VARIANTS)
 def test_backward_wide_variants_compile(hdim, fields, mask):
+    fields = {**BWD_WIDE_ATOMICS[hdim], **fields}  # the candidates were measured with dQ by atomics
     cfg = bwd_config("bf16", hdim, **fields, **MASKS[mask])
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])
     _check_wide_report(report, cfg, mask)
@@ -614,30 +619,32 @@ def test_fused_dq_cast_is_refused_where_it_does_not_exist():
 def test_backward_wide_dkv_by_keys_compiles(hdim, fields, mask):
     """dK^T / dV^T split by keys (BwdConfig.dkv_by_keys): at hdim 192 FA4's 2 warpgroups x 48 keys
     at 240 registers (3 M tiles each) instead of 3 x 64 head-dim rows at 160; the same structure.
-    (At hdim 256, 2 x 40 keys, ptxas spills 4 values: not offered there.)"""
-    cfg = bwd_config("bf16", hdim, dkv_by_keys=True, **fields, **MASKS[mask])
-    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, dkv_by_keys=True, **fields, **MASKS[mask])
+    (At hdim 256, 2 x 40 keys, ptxas spills 4 values: not offered there.) With dQ by atomics."""
+    fields = {**BWD_WIDE_ATOMICS[hdim], **fields, "dkv_by_keys": True}
+    cfg = bwd_config("bf16", hdim, **fields, **MASKS[mask])
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])
     _check_wide_report(report, cfg, mask)
 
 
 def test_backward_wide_dkv_by_keys_deterministic_compiles():
-    cfg = bwd_config("bf16", 192, causal=True, deterministic=True, dkv_by_keys=True, num_consumer_wg=2)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, deterministic=True, dkv_by_keys=True,
-                            num_consumer_wg=2)
+    fields = {**BWD_WIDE_ATOMICS[192], "dkv_by_keys": True, "num_consumer_wg": 2}
+    cfg = bwd_config("bf16", 192, causal=True, deterministic=True, **fields)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, deterministic=True, **fields)
     _check_wide_report(report, cfg, "causal")
 
 
 def test_backward_wide_dkv_early_adds_one_barrier():
     # a 128-thread barrier per warpgroup before dV^T; the WGMMAs stay asynchronous (5 waits)
-    fields = {"num_consumer_wg": 2, "dkv_by_keys": True}
+    fields = {**BWD_WIDE_ATOMICS[192], "num_consumer_wg": 2, "dkv_by_keys": True}
     early = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, dkv_early=True, **fields)["sass"]
     plain = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, **fields)["sass"]
     assert early["BAR"] == plain["BAR"] + 1
     assert early["HGMMA_WAITS"] == plain["HGMMA_WAITS"] == 5
 
 
-_DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "do_stages": 1, "ds_stages": 1},
-           256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1}}
+_NO_DQ_TMA = {"dq_tma": False, "dq_slots": 0}
+_DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "do_stages": 1, "ds_stages": 1, **_NO_DQ_TMA},
+           256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1, **_NO_DQ_TMA}}
 
 
 @pytest.mark.parametrize("mask", list(MASKS) + ["deterministic"])
@@ -655,9 +662,10 @@ def test_backward_wide_dq_tma_compiles(hdim, mask):
 
 
 # dq_slots: one fp32 dQ part in smem, lent to each warpgroup in turn, so that the dispatched tiles fit
-# with one P / dS pair (256: 64 x 80, two Q stages; 192: FA4's split with two Q / dO stages)
-_DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1},
-            256: {"ds_stages": 1}}
+# with one P / dS pair (256: 64 x 80, two Q stages; 192: FA4's split with two Q / dO stages); the
+# dispatch since session 10
+_DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, **_NO_DQ_TMA},
+            256: {"ds_stages": 1, **_NO_DQ_TMA}}
 
 
 @pytest.mark.parametrize("mask", list(MASKS) + ["deterministic"])
@@ -666,6 +674,7 @@ def test_backward_wide_dq_slot_compiles(hdim, mask):
     fields = {**_DQ_SLOT[hdim], "dq_tma": True, "dq_slots": 1}
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
     cfg = bwd_config("bf16", hdim, **fields, **masks)
+    assert cfg == bwd_config("bf16", hdim, **masks)
     assert (cfg.tile_n, cfg.num_stages) == ((96, 2) if hdim == 192 else (80, 2))
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **masks)
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
@@ -739,7 +748,7 @@ def _sass_opcodes(cubin: bytes) -> list[str]:
 def test_backward_wide_dq_tma_fa4_tile_256_compiles(mask):
     # FA4's hdim 256 tile: 64 x 48 (24 keys per warpgroup), two Q stages, one dO stage, one P / dS
     # pair and the whole 64 KiB fp32 dQ tile: 227,136 bytes of smem
-    fields = {"tile_n": 48, "do_stages": 1, "ds_stages": 1, "dq_tma": True}
+    fields = {"tile_n": 48, "do_stages": 1, "ds_stages": 1, "dq_tma": True, "dq_slots": 0}
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
     cfg = bwd_config("bf16", 256, **fields, **masks)
     assert cfg.num_dq_chunks == 1 and cfg.smem_bytes() <= SMEM_CAPACITY
@@ -751,23 +760,24 @@ def test_dq_tma_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dq_tma exists only"):
         bwd_config("bf16", 128, dq_tma=True)
     with pytest.raises(ValueError, match="dq_slots 1"):
-        bwd_config("bf16", 256, ds_stages=1, dq_slots=1)
+        bwd_config("bf16", 256, ds_stages=1, dq_tma=False, dq_slots=1)
     with pytest.raises(ValueError, match="dq_slots 2"):
         bwd_config("bf16", 256, ds_stages=1, dq_tma=True, dq_slots=2)
     with pytest.raises(ValueError, match="pds_swizzle_per_wg exists only"):
         bwd_config("bf16", 128, pds_swizzle_per_wg=True)
     with pytest.raises(ValueError, match="shared memory"):
-        bwd_config("bf16", 256, dq_tma=True)  # the dispatched 64 x 80 tile has no room for it
+        # the whole dQ tile has no room in the dispatched 64 x 80 tile, even with one P / dS pair
+        bwd_config("bf16", 256, dq_tma=True, dq_slots=0)
 
 
 def test_dkv_by_keys_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="dkv_by_keys exists only"):
         bwd_config("bf16", 128, dkv_by_keys=True)
     with pytest.raises(ValueError, match="must split into 64-row WGMMA M tiles"):
-        bwd_config("bf16", 192, num_consumer_wg=2)  # the head-dim split needs 3 at 192
+        bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=False)  # the head-dim split needs 3 at 192
     assert bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=True).num_consumer_wg == 2
     with pytest.raises(ValueError, match="dkv_early needs dkv_by_keys"):
-        bwd_config("bf16", 192, dkv_early=True)
+        bwd_config("bf16", 192, **BWD_WIDE_ATOMICS[192], dkv_early=True)
 
 
 def test_dq_accum_head_major_is_a_permuted_view():

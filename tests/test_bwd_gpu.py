@@ -160,7 +160,7 @@ def test_backward_dq_per_wg(d, fields, dtype, b, sq, sk, hq, hk, causal, window,
     (96, {"scale_in_ds": True}, _BF16),
     (128, {"scale_in_ds": False}, _BF16), (128, {"scale_in_ds": False}, _FP16),  # on by default there
     (128, {"scale_in_ds": True, "tile_m": 64}, _BF16), (192, {"scale_in_ds": True}, _BF16),
-    (256, {"scale_in_ds": True}, _BF16), (256, {"scale_in_ds": True, "ds_stages": 2}, _FP16)])
+    (256, {"scale_in_ds": True}, _BF16), (256, {"scale_in_ds": True, **config.BWD_WIDE_ATOMICS[256]}, _FP16)])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _SWITCH_CASES)
 def test_backward_scale_in_ds(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
     """The softmax scale carried by dS (BwdConfig.scale_in_ds: D * scale from the preprocess, no
@@ -301,6 +301,11 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 ]
 
 
+# the wide kernel with dQ by atomics, as dispatched until session 10 (the candidate tiles below were
+# chosen against it; dQ by TMA reduce-adds through one smem part is dispatched since)
+WIDE_ATOMICS = config.BWD_WIDE_ATOMICS
+
+
 @pytest.mark.parametrize(("d", "fields"), [
     (256, {"tile_n": 64, "do_stages": 0}),
     (256, {"tile_n": 64, "do_stages": 1}),
@@ -316,7 +321,7 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
 def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
     """The wide kernel's candidate tiles (BwdConfig tile_n, do_stages) agree with the reference."""
-    with runtime.bwd_config_overrides(**fields):
+    with runtime.bwd_config_overrides(**{**WIDE_ATOMICS[d], **fields}):
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
@@ -451,8 +456,9 @@ def test_deterministic_pdl_is_bitwise_reproducible(d, causal, window):
 
 # BwdConfig.dq_tma in FA4's tiles: hdim 192 as 2 warpgroups x 48 keys, hdim 256 at 64 x 64 with one
 # Q / dO stage (the fp32 dQ smem tile takes what a stage and a P / dS pair had)
-DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "dq_tma": True, "do_stages": 1, "ds_stages": 1},
-          256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1, "dq_tma": True}}
+DQ_TMA = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "dq_tma": True, "dq_slots": 0, "do_stages": 1,
+                "ds_stages": 1},
+          256: {"tile_n": 64, "num_stages": 1, "do_stages": 1, "ds_stages": 1, "dq_tma": True, "dq_slots": 0}}
 
 
 # with dq_slots: one dQ part in smem lent to each warpgroup in turn, in the dispatched tiles with one
@@ -479,7 +485,7 @@ def test_backward_dq_slot_fa4_step_192(b, sq, sk, hq, hk, causal, window, softca
 def test_backward_dq_tma_fa4_tile_256(b, sq, sk, hq, hk, causal, window, softcap):
     """FA4's hdim 256 tile (64 x 48, two Q stages, one dO stage, one P / dS pair) with the whole fp32
     dQ tile in smem."""
-    with runtime.bwd_config_overrides(tile_n=48, do_stages=1, ds_stages=1, dq_tma=True):
+    with runtime.bwd_config_overrides(tile_n=48, do_stages=1, ds_stages=1, dq_tma=True, dq_slots=0):
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window, softcap=softcap)
 
 
@@ -503,13 +509,13 @@ def test_deterministic_dq_tma_is_bitwise_reproducible(slot, d, causal, window):
 
 @pytest.mark.parametrize("d,causal,window", [(256, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible(d, causal, window):
-    with runtime.bwd_config_overrides(ds_stages=1):
+    with runtime.bwd_config_overrides(**{**WIDE_ATOMICS[d], "ds_stages": 1}):
         _check_deterministic(d, causal, window)
 
 
 @pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_dkv_by_keys_is_bitwise_reproducible(d, causal, window):
-    with runtime.bwd_config_overrides(dkv_by_keys=True, num_consumer_wg=2):
+    with runtime.bwd_config_overrides(**{**WIDE_ATOMICS[d], "dkv_by_keys": True, "num_consumer_wg": 2}):
         _check_deterministic(d, causal, window)
 
 

@@ -120,16 +120,20 @@ def test_backward_configs_fit(hdim, mask):
     if hdim in config.BWD_WIDE:
         # head-dim split: whole 64-row WGMMA M tiles per warpgroup, P and dS tiles in smem
         assert cfg.kv_split == "hdim"
-        assert (cfg.hdim // cfg.num_consumer_wg) % 64 == 0
+        # whole 64-row WGMMA M tiles per warpgroup: head-dim rows, or keys (hdim 192, FA4's split)
+        assert cfg.dkv_by_keys == (hdim == 192)
+        assert cfg.dkv_by_keys or (cfg.hdim // cfg.num_consumer_wg) % 64 == 0
         assert cfg.tile_m == 64
         kv = 2 * cfg.tile_n * hdim * 2
         q_do = (cfg.num_stages + cfg.num_do_stages) * cfg.tile_m * hdim * 2
         p_ds = 2 * cfg.tile_m * cfg.tile_n * 2
         lse_d = (cfg.num_stages + cfg.num_do_stages) * cfg.tile_m * 4
         assert cfg.smem_bytes() >= kv + q_do + p_ds + lse_d
-        # hdim 256 at FA3's 64 x 80 with one dO stage (dQ in two chunks); 192 at 64 x 96, 2 stages
-        expected = {256: (80, 1, 2), 192: (96, 2, 1)}[hdim]
-        assert (cfg.tile_n, cfg.num_do_stages, cfg.num_dq_chunks) == expected and cfg.num_stages == 2
+        # hdim 256 at FA3's 64 x 80 with one dO stage (dQ in two chunks); 192 at 64 x 96, 2 stages,
+        # 2 warpgroups; dQ by TMA reduce-adds through one smem part, one P / dS pair (session 10)
+        expected = {256: (80, 1, 2, 2), 192: (96, 2, 1, 2)}[hdim]
+        assert (cfg.tile_n, cfg.num_do_stages, cfg.num_dq_chunks, cfg.num_consumer_wg) == expected
+        assert cfg.num_stages == 2 and cfg.ds_stages == 1 and cfg.dq_tma and cfg.dq_slots == 1
     else:
         assert cfg.kv_split == "keys"
         # 128 query rows per step at hdim 64 (FA3's tile), 64 at 96, FA3 / FA4's 80 at 128 (dQ
@@ -225,14 +229,14 @@ def test_narrow_tile_only_where_the_wide_one_pads():
 # dynamic smem bytes, dQ chunks). Each compiles spill-free with the WGMMAs asynchronous
 # (tests/test_bwd_compile.py::test_backward_wide_variants_compile).
 WIDE_CANDIDATES = [
-    (256, {}, 223040, 2, 1),  # dispatched: tile_n 80, one dO stage, two P / dS buffer pairs
+    (256, {}, 223040, 2, 1),  # dispatched until session 10: tile_n 80, one dO stage, two P / dS pairs
     (256, {"ds_stages": 1}, 202560, 2, 1),
     (256, {"tile_n": 64, "do_stages": 0}, 215120, 1, 2),
     (256, {"tile_n": 64}, 182080, 1, 1),
     (256, {"tile_n": 48, "do_stages": 0}, 194640, 1, 2),
     (256, {"tile_n": 48}, 161600, 1, 1),
     (256, {"tile_n": 64, "do_stages": 0, "dq_chunks": 2}, 215120, 2, 2),
-    (192, {}, 223312, 1, 2),  # dispatched: two P / dS buffer pairs
+    (192, {}, 223312, 1, 2),  # dispatched until session 10: two P / dS buffer pairs
     (192, {"ds_stages": 1}, 198736, 1, 2),
     (192, {"do_stages": 1}, 173888, 1, 1),
     (192, {"tile_n": 48}, 149584, 1, 2),
@@ -242,8 +246,10 @@ WIDE_CANDIDATES = [
 @pytest.mark.parametrize(("hdim", "fields", "smem", "chunks", "do_stages"), WIDE_CANDIDATES)
 @pytest.mark.parametrize("mask", MASKS)
 def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, do_stages, mask):
-    # the candidates as measured then, with one P / dS buffer pair unless the row says otherwise
-    cfg = config.bwd_config("bf16", hdim, **mask, **({"ds_stages": 1, **fields} if fields else {}))
+    # the candidates as measured then (dQ by atomics), with one P / dS buffer pair unless the row
+    # says otherwise
+    base = config.BWD_WIDE_ATOMICS[hdim]
+    cfg = config.bwd_config("bf16", hdim, **mask, **({**base, "ds_stages": 1, **fields} if fields else base))
     assert cfg.kv_split == "hdim" and cfg.smem_bytes() == smem <= SMEM_CAPACITY
     assert cfg.num_dq_chunks == chunks
     assert cfg.num_do_stages == do_stages
@@ -350,14 +356,31 @@ def test_forward_wg_epilogue_dispatch():
 
 
 def test_wide_backward_two_pds_buffers_fit():
-    # hdim 192 / 256 with two P / dS buffer pairs (BwdConfig.ds_stages=2, hopper/bwd_wide.py)
+    # hdim 192 / 256 with two P / dS buffer pairs (BwdConfig.ds_stages=2, hopper/bwd_wide.py), dQ by
+    # atomics (dispatched in sessions 7-9)
     for hdim in config.BWD_WIDE:
-        one, two = config.bwd_config("bf16", hdim, ds_stages=1), config.bwd_config("bf16", hdim)
-        assert two.ds_stages == 2  # dispatched (session 7)
+        base = config.BWD_WIDE_ATOMICS[hdim]
+        one = config.bwd_config("bf16", hdim, **{**base, "ds_stages": 1})
+        two = config.bwd_config("bf16", hdim, **base)
+        assert two.ds_stages == 2
         assert two.smem_bytes() - one.smem_bytes() == 2 * one.tile_m * one.tile_n * 2
         assert two.smem_bytes() <= SMEM_CAPACITY
     with pytest.raises(ValueError, match="ds_stages 3"):
         config.bwd_config("bf16", 256, ds_stages=3)
+
+
+def test_wide_backward_dq_slot_dispatch_fits():
+    # the dispatch since session 10: one fp32 dQ part (tile_m x hdim / (warpgroups x chunks)) in the
+    # smem of the second P / dS pair
+    for hdim, part in ((192, 64 * 96 * 4), (256, 64 * 64 * 4)):
+        for mask in MASKS:
+            cfg = config.bwd_config("bf16", hdim, **mask)
+            plain = config.bwd_config("bf16", hdim, **mask, dq_tma=False, dq_slots=0)
+            assert cfg.smem_bytes() - plain.smem_bytes() == part
+            assert cfg.smem_bytes() <= SMEM_CAPACITY
+            # and the part is why one pair: two would not fit next to it
+            pair = 2 * cfg.tile_m * cfg.tile_n * 2
+            assert plain.smem_bytes() + pair + part > SMEM_CAPACITY
 
 
 def test_short_causal_hdim256_only_up_to_512():

@@ -91,6 +91,22 @@ def test_forward_wg_epilogue_compiles(dtype, hdim, mask, fields):
     assert sass["UTMASTG"] == default["UTMASTG"]
 
 
+# FwdConfig.skip_idle_wg: the idle warpgroup's walk (waits, releases, ping-pong turns only) beside
+# the full one; the same GEMMs, one WGMMA wait per commit group, no spills, with both epilogues
+@pytest.mark.parametrize(("dtype", "hdim", "mask", "fields"), [
+    ("bf16", 64, "none", {}), ("fp16", 64, "causal", {}), ("bf16", 64, "local", {}),
+    ("bf16", 64, "softcap", {}), ("bf16", 128, "none", {}), ("bf16", 256, "causal", {}),
+    ("bf16", 64, "none", {"wg_epilogue": False}), ("bf16", 64, "causal", {"intra_wg_overlap": False}),
+    ("bf16", 128, "none", {"cluster_m": 2, "persistent": False, "dynamic_sched": False}),
+])
+def test_forward_skip_idle_wg_compiles(dtype, hdim, mask, fields):
+    cfg = fwd_config(dtype, hdim, **MASKS[mask])
+    fields = {"wg_epilogue": cfg.wg_epilogue, **fields}
+    report = _check_forward(dtype, hdim, MASKS[mask], skip_idle_wg=True, **fields)
+    default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **fields)["sass"]
+    assert report["sass"]["HGMMA"] == default["HGMMA"]
+
+
 def _check_forward(dtype, hdim, mask, **overrides):
     report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask, **overrides)
     sass = report["sass"]

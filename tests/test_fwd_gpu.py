@@ -317,6 +317,35 @@ def test_wg_epilogue(d, dtype, causal, window, softcap, fields, monkeypatch):
         run_case(3, 1000, 1000, 2, 2, d, dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
+    (64, torch.bfloat16, False, (-1, -1), 0.0, {}), (64, torch.float16, True, (-1, -1), 0.0, {}),
+    (64, torch.bfloat16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, True, (-1, -1), 5.0, {}),
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {}), (256, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (64, torch.bfloat16, False, (-1, -1), 0.0, {"wg_epilogue": False}),
+    (256, torch.float16, False, (-1, -1), 0.0, {"wg_epilogue": False}),
+    (64, torch.bfloat16, True, (-1, -1), 0.0, {"intra_wg_overlap": False}),
+    (64, torch.bfloat16, False, (-1, -1), 0.0, {"pingpong": False}),
+    (64, torch.bfloat16, False, (-1, -1), 0.0, {"persistent": False, "dynamic_sched": False}),
+    (128, torch.bfloat16, False, (-1, -1), 0.0,
+     {"cluster_m": 2, "persistent": False, "dynamic_sched": False}),
+])
+def test_skip_idle_wg(d, dtype, causal, window, softcap, fields, monkeypatch):
+    """FwdConfig.skip_idle_wg: a warpgroup whose 64 rows are all past seqlen_q only walks the
+    pipeline and ping-pong barriers. Query lengths that leave one and two of hdim 64's three
+    warpgroups idle (512, 1000, 65, 17), one row, more keys than queries and the other way round,
+    the shared epilogue (whose barrier counts the idle warpgroup), the serial step, no ping-pong,
+    one CTA per tile, a cluster whose second CTA has no rows, and persistent CTAs walking many
+    tiles (a turn or release missed by the idle path would deadlock or corrupt the next tile)."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(skip_idle_wg=True, **fields):
+        for sq, sk in [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)]:
+            run_case(2, sq, sk, 4, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+        run_case(2, 700, 333, 4, 1, d, dtype, causal=causal, window=window, softcap=softcap)
+        run_case(3, 1000, 1000, 2, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+
+
 # FwdConfig.cluster_m = 2: two CTAs per cluster on adjacent query blocks share each K/V tile by TMA
 # multicast (hopper/fwd_cluster.py). Query lengths with an odd number of query blocks (1, 17, 300,
 # 4097 at 128 rows; 17, 500 at 192) leave the last pair's second CTA without rows: it still loads

@@ -521,7 +521,54 @@ class FlashFwdSm90:
         )
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
         issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
-        if cutlass.const_expr(self.cfg.intra_wg_overlap):
+        loop = partial(self.mainloop, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
+                       issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc, tOrP=tOrP,
+                       row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
+                       n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
+                       window_right=window_right, q_state=q_state)
+        if cutlass.const_expr(self.cfg.skip_idle_wg):
+            # warp-uniform: every row of this warpgroup lies past the end of the queries
+            idle_wg = m_block * self.tile_m + wg * 64 >= seqlen_q
+            if idle_wg:
+                k_state, v_state = loop(k_state=k_state, v_state=v_state, idle=True)
+            else:
+                k_state, v_state = loop(k_state=k_state, v_state=v_state, idle=False)
+        else:
+            k_state, v_state = loop(k_state=k_state, v_state=v_state, idle=False)
+
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
+                           coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
+                           seqlen_q)
+        if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
+            # an idle warpgroup has no rows to store, and its own barrier and store part to skip
+            # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
+            if not idle_wg:
+                epilogue()
+        else:
+            epilogue()
+        if cutlass.const_expr(not self.cfg.o_buffer):
+            pipe_q.consumer_release(q_state)  # O has been read out of Q's buffer
+        q_state.advance()
+        return q_state, k_state, v_state
+
+    @cute.jit
+    def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
+                    sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q):
+        S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
+        S.rescale_rows(acc_O_rc, row_scale)
+        self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
+                      m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
+                 row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
+                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool]):
+        """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
+        walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
+        if cutlass.const_expr(idle):
+            step = partial(self.step_idle, pipe_k=pipe_k, pipe_v=pipe_v, wg=wg)
+        elif cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
                            tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
@@ -536,12 +583,14 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             if num_blocks > 0:
                 pipe_k.consumer_wait(k_state)
-                issue_qk(k_state.index)
-                warpgroup.wait_group(0)
+                if cutlass.const_expr(not idle):
+                    issue_qk(k_state.index)
+                    warpgroup.wait_group(0)
                 pipe_k.consumer_release(k_state)
                 k_state.advance()
-                to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
-                acc_to_operand_a(acc_S, tOrP)
+                if cutlass.const_expr(not idle):
+                    to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
+                    acc_to_operand_a(acc_S, tOrP)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
         # decided once: the serial path moves n_top below, and a prime without its finish leaves
         # a hand-off pending that deadlocks the next persistent tile (1-block causal tiles)
@@ -594,24 +643,38 @@ class FlashFwdSm90:
             pipe_q.consumer_release(q_state)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             if num_blocks > 0:
-                if cutlass.const_expr(self.cfg.rescale_o_before_pv):
+                if cutlass.const_expr(self.cfg.rescale_o_before_pv and not idle):
                     # the last block's row scale (the last step left it for the next one)
                     S.rescale_rows(acc_O_rc, row_scale)
                 pipe_v.consumer_wait(v_state)
-                issue_pv(v_state.index)
-                warpgroup.wait_group(0)
+                if cutlass.const_expr(not idle):
+                    issue_pv(v_state.index)
+                    warpgroup.wait_group(0)
                 pipe_v.consumer_release(v_state)
                 v_state.advance()
+        return k_state, v_state
 
-        lse = cute.make_rmem_tensor(num_rows, Float32)
-        S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
-        S.rescale_rows(acc_O_rc, row_scale)
-        self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                      m_block, head, batch, seqlen_q)
-        if cutlass.const_expr(not self.cfg.o_buffer):
-            pipe_q.consumer_release(q_state)  # O has been read out of Q's buffer
-        q_state.advance()
-        return q_state, k_state, v_state
+
+
+    @cute.jit
+    def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
+                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg):
+        """An idle warpgroup's step (FwdConfig.skip_idle_wg): the waits, releases and ping-pong
+        turns of step_overlap / step_serial in their order, and nothing else."""
+        pipe_k.consumer_wait(k_state)
+        self.pingpong_sync(wg)
+        if cutlass.const_expr(self.cfg.intra_wg_overlap):
+            pipe_v.consumer_wait(v_state)
+            self.pingpong_arrive(wg)
+            pipe_k.consumer_release(k_state)
+            pipe_v.consumer_release(v_state)
+        else:
+            self.pingpong_arrive(wg)
+            pipe_k.consumer_release(k_state)
+            pipe_v.consumer_wait(v_state)
+            self.pingpong_sync(wg)
+            self.pingpong_arrive(wg)
+            pipe_v.consumer_release(v_state)
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
