@@ -282,6 +282,11 @@ s10_idle)  # session 10: forward warpgroups with no rows below seqlen_q skip the
   [ -f "$O/idle_time.log" ] && { echo "--- idle_time"; grep TFLOP "$O/idle_time.log" | sed 's/TFLOP\/s//'; }
   [ -f "$O/idle_all.log" ] && echo "--- idle_all: $(grep -E 'passed|failed' "$O/idle_all.log" | tail -1) $(tail -1 "$O/idle_all.log")"
   ;;
+s10_conflicts)  # session 10: which instructions conflict in smem (ncu SourceCounters), hdim 192 and 128
+  run conflicts bash scripts/profile_conflicts.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  cat "$O/conflicts.log" | tail -70
+  ;;
 s10_verify)  # session 10, last call: the final dispatch (forward: idle warpgroups skip; backward 192 / 256:
   # dQ through one smem slot) through the API tests, the forward tests not run with it yet, and
   # test_backward's shape list
