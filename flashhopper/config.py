@@ -450,6 +450,14 @@ class BwdConfig(_KernelConfig):
     # (per-warpgroup barriers, so the warpgroups never meet on one), so that the dispatched tiles fit
     # with one P / dS pair; the hand-offs of a step then run one after the other.
     dq_slots: int = 0
+    # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
+    # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
+    # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
+    # swizzled fp32 tile rows r and r ^ 1 fall on the same banks, so each store took 4 wavefronts
+    # instead of 2 (ncu, session 10: all 85M bank conflicts of the hdim 192 kernel; FA4: 4.6M). With
+    # the rows interleaved a half-warp's four rows sit at swizzle phases 0, 2, 4, 6. dQaccum is then
+    # allocated with seqlen_q padded to whole query blocks (the view merges batch into the rows).
+    dq_rows_interleaved: bool = False
     # kv_split "hdim": where the tile-wide swizzle atom of P / dS does not divide a warpgroup's key
     # columns, the widest atom that does (FA4's rule: 48 keys at hdim 192 by keys -> the 32-byte
     # swizzle, 32 keys of tile_n 64 -> the 64-byte one) instead of the interleaved atom; 40 keys (the
@@ -567,6 +575,9 @@ class BwdConfig(_KernelConfig):
         if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
             raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
                              "time), and only with dq_tma")
+        if self.dq_rows_interleaved and not (self.dq_tma and not self.dq_accum_head_major):
+            raise ValueError("dq_rows_interleaved needs dq_tma (its rows are those of the smem dQ tile) and "
+                             "the (b, sq, h, d) accumulator (its view merges batch into the rows)")
         if self.pds_swizzle_per_wg and self.kv_split != "hdim":
             raise ValueError("pds_swizzle_per_wg exists only for kv_split 'hdim' (hopper/bwd_wide.py)")
         if self.mask_runs and self.kv_split != "keys":

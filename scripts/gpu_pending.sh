@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 9 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 9"). Waiting, on a two-GPU machine (kind nvidia-h200-x2),
-# one mode per GPU:
+# GPU work by mode, one device call of <= 10 minutes each. Session 10 ran every queued mode (results in
+# docs/benchmarks.md, "GPU runs of session 10") except s10_rows, which failed at the call boundary and
+# was fixed on CPU after the device time ran out. Waiting, for session 11:
 #
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s10_slot256 s10_slot192
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s10_accum s10_pdl
-#   then dispatch what won (config.py, flip the compile tests' expectations, hash the other cubins), and
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_two.sh s8c_bwd s10_ncu192
-# (each DEADLINE=480 with timeout_s 540: three calls and two cold starts fit the 30 minutes). All of the
-# s10 features are compiled and CPU-tested only: each mode runs its cases first under their own limit.
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && ROWS_DET=1 DEADLINE=480 bash scripts/gpu_pending.sh s10_rows
+#     (dQ rows interleaved in the smem slot, hdim 192 / 256: cases, deterministic bit-equality, timing;
+#     predicted up to +6%: it removes the 2-way bank conflicts of every dQ STS.64, all of the kernel's)
+#   then, if it wins: pytest tests/test_bwd_gpu.py -k "dq_tma or deterministic" with it dispatched
+#   (config._BWD_WIDE_SWITCHES), the backward grid (s8c_bwd), and profile_conflicts.sh to confirm 0.
+# Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
 # s10_slot256 / s10_slot192: the wide kernel's dQ by TMA reduce-adds through one smem part (dq_tma,
 # dq_slots=1) in the dispatched tiles with one P / dS pair, against the dispatch and the same tiles with
@@ -281,6 +281,21 @@ s10_idle)  # session 10: forward warpgroups with no rows below seqlen_q skip the
   grep -E "^FAILED" "$O/idle_tests.log" | head -8
   [ -f "$O/idle_time.log" ] && { echo "--- idle_time"; grep TFLOP "$O/idle_time.log" | sed 's/TFLOP\/s//'; }
   [ -f "$O/idle_all.log" ] && echo "--- idle_all: $(grep -E 'passed|failed' "$O/idle_all.log" | tail -1) $(tail -1 "$O/idle_all.log")"
+  ;;
+s10_rows)  # session 10, last call (one GPU): dQ rows interleaved in smem (BwdConfig.dq_rows_interleaved)
+  # at hdim 192 / 256: cases and the deterministic bit-equality tests (own limits), then timing
+  bg rows_cases 75 python3 scripts/bwd_check.py --no-bench --case-hdims 192,256 --bwd-config dq_rows_interleaved=True
+  [ -n "${ROWS_DET:-}" ] && FH_TEST_BWD_OVERRIDES=dq_rows_interleaved=true bg rows_det 120 python3 -m pytest -q \
+    -rf --tb=short tests/test_bwd_gpu.py -k "deterministic_is_bitwise and (192 or 256)"
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/rows_cases.log"; then
+    run rows_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 192,256 --seqlens ${ROWS_SEQLENS:-2048,8192} \
+      --bwd-config default --bwd-config dq_rows_interleaved=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- rows_cases"; grep -E "^FAIL|failed|rc=" "$O/rows_cases.log" | tail -6
+  [ -f "$O/rows_det.log" ] && echo "--- rows_det: $(grep -E 'passed|failed' "$O/rows_det.log" | tail -1)"
+  [ -f "$O/rows_time.log" ] && { echo "--- rows_time"; quiet "$O/rows_time.log" | tail -7; }
   ;;
 s10_conflicts)  # session 10: which instructions conflict in smem (ncu SourceCounters), hdim 192 and 128
   run conflicts bash scripts/profile_conflicts.sh

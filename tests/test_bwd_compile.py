@@ -684,6 +684,62 @@ def test_backward_wide_dq_slot_compiles(hdim, mask):
     assert cfg.smem_bytes() - bwd_config("bf16", hdim, **_DQ_SLOT[hdim], **masks).smem_bytes() == part
 
 
+# dq_rows_interleaved: query rows 0, 4, 1, 5, .. in each 8-row group of the smem dQ tile (the consumers'
+# 8-byte stores free of bank conflicts), read back in query order by a 5-D TMA view of dQaccum
+@pytest.mark.parametrize(("hdim", "mask", "fields"), [
+    (192, "none", {}), (192, "causal", {}), (192, "local", {}), (256, "none", {}), (256, "softcap", {}),
+    (256, "deterministic", {}), (192, "deterministic", {}),
+    (256, "none", {"tile_n": 48, "do_stages": 1, "ds_stages": 1, "dq_slots": 0})])
+def test_backward_wide_dq_rows_interleaved_compiles(hdim, mask, fields):
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", hdim, dq_rows_interleaved=True, **fields, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, dq_rows_interleaved=True, **fields, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    plain = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **masks)["sass"]
+    for key in ("HGMMA", "HGMMA_WAITS", "BAR", "UTMAREDG"):
+        assert report["sass"][key] == plain[key], key
+
+
+def test_dq_rows_interleaved_permutations_are_inverse_and_conflict_free():
+    from flashhopper.hopper.bwd_wide import DQ_ROWS_GMEM, DQ_ROWS_SMEM
+
+    def colex(layout, i):
+        (n0, _), (d0, d1) = layout
+        return (i % n0) * d0 + (i // n0) * d1
+
+    tile_rows = [colex(DQ_ROWS_SMEM, r) for r in range(8)]
+    assert sorted(tile_rows) == list(range(8))
+    assert [colex(DQ_ROWS_GMEM, colex(DQ_ROWS_SMEM, r)) for r in range(8)] == list(range(8))
+    # an 8-byte store of a WGMMA accumulator: lanes 0-15 hold rows 0-3, lanes 16-31 rows 4-7, 32 bytes
+    # per row; in the 128-byte swizzle a tile row's 16-byte chunks are XORed with (row % 8), so the
+    # four rows of a half-warp use disjoint chunk pairs when their tile rows differ in bits 1-2
+    for half in (range(4), range(4, 8)):
+        for group in range(4):  # the 8 columns a store covers: chunk pair `group` of the row
+            chunks = [c ^ tile_rows[r] for r in half for c in (2 * group, 2 * group + 1)]
+            assert sorted(chunks) == list(range(8))
+    # the plain order (tile row = query row) puts rows r and r ^ 1 on the same chunks
+    assert sorted(c ^ r for r in range(4) for c in (0, 1)) != list(range(8))
+
+
+def test_dq_rows_interleaved_accumulator_is_padded():
+    import torch
+
+    from flashhopper.hopper import runtime
+
+    q = torch.empty(2, 300, 4, 192)
+    # whole 64-row query blocks: the TMA view's row groups run on into the next batch
+    assert runtime._dq_accum(q, bwd_config("bf16", 192, dq_rows_interleaved=True), torch.empty).shape == \
+        (2, 320, 4, 192)
+    assert runtime._dq_accum(q, bwd_config("bf16", 192), torch.empty).shape == (2, 300, 4, 192)
+
+
+def test_dq_rows_interleaved_needs_dq_tma_and_the_row_major_accumulator():
+    with pytest.raises(ValueError, match="dq_rows_interleaved needs dq_tma"):
+        bwd_config("bf16", 256, **BWD_WIDE_ATOMICS[256], dq_rows_interleaved=True)
+    with pytest.raises(ValueError, match="dq_rows_interleaved needs dq_tma"):
+        bwd_config("bf16", 192, dq_accum_head_major=True, dq_rows_interleaved=True)
+
+
 @pytest.mark.parametrize("mask", ["none", "causal", "softcap"])
 def test_backward_wide_pds_swizzle_per_wg_compiles(mask):
     # FA4's step at hdim 192 (48 keys per warpgroup: the 32-byte swizzle for P / dS, dV^T before the

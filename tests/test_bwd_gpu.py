@@ -467,6 +467,12 @@ DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_
            256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1}}
 
 
+# the slot with dQ's query rows interleaved in smem and read back by a 5-D TMA view of the padded
+# accumulator (BwdConfig.dq_rows_interleaved): batch > 1 with ragged query lengths is where a wrong
+# merge of batch into the rows would show
+DQ_ROWS = {d: {**DQ_SLOT[d], "dq_rows_interleaved": True} for d in DQ_SLOT}
+
+
 # FA4's whole step at 192: its P / dS swizzle, dV^T first, the scale in dS, dQ through one part
 DQ_FA4_STEP = {192: {**DQ_SLOT[192], "pds_swizzle_per_wg": True, "dkv_early": True, "scale_in_ds": True}}
 
@@ -489,21 +495,21 @@ def test_backward_dq_tma_fa4_tile_256(b, sq, sk, hq, hk, causal, window, softcap
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window, softcap=softcap)
 
 
-@pytest.mark.parametrize("slot", [False, True], ids=["tile", "slot"])
+@pytest.mark.parametrize("slot", ["tile", "slot", "rows"])
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (2, 517, 300, 2, 2, True, (-1, -1), 0.0),
     (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0), (1, 700, 700, 2, 2, False, (100, 20), 10.0),
     (1, 1, 17, 2, 2, False, (-1, -1), 0.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
 def test_backward_dq_tma(slot, d, b, sq, sk, hq, hk, causal, window, softcap):
-    with runtime.bwd_config_overrides(**(DQ_SLOT if slot else DQ_TMA)[d]):
+    with runtime.bwd_config_overrides(**{"tile": DQ_TMA, "slot": DQ_SLOT, "rows": DQ_ROWS}[slot][d]):
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
-@pytest.mark.parametrize("slot", [False, True], ids=["tile", "slot"])
+@pytest.mark.parametrize("slot", ["tile", "slot", "rows"])
 @pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (256, False, (300, 40))])
 def test_deterministic_dq_tma_is_bitwise_reproducible(slot, d, causal, window):
-    with runtime.bwd_config_overrides(**(DQ_SLOT if slot else DQ_TMA)[d]):
+    with runtime.bwd_config_overrides(**{"tile": DQ_TMA, "slot": DQ_SLOT, "rows": DQ_ROWS}[slot][d]):
         _check_deterministic(d, causal, window)
 
 

@@ -229,7 +229,9 @@ def _fake_bwd(cfg: BwdConfig):
     sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                                         (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     dq = t4(sq, h) if cfg.fused_dq_cast else None
-    return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), t4(sq, h, cutlass.Float32),
+    # dq_rows_interleaved: the accumulator's rows are padded to whole query blocks (_dq_accum)
+    dq_accum = t4(cute.sym_int() if cfg.dq_rows_interleaved else sq, h, cutlass.Float32)
+    return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), dq_accum,
             sem, dq, t4(sk, hk), t4(sk, hk))
 
 
@@ -297,10 +299,13 @@ def _unused_int32(device) -> torch.Tensor:
 
 def _dq_accum(q, cfg: BwdConfig, alloc):
     """The fp32 dQ accumulator as a (b, sq, h, d) tensor; with dq_accum_head_major its memory is
-    (b, h, sq, d) (a permuted view: the kernels take any strides)."""
+    (b, h, sq, d) (a permuted view: the kernels take any strides); with dq_rows_interleaved sq is
+    padded to whole query blocks (the main kernel takes the padded tensor, the rest [:, :sq])."""
     b, sq, h, d = q.shape
     if cfg.dq_accum_head_major:
         return alloc((b, h, sq, d), dtype=torch.float32, device=q.device).permute(0, 2, 1, 3)
+    if cfg.dq_rows_interleaved:
+        return alloc((b, -(-sq // cfg.tile_m) * cfg.tile_m, h, d), dtype=torch.float32, device=q.device)
     return alloc(q.shape, dtype=torch.float32, device=q.device)
 
 
@@ -331,16 +336,18 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
-        dq_accum = _dq_accum(q, cfg, torch.empty)
+        dq_accum_all = _dq_accum(q, cfg, torch.empty)
         if poison_dq_accum:
-            dq_accum.fill_(float("nan"))
+            dq_accum_all.fill_(float("nan"))
+        dq_accum = dq_accum_all[:, :sq]  # the padding rows (dq_rows_interleaved) are never read
         pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
         if cfg.scale_in_ds:
             pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
         else:
             pre(out, dout, lse, lse_log2, d_rows)
-        dq_accum = _dq_accum(q, cfg, torch.zeros)
+        dq_accum_all = _dq_accum(q, cfg, torch.zeros)
+        dq_accum = dq_accum_all[:, :sq]
     if deterministic or cfg.fused_dq_cast:  # turns, or landed tiles, per query block
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
     else:  # never read: a cached placeholder saves an allocation and a memset per call
@@ -359,8 +366,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dq, dk, dv, scale_log2, softcap_pre, softmax_scale,
-       wl, wr)
+    fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
+       softmax_scale, wl, wr)
     if dq is not None:
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
