@@ -724,8 +724,9 @@ class FlashBwdWideSm90(BwdKernelBase):
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,
                        p: cutlass.Constexpr[int]):
         """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ part p of query block
-        m_block (rows past seqlen_q clipped by the TMA unit). The whole warp runs the copy (it
-        elects its issuing lane itself)."""
+        m_block (rows past seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into
+        the accumulator's padding rows). The whole warp runs the copy (it elects its issuing lane
+        itself)."""
         part = (self.tile_m, self.dq_part_cols)
         if cutlass.const_expr(self.cfg.dq_rows_interleaved):
             # dq_rows_view: batch b's query blocks follow batch b - 1's (sq padded to whole blocks)

@@ -654,8 +654,6 @@ class FlashFwdSm90:
                 v_state.advance()
         return k_state, v_state
 
-
-
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                   mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg):
