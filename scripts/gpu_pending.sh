@@ -8,6 +8,9 @@
 #     predicted up to +6%: it removes the 2-way bank conflicts of every dQ STS.64, all of the kernel's)
 #   then, if it wins: pytest tests/test_bwd_gpu.py -k "dq_tma or deterministic" with it dispatched
 #   (config._BWD_WIDE_SWITCHES), the backward grid (s8c_bwd), and profile_conflicts.sh to confirm 0.
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh s11_conflicts
+#     (the same per-instruction profile for the forward at hdim 128, ours and FA4's, and the backward at
+#     128 (FA4's) and 256 (ours): where else smem stores or loads take more wavefronts than they need)
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
 # s10_slot256 / s10_slot192: the wide kernel's dQ by TMA reduce-adds through one smem part (dq_tma,
@@ -296,6 +299,13 @@ s10_rows)  # session 10, last call (one GPU): dQ rows interleaved in smem (BwdCo
   echo "--- rows_cases"; grep -E "^FAIL|failed|rc=" "$O/rows_cases.log" | tail -6
   [ -f "$O/rows_det.log" ] && echo "--- rows_det: $(grep -E 'passed|failed' "$O/rows_det.log" | tail -1)"
   [ -f "$O/rows_time.log" ] && { echo "--- rows_time"; quiet "$O/rows_time.log" | tail -7; }
+  ;;
+s11_conflicts)  # session 11: per-instruction smem conflicts of the forward (ours, FA4's) at hdim 128 and of
+  # the backward at 128 (FA4's: our lowest backward point) and 256, 8k
+  TARGETS="fwd:128 fwd:128:fa4 bwd:128:fa4 bwd:256 bwd:192:fa4" SEQLEN=8192 run conflicts \
+    bash scripts/profile_conflicts.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  grep -vE "Warning|warn" "$O/conflicts.log" | tail -90
   ;;
 s10_conflicts)  # session 10: which instructions conflict in smem (ncu SourceCounters), hdim 192 and 128
   run conflicts bash scripts/profile_conflicts.sh

@@ -1,18 +1,18 @@
 """Print the SASS instructions with the most excess shared-memory wavefronts from an ncu source
-page exported as CSV (scripts/profile_conflicts.sh). Column names vary across ncu versions: any
-column whose name mentions excessive / bank conflicts is used."""
+page exported as CSV (scripts/profile_conflicts.sh): totals of the shared-wavefront columns, then
+the instructions sorted by "L1 Wavefronts Shared Excessive"."""
 import csv
 import sys
 
 rows = list(csv.reader(open(sys.argv[1], newline="")))
-header_at = next((i for i, r in enumerate(rows) if any("Source" in c or "Address" in c for c in r)), None)
+header_at = next((i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r)), None)
 if header_at is None:
     print("no header found; first lines:", rows[:3])
     sys.exit(0)
 header, body = rows[header_at], rows[header_at + 1:]
-keys = [i for i, c in enumerate(header) if "xcessive" in c or "Bank" in c or "onflict" in c]
-src = next((i for i, c in enumerate(header) if c.strip() == "Source"), 1)
-print("columns:", [header[i] for i in keys])
+src = header.index("Source")
+cols = [i for i, c in enumerate(header) if "Wavefronts Shared" in c or "Conflicts Shared" in c]
+excess = next((i for i in cols if "Excessive" in header[i]), None)
 
 
 def num(text):
@@ -22,11 +22,10 @@ def num(text):
         return 0.0
 
 
-total = {i: sum(num(r[i]) for r in body if len(r) > i) for i in keys}
-print("totals:", {header[i]: total[i] for i in keys})
-if keys:
-    k = keys[0]
-    body.sort(key=lambda r: -num(r[k]) if len(r) > k else 0)
+sums = [i for i in cols if "N-Way" not in header[i]]
+print("totals:", {header[i]: sum(num(r[i]) for r in body if len(r) > i) for i in sums})
+if excess is not None:
+    body.sort(key=lambda r: -num(r[excess]) if len(r) > excess else 0)
     for r in body[:25]:
-        if len(r) > k and num(r[k]) > 0:
-            print(f"{num(r[k]):>14,.0f}  {r[src][:110]}")
+        if len(r) > excess and num(r[excess]) > 0:
+            print(f"{num(r[excess]):>14,.0f}  " + "  ".join(r[i] for i in cols) + f"  {r[src][:90]}")
