@@ -309,6 +309,12 @@ def _dq_accum(q, cfg: BwdConfig, alloc):
     return alloc(q.shape, dtype=torch.float32, device=q.device)
 
 
+def _dq_rows(dq_accum_all, cfg: BwdConfig, sq: int):
+    """The accumulator's query rows: all of it, or with dq_rows_interleaved the first sq (the
+    padding rows are never read)."""
+    return dq_accum_all[:, :sq] if cfg.dq_rows_interleaved else dq_accum_all
+
+
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
@@ -339,7 +345,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         dq_accum_all = _dq_accum(q, cfg, torch.empty)
         if poison_dq_accum:
             dq_accum_all.fill_(float("nan"))
-        dq_accum = dq_accum_all[:, :sq]  # the padding rows (dq_rows_interleaved) are never read
+        dq_accum = _dq_rows(dq_accum_all, cfg, sq)
         pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
         if cfg.scale_in_ds:
@@ -347,7 +353,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         else:
             pre(out, dout, lse, lse_log2, d_rows)
         dq_accum_all = _dq_accum(q, cfg, torch.zeros)
-        dq_accum = dq_accum_all[:, :sq]
+        dq_accum = _dq_rows(dq_accum_all, cfg, sq)
     if deterministic or cfg.fused_dq_cast:  # turns, or landed tiles, per query block
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
     else:  # never read: a cached placeholder saves an allocation and a memset per call
