@@ -575,9 +575,12 @@ class BwdConfig(_KernelConfig):
         if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
             raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
                              "time), and only with dq_tma")
-        if self.dq_rows_interleaved and not (self.dq_tma and not self.dq_accum_head_major):
-            raise ValueError("dq_rows_interleaved needs dq_tma (its rows are those of the smem dQ tile) and "
-                             "the (b, sq, h, d) accumulator (its view merges batch into the rows)")
+        if self.dq_rows_interleaved and (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
+                                         or (self.kv_split == "hdim" and not self.dq_tma)):
+            raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
+                             "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
+                             "d) accumulator (its view merges batch into the rows) and no fused_dq_cast "
+                             "(which reads the accumulator in query order)")
         if self.pds_swizzle_per_wg and self.kv_split != "hdim":
             raise ValueError("pds_swizzle_per_wg exists only for kv_split 'hdim' (hopper/bwd_wide.py)")
         if self.mask_runs and self.kv_split != "keys":

@@ -4,8 +4,10 @@
 # was fixed on CPU after the device time ran out. Waiting, for session 11:
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && ROWS_DET=1 DEADLINE=480 bash scripts/gpu_pending.sh s10_rows
-#     (dQ rows interleaved in the smem slot, hdim 192 / 256: cases, deterministic bit-equality, timing;
-#     predicted up to +6%: it removes the 2-way bank conflicts of every dQ STS.64, all of the kernel's)
+#     (dQ rows interleaved in the smem slot, hdim 192 / 256: cases, deterministic bit-equality and the
+#     keys kernel's tests with it, timing; predicted up to +6%: it removes the 2-way bank conflicts of
+#     every dQ STS.64, all of the kernel's). The keys kernel (hdim 64 / 96) has the same 8-byte dQ stores
+#     (not profiled yet): ROWS_HDIMS=64,96 for its cases and timing, on the second GPU.
 #   then, if it wins: pytest tests/test_bwd_gpu.py -k "dq_tma or deterministic" with it dispatched
 #   (config._BWD_WIDE_SWITCHES), the backward grid (s8c_bwd), and profile_conflicts.sh to confirm 0.
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh s11_conflicts
@@ -287,12 +289,14 @@ s10_idle)  # session 10: forward warpgroups with no rows below seqlen_q skip the
   ;;
 s10_rows)  # session 10, last call (one GPU): dQ rows interleaved in smem (BwdConfig.dq_rows_interleaved)
   # at hdim 192 / 256: cases and the deterministic bit-equality tests (own limits), then timing
-  bg rows_cases 75 python3 scripts/bwd_check.py --no-bench --case-hdims 192,256 --bwd-config dq_rows_interleaved=True
+  bg rows_cases 75 python3 scripts/bwd_check.py --no-bench --case-hdims ${ROWS_HDIMS:-192,256} \
+    --bwd-config dq_rows_interleaved=True
   [ -n "${ROWS_DET:-}" ] && FH_TEST_BWD_OVERRIDES=dq_rows_interleaved=true bg rows_det 120 python3 -m pytest -q \
-    -rf --tb=short tests/test_bwd_gpu.py -k "deterministic_is_bitwise and (192 or 256)"
+    -rf --tb=short tests/test_bwd_gpu.py -k "(deterministic_is_bitwise and (192 or 256)) or dq_rows_interleaved"
   wait
   if grep -qE "^0 of [0-9]+ cases failed" "$O/rows_cases.log"; then
-    run rows_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 192,256 --seqlens ${ROWS_SEQLENS:-2048,8192} \
+    run rows_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims ${ROWS_HDIMS:-192,256} \
+      --seqlens ${ROWS_SEQLENS:-2048,8192} \
       --bwd-config default --bwd-config dq_rows_interleaved=True
   fi
   echo "== end at $(($(date +%s) - T0)) s"

@@ -686,22 +686,26 @@ def test_backward_wide_dq_slot_compiles(hdim, mask):
 
 # dq_rows_interleaved: query rows 0, 4, 1, 5, .. in each 8-row group of the smem dQ tile (the consumers'
 # 8-byte stores free of bank conflicts), read back in query order by a 5-D TMA view of dQaccum
+# (the keys kernel's dQ tile too, where it is written in row pairs: hdim 64 / 96, and 128 at 64 rows)
 @pytest.mark.parametrize(("hdim", "mask", "fields"), [
     (192, "none", {}), (192, "causal", {}), (192, "local", {}), (256, "none", {}), (256, "softcap", {}),
     (256, "deterministic", {}), (192, "deterministic", {}),
-    (256, "none", {"tile_n": 48, "do_stages": 1, "ds_stages": 1, "dq_slots": 0})])
-def test_backward_wide_dq_rows_interleaved_compiles(hdim, mask, fields):
+    (256, "none", {"tile_n": 48, "do_stages": 1, "ds_stages": 1, "dq_slots": 0}),
+    (64, "none", {}), (64, "causal", {}), (64, "deterministic", {}), (96, "local", {}), (96, "softcap", {}),
+    (128, "causal", {"tile_m": 64})])
+def test_backward_dq_rows_interleaved_compiles(hdim, mask, fields):
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
     cfg = bwd_config("bf16", hdim, dq_rows_interleaved=True, **fields, **masks)
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, dq_rows_interleaved=True, **fields, **masks)
-    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    check = _check_wide_report if hdim in BWD_WIDE else _check_keys_report
+    check(report, cfg, "causal" if mask == "deterministic" else mask)
     plain = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **masks)["sass"]
     for key in ("HGMMA", "HGMMA_WAITS", "BAR", "UTMAREDG"):
         assert report["sass"][key] == plain[key], key
 
 
 def test_dq_rows_interleaved_permutations_are_inverse_and_conflict_free():
-    from flashhopper.hopper.bwd_wide import DQ_ROWS_GMEM, DQ_ROWS_SMEM
+    from flashhopper.hopper.bwd_common import DQ_ROWS_GMEM, DQ_ROWS_SMEM
 
     def colex(layout, i):
         (n0, _), (d0, d1) = layout
@@ -733,11 +737,15 @@ def test_dq_rows_interleaved_accumulator_is_padded():
     assert runtime._dq_accum(q, bwd_config("bf16", 192), torch.empty).shape == (2, 300, 4, 192)
 
 
-def test_dq_rows_interleaved_needs_dq_tma_and_the_row_major_accumulator():
-    with pytest.raises(ValueError, match="dq_rows_interleaved needs dq_tma"):
+def test_dq_rows_interleaved_is_refused_where_it_does_not_apply():
+    with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
         bwd_config("bf16", 256, **BWD_WIDE_ATOMICS[256], dq_rows_interleaved=True)
-    with pytest.raises(ValueError, match="dq_rows_interleaved needs dq_tma"):
+    with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
         bwd_config("bf16", 192, dq_accum_head_major=True, dq_rows_interleaved=True)
+    with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
+        bwd_config("bf16", 128, dq_rows_interleaved=True)  # dQ^T: its 4-byte stores do not conflict
+    with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
+        bwd_config("bf16", 128, causal=True, fused_dq_cast=True, dq_rows_interleaved=True)
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "softcap"])

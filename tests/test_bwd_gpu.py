@@ -513,6 +513,23 @@ def test_deterministic_dq_tma_is_bitwise_reproducible(slot, d, causal, window):
         _check_deterministic(d, causal, window)
 
 
+# the keys kernel's dQ tile with its rows interleaved the same way (hdim 64 / 96; 128 at 64-row steps)
+@pytest.mark.parametrize(("d", "fields"), [(64, {}), (96, {}), (128, {"tile_m": 64})])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (2, 517, 300, 2, 2, True, (-1, -1), 0.0),
+    (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0), (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (1, 1, 17, 2, 2, False, (-1, -1), 0.0), (3, 17, 17, 4, 2, True, (-1, -1), 0.0)])
+def test_backward_dq_rows_interleaved_keys(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
+    with runtime.bwd_config_overrides(dq_rows_interleaved=True, **fields):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (96, False, (300, 40))])
+def test_deterministic_dq_rows_interleaved_keys_is_bitwise_reproducible(d, causal, window):
+    with runtime.bwd_config_overrides(dq_rows_interleaved=True):
+        _check_deterministic(d, causal, window)
+
+
 @pytest.mark.parametrize("d,causal,window", [(256, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(**{**WIDE_ATOMICS[d], "ds_stages": 1}):

@@ -180,7 +180,9 @@ class FlashBwdSm90(BwdKernelBase):
         if cutlass.const_expr(self.cfg.dq_per_wg):
             tma_dQ_layout = self.dq_part_layout(sdQ_layout, tiled_mma_dq)
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), mdQaccum, tma_dQ_layout, self.dq_part_shape())
+            cpasync.CopyReduceBulkTensorTileS2GOp(),
+            self.dq_rows_view(mdQaccum) if self.cfg.dq_rows_interleaved else mdQaccum,
+            tma_dQ_layout, self.dq_part_shape())
 
         tma_atom_cvt, tma_cvt = None, None
         if cutlass.const_expr(self.cfg.fused_dq_cast):
@@ -330,7 +332,8 @@ class FlashBwdSm90(BwdKernelBase):
             cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
             # the whole warp runs the copy (it elects its issuing lane itself: calling it from one
             # lane leaves the election waiting for the other 31 forever)
-            gdQ = cute.local_tile(mdQaccum[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
+            gdQ = cute.local_tile(mdQ_rows, (self.tile_m, self.hdim), (m_tile, 0))
             tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
                                                    cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
             if cutlass.const_expr(self.cfg.deterministic):
@@ -377,7 +380,8 @@ class FlashBwdSm90(BwdKernelBase):
                 if cutlass.const_expr(self.cfg.deterministic and w == 0):
                     self.wait_turn(sem, turn)
                 # the whole warp runs the copy (it elects its issuing lane itself)
-                gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, self.dq_part_coord(m_block, w))
+                mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
+                gdQ = cute.local_tile(mdQ_rows, part, self.dq_part_coord(m_tile, w))
                 sdQ_w = cute.local_tile(sdQ, part, self.dq_part_coord(0, w))
                 tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
                                                        cute.group_modes(sdQ_w, 0, 2),
@@ -633,6 +637,8 @@ class FlashBwdSm90(BwdKernelBase):
             dQ_copy = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
                 tiled_mma_dq).get_slice(tidx)
+            if cutlass.const_expr(self.cfg.dq_rows_interleaved):
+                sdQ = self.dq_rows_smem(sdQ)  # a half-warp's rows on distinct swizzle phases
             tdQsdQ = dQ_copy.partition_D(sdQ)
         acc_S_as_a = tdSrdP = tdSrdS = None
         if cutlass.const_expr(self.cfg.ds_before_dv):

@@ -20,6 +20,13 @@ def smem_struct(fields: dict):
     return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
 
+# BwdConfig.dq_rows_interleaved, per 8-row group: query row r0 + 4 r1 at tile row 2 r0 + r1 (the
+# consumers' view), and tile row s0 + 2 s1 read back from query row 4 s0 + s1 (the TMA view);
+# (shape, stride) of each, tests/test_bwd_compile.py checks that they are inverse
+DQ_ROWS_SMEM = ((4, 2), (2, 1))
+DQ_ROWS_GMEM = ((2, 4), (4, 1))
+
+
 class BwdKernelBase:
     def __init__(self, cfg: BwdConfig):
         cfg.check()
@@ -33,6 +40,36 @@ class BwdKernelBase:
         self.has_right = cfg.causal or cfg.local
         self.has_left = cfg.local
         self.has_softcap = cfg.softcap
+
+    def dq_rows_view(self, mdQaccum):
+        """dq_rows_interleaved: dQaccum (sq_pad, d, h, b) seen as (rows, d, h) with rows = (2, 4,
+        sq_pad * b / 8): row 8g + j + 2i of the view (the smem tile's order) is query row 8g + 4j + i.
+        Batch merges into the rows (the runtime allocates (b, sq_pad, h, d) contiguous), so the TMA
+        descriptor keeps 5 dimensions: head dim, 2, 4, row groups, heads."""
+        rs = mdQaccum.layout.stride[0]
+        groups = mdQaccum.shape[0] * mdQaccum.shape[3] // 8
+        (n0, n1), (d0, d1) = DQ_ROWS_GMEM
+        return cute.make_tensor(mdQaccum.iterator, cute.make_layout(
+            ((n0, n1, groups), mdQaccum.shape[1], mdQaccum.shape[2]),
+            stride=((d0 * rs, d1 * rs, 8 * rs), mdQaccum.layout.stride[1], mdQaccum.layout.stride[2])))
+
+    def dq_rows_smem(self, sdQ):
+        """dq_rows_interleaved: the consumers' view of the smem dQ tile, query row r at tile row
+        8 (r / 8) + 2 (r % 4) + (r % 8) / 4 (dq_rows_view reads it back in query order)."""
+        cols = cute.size(sdQ, mode=[1])
+        (n0, n1), (d0, d1) = DQ_ROWS_SMEM
+        return cute.composition(sdQ, cute.make_layout(((n0, n1, self.tile_m // 8), cols),
+                                                      stride=((d0, d1, 8), self.tile_m)))
+
+    @cute.jit
+    def dq_rows_tile(self, mdQaccum, head, batch, m_block, seqlen_q):
+        """The writer's gmem side for query block m_block: mdQaccum[:, :, head, batch], or with
+        dq_rows_interleaved the view's rows (batch b's query blocks after batch b - 1's, sq padded
+        to whole blocks) and the block's index in them."""
+        if cutlass.const_expr(self.cfg.dq_rows_interleaved):
+            num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+            return mdQaccum[None, None, head], batch * num_m_blocks + m_block
+        return mdQaccum[None, None, head, batch], m_block
 
     @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):

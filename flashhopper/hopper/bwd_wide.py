@@ -77,11 +77,6 @@ _BAR_WG_PDS = 6
 # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
 # id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
 _BAR_DQ_WG = 9
-# BwdConfig.dq_rows_interleaved, per 8-row group: query row r0 + 4 r1 at tile row 2 r0 + r1 (the
-# consumers' view), and tile row s0 + 2 s1 read back from query row 4 s0 + s1 (the TMA view);
-# (shape, stride) of each, tests/test_bwd_compile.py checks that they are inverse
-DQ_ROWS_SMEM = ((4, 2), (2, 1))
-DQ_ROWS_GMEM = ((2, 4), (4, 1))
 
 
 class FlashBwdWideSm90(BwdKernelBase):
@@ -586,26 +581,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         c * W + w, counting parts along the head dim."""
         return self.hdim // self.num_dq_parts
 
-    def dq_rows_view(self, mdQaccum):
-        """dq_rows_interleaved: dQaccum (sq_pad, d, h, b) seen as (rows, d, h) with rows = (2, 4,
-        sq_pad * b / 8): row 8g + 2i + j of the view (the smem tile's order) is query row 8g + i + 4j.
-        Batch merges into the rows (the runtime allocates (b, sq_pad, h, d) contiguous), so the TMA
-        descriptor keeps 5 dimensions: head dim, 2, 4, row groups, heads."""
-        rs = mdQaccum.layout.stride[0]
-        groups = mdQaccum.shape[0] * mdQaccum.shape[3] // 8
-        (n0, n1), (d0, d1) = DQ_ROWS_GMEM
-        return cute.make_tensor(mdQaccum.iterator, cute.make_layout(
-            ((n0, n1, groups), mdQaccum.shape[1], mdQaccum.shape[2]),
-            stride=((d0 * rs, d1 * rs, 8 * rs), mdQaccum.layout.stride[1], mdQaccum.layout.stride[2])))
-
-    def dq_rows_smem(self, sdQ):
-        """dq_rows_interleaved: the consumers' view of the smem dQ tile, query row r at tile row
-        8 (r / 8) + 2 (r % 4) + (r % 8) / 4 (dq_rows_view reads it back in query order)."""
-        cols = cute.size(sdQ, mode=[1])
-        (n0, n1), (d0, d1) = DQ_ROWS_SMEM
-        return cute.composition(sdQ, cute.make_layout(((n0, n1, self.tile_m // 8), cols),
-                                                      stride=((d0, d1, 8), self.tile_m)))
-
     def dq_part_layout(self, sdQ_layout):
         """Part 0 of the smem dQ tile, the TMA atom's smem side; the other parts are the same
         layout at offsets of whole swizzle periods (checked here, at trace time)."""
@@ -727,13 +702,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         m_block (rows past seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into
         the accumulator's padding rows). The whole warp runs the copy (it elects its issuing lane
         itself)."""
-        part = (self.tile_m, self.dq_part_cols)
-        if cutlass.const_expr(self.cfg.dq_rows_interleaved):
-            # dq_rows_view: batch b's query blocks follow batch b - 1's (sq padded to whole blocks)
-            num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-            gdQ = cute.local_tile(mdQaccum[None, None, head], part, (batch * num_m_blocks + m_block, p))
-        else:
-            gdQ = cute.local_tile(mdQaccum[None, None, head, batch], part, (m_block, p))
+        mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
+        gdQ = cute.local_tile(mdQ_rows, (self.tile_m, self.dq_part_cols), (m_tile, p))
         tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
                                                cute.group_modes(sdQ_p, 0, 2), cute.group_modes(gdQ, 0, 2))
         cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
