@@ -771,8 +771,7 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     wide = {}
     if hdim in BWD_WIDE:
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
-                    do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), ds_stages=_BWD_DS_STAGES.get(hdim, 1))
-        wide.update(_BWD_WIDE_SWITCHES.get(hdim, {}))
+                    do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), **_BWD_WIDE_SWITCHES.get(hdim, {}))
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
                     tile_m=_BWD_TILE_M.get(hdim, 64),

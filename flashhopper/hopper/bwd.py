@@ -181,8 +181,7 @@ class FlashBwdSm90(BwdKernelBase):
             tma_dQ_layout = self.dq_part_layout(sdQ_layout, tiled_mma_dq)
         tma_atom_dQ, tma_dQ = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(),
-            self.dq_rows_view(mdQaccum) if self.cfg.dq_rows_interleaved else mdQaccum,
-            tma_dQ_layout, self.dq_part_shape())
+            self.dq_rows_view(mdQaccum), tma_dQ_layout, self.dq_part_shape())
 
         tma_atom_cvt, tma_cvt = None, None
         if cutlass.const_expr(self.cfg.fused_dq_cast):
@@ -637,9 +636,7 @@ class FlashBwdSm90(BwdKernelBase):
             dQ_copy = cute.make_tiled_copy_C(
                 cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64),
                 tiled_mma_dq).get_slice(tidx)
-            if cutlass.const_expr(self.cfg.dq_rows_interleaved):
-                sdQ = self.dq_rows_smem(sdQ)  # a half-warp's rows on distinct swizzle phases
-            tdQsdQ = dQ_copy.partition_D(sdQ)
+            tdQsdQ = dQ_copy.partition_D(self.dq_rows_smem(sdQ))
         acc_S_as_a = tdSrdP = tdSrdS = None
         if cutlass.const_expr(self.cfg.ds_before_dv):
             # k-block k of P^T (the dV GEMM's A operand) and stmatrix k of dS^T cover the same

@@ -42,10 +42,13 @@ class BwdKernelBase:
         self.has_softcap = cfg.softcap
 
     def dq_rows_view(self, mdQaccum):
-        """dq_rows_interleaved: dQaccum (sq_pad, d, h, b) seen as (rows, d, h) with rows = (2, 4,
+        """The gmem side of the writer's TMA reduce-add: dQaccum, or with dq_rows_interleaved
+        dQaccum (sq_pad, d, h, b) seen as (rows, d, h) with rows = (2, 4,
         sq_pad * b / 8): row 8g + j + 2i of the view (the smem tile's order) is query row 8g + 4j + i.
         Batch merges into the rows (the runtime allocates (b, sq_pad, h, d) contiguous), so the TMA
         descriptor keeps 5 dimensions: head dim, 2, 4, row groups, heads."""
+        if not self.cfg.dq_rows_interleaved:
+            return mdQaccum
         rs = mdQaccum.layout.stride[0]
         groups = mdQaccum.shape[0] * mdQaccum.shape[3] // 8
         (n0, n1), (d0, d1) = DQ_ROWS_GMEM
@@ -54,8 +57,10 @@ class BwdKernelBase:
             stride=((d0 * rs, d1 * rs, 8 * rs), mdQaccum.layout.stride[1], mdQaccum.layout.stride[2])))
 
     def dq_rows_smem(self, sdQ):
-        """dq_rows_interleaved: the consumers' view of the smem dQ tile, query row r at tile row
-        8 (r / 8) + 2 (r % 4) + (r % 8) / 4 (dq_rows_view reads it back in query order)."""
+        """The consumers' view of the smem dQ tile: sdQ, or with dq_rows_interleaved query row r at
+        tile row 8 (r / 8) + 2 (r % 4) + (r % 8) / 4 (dq_rows_view reads it back in query order)."""
+        if not self.cfg.dq_rows_interleaved:
+            return sdQ
         cols = cute.size(sdQ, mode=[1])
         (n0, n1), (d0, d1) = DQ_ROWS_SMEM
         return cute.composition(sdQ, cute.make_layout(((n0, n1, self.tile_m // 8), cols),

@@ -205,7 +205,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         if cutlass.const_expr(self.cfg.dq_tma):
             tma_atom_dQ, dQaccum = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(),
-                self.dq_rows_view(mdQaccum) if self.cfg.dq_rows_interleaved else mdQaccum,
+                self.dq_rows_view(mdQaccum),
                 sdQ_layout if self.cfg.dq_slots else self.dq_part_layout(sdQ_layout),
                 (self.tile_m, self.dq_part_cols))
 
@@ -364,8 +364,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         if cutlass.const_expr(self.cfg.dq_tma):
             # dQ fragments to the smem tile as 8-byte stores (the WGMMA C layout's column pairs)
             st_dq = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64)
-            if cutlass.const_expr(self.cfg.dq_rows_interleaved):
-                sdQ = self.dq_rows_smem(sdQ)
+            sdQ = self.dq_rows_smem(sdQ)  # with dq_rows_interleaved a half-warp's rows on distinct phases
             if cutlass.const_expr(self.cfg.dq_slots):
                 # every part goes through the one slot: this thread's place in it is where the
                 # same thread of warpgroup 0 would write part 0 (check_part_mma)
