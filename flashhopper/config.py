@@ -538,6 +538,11 @@ class BwdConfig(_KernelConfig):
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
+    def dq_rows_fit(self) -> bool:
+        """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
+        return not (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
+                    or (self.kv_split == "hdim" and not self.dq_tma))
+
     def check(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
@@ -575,8 +580,7 @@ class BwdConfig(_KernelConfig):
         if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
             raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
                              "time), and only with dq_tma")
-        if self.dq_rows_interleaved and (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
-                                         or (self.kv_split == "hdim" and not self.dq_tma)):
+        if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
                              "d) accumulator (its view merges batch into the rows) and no fused_dq_cast "
@@ -688,15 +692,20 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # hdim 192 with FA4's split (2 warpgroups x 48 keys, dK^T / dV^T by keys). Session 10 on the H200
 # (scripts/gpu_pending.sh s10_slot192 / s10_slot256, 3 rounds, 1k-16k, causal and not): +10..+18% at
 # 256 and +12..+20% at 192 over the atomics with two pairs, in 20 of 20 points.
+# Session 11 (s10_rows, 2 rounds, 2k / 8k, causal and not): with dQ's rows interleaved in that part
+# (BwdConfig.dq_rows_interleaved: no bank conflicts left in the dQ stores) +4.3..+5.3% at 192 and
+# +6.4..+10.1% at 256, 8 of 8 points.
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
-    192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1},
-    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1},
+    192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
+          "dq_rows_interleaved": True},
+    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1, "dq_rows_interleaved": True},
 }
 # The wide kernel as dispatched before that (dQ by atomics, two P / dS pairs; 192 as 3 warpgroups of
 # 64 head-dim rows): the base its earlier candidates were measured on, kept for the tests and scripts
 BWD_WIDE_ATOMICS: dict[int, dict] = {
-    192: {"num_consumer_wg": 3, "dkv_by_keys": False, "ds_stages": 2, "dq_tma": False, "dq_slots": 0},
-    256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0},
+    192: {"num_consumer_wg": 3, "dkv_by_keys": False, "ds_stages": 2, "dq_tma": False, "dq_slots": 0,
+          "dq_rows_interleaved": False},
+    256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0, "dq_rows_interleaved": False},
 }
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
 # measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
@@ -708,8 +717,13 @@ BWD_WIDE_ATOMICS: dict[int, dict] = {
 # +1.5..+3.5% without a mask, +-0.4% with one, and with mask_runs the two together measured below either
 # alone, so hdim 64 takes one or the other. Session 7: the softmax scale carried by dS (scale_in_ds)
 # +1.5..+2.3% at hdim 128 (4 of 4 points); at hdim 64 -5..+1% (causal lower), at 256 -0.2..+2.6%.
-_BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True},
-                                       96: {"dq_per_wg": True},
+# Session 11 (s11_rows_keys, 2 rounds, 2k / 8k): dQ's rows interleaved in its smem tile
+# (dq_rows_interleaved) +2.7 / +2.9% at hdim 64 without a mask, +0.8 / +0.8% with one; at 96 -0.3..-1.0%.
+# Session 11 (s11_bwdvar, 2 rounds, 2k / 8k): hdim 96 with hdim 128's dk_rs and scale_in_ds +0.9..+6.8%
+# in 4 of 4 points (dk_rs alone -5.6..+4.8%, scale_in_ds alone -1.3..+3.5%).
+_BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True,
+                                            "dq_rows_interleaved": True},
+                                       96: {"dq_per_wg": True, "dk_rs": True, "scale_in_ds": True},
                                        128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True,
                                              "scale_in_ds": True}}
 # The preprocess clears the dQ accumulator (BwdConfig.pre_zero_dq), every hdim: +0.0..+1.6% in 12 of
@@ -785,5 +799,9 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # and FA4's step order exists only at 128-row steps
         if cfg.ds_then_dv and "ds_then_dv" not in overrides and cfg.tile_m % 128:
             cfg = dataclasses.replace(cfg, ds_then_dv=False)
+        # and the interleaved dQ rows only with a smem dQ tile of row pairs (an override to atomics,
+        # a transposed or head-major dQ drops them)
+        if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
+            cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
     cfg.check()
     return cfg

@@ -194,7 +194,7 @@ def bench_point(d, s, causal, fa4, configs=({},), rounds=1):
     print(f"{d:>4} {'yes' if causal else 'no':>6} {s:>6} {cells} {ratio:6.2f}", flush=True)
 
 
-def bench(hdims, seqlens, configs=({},), rounds=1):
+def bench(hdims, seqlens, configs=({},), rounds=1, masks=(False, True)):
     try:
         from flash_attn.cute import flash_attn_func as fa4
     except Exception as exc:
@@ -209,7 +209,7 @@ def bench(hdims, seqlens, configs=({},), rounds=1):
     print(f"backward TFLOP/s (2.5x forward FLOPs){medians}")
     print(f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {names} {'ratio':>6}")
     for d in hdims:
-        for causal in (False, True):
+        for causal in masks:
             for s in seqlens:
                 bench_point(d, s, causal, fa4, configs, rounds)
 
@@ -221,6 +221,7 @@ def main():
     ap.add_argument("--hdims", default="64,128")
     ap.add_argument("--seqlens", default="1024,4096,16384")
     ap.add_argument("--fp16", action="store_true")
+    ap.add_argument("--causal", choices=("both", "yes", "no"), default="both", help="timed masks")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time flashhopper's configurations N times, taking turns")
     ap.add_argument("--case-hdims", default="", help="correctness cases of these hdims only, e.g. 192,256")
@@ -255,8 +256,9 @@ def run(args, configs=({},)):
     if cases:
         print(f"{failures} of {len(cases) * len(configs)} cases failed", flush=True)
     if not args.no_bench:
+        masks = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
         bench([int(x) for x in args.hdims.split(",")], [int(x) for x in args.seqlens.split(",")], configs,
-              args.rounds)
+              args.rounds, masks)
     return 1 if failures else 0
 
 

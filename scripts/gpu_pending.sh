@@ -1,18 +1,12 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 10 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 10") except s10_rows, which failed at the call boundary and
-# was fixed on CPU after the device time ran out. Waiting, for session 11:
+# GPU work by mode, one device call of <= 10 minutes each. Session 11 ran every queued mode (results in
+# docs/benchmarks.md, "GPU runs of session 11"). Waiting, for session 12:
 #
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && ROWS_DET=1 DEADLINE=480 bash scripts/gpu_pending.sh s10_rows
-#     (dQ rows interleaved in the smem slot, hdim 192 / 256: cases, deterministic bit-equality and the
-#     keys kernel's tests with it, timing; predicted up to +6%: it removes the 2-way bank conflicts of
-#     every dQ STS.64, all of the kernel's). The keys kernel (hdim 64 / 96) has the same 8-byte dQ stores
-#     (not profiled yet): ROWS_HDIMS=64,96 for its cases and timing, on the second GPU.
-#   then, if it wins: pytest tests/test_bwd_gpu.py -k "dq_tma or deterministic" with it dispatched
-#   (config._BWD_WIDE_SWITCHES), the backward grid (s8c_bwd), and profile_conflicts.sh to confirm 0.
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh s11_conflicts
-#     (the same per-instruction profile for the forward at hdim 128, ours and FA4's, and the backward at
-#     128 (FA4's) and 256 (ours): where else smem stores or loads take more wavefronts than they need)
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh s12_rows128
+#     (hdim 128's short causal dispatch, 64-row steps up to 1k, stores its dQ tile with the same 8-byte
+#     stores that conflicted at 192 / 256: dq_rows_interleaved there, cases then timing at 512 / 1k;
+#     compiles without spills, 182 KiB. Its grid points: causal 512 at 0.96, 1k at 1.01)
+#   then the forward / backward grids if anything was dispatched.
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
 # s10_slot256 / s10_slot192: the wide kernel's dQ by TMA reduce-adds through one smem part (dq_tma,
@@ -289,9 +283,9 @@ s10_idle)  # session 10: forward warpgroups with no rows below seqlen_q skip the
   ;;
 s10_rows)  # session 10, last call (one GPU): dQ rows interleaved in smem (BwdConfig.dq_rows_interleaved)
   # at hdim 192 / 256: cases and the deterministic bit-equality tests (own limits), then timing
-  bg rows_cases 75 python3 scripts/bwd_check.py --no-bench --case-hdims ${ROWS_HDIMS:-192,256} \
+  bg rows_cases ${ROWS_CASE_LIM:-200} python3 scripts/bwd_check.py --no-bench --case-hdims ${ROWS_HDIMS:-192,256} \
     --bwd-config dq_rows_interleaved=True
-  [ -n "${ROWS_DET:-}" ] && FH_TEST_BWD_OVERRIDES=dq_rows_interleaved=true bg rows_det 120 python3 -m pytest -q \
+  [ -n "${ROWS_DET:-}" ] && FH_TEST_BWD_OVERRIDES=dq_rows_interleaved=true bg rows_det ${ROWS_DET_LIM:-300} python3 -m pytest -q \
     -rf --tb=short tests/test_bwd_gpu.py -k "(deterministic_is_bitwise and (192 or 256)) or dq_rows_interleaved"
   wait
   if grep -qE "^0 of [0-9]+ cases failed" "$O/rows_cases.log"; then
@@ -303,6 +297,90 @@ s10_rows)  # session 10, last call (one GPU): dQ rows interleaved in smem (BwdCo
   echo "--- rows_cases"; grep -E "^FAIL|failed|rc=" "$O/rows_cases.log" | tail -6
   [ -f "$O/rows_det.log" ] && echo "--- rows_det: $(grep -E 'passed|failed' "$O/rows_det.log" | tail -1)"
   [ -f "$O/rows_time.log" ] && { echo "--- rows_time"; quiet "$O/rows_time.log" | tail -7; }
+  ;;
+s11_verify)  # session 11, GPU 0: dQ rows interleaved dispatched (hdim 64, 192, 256): every backward GPU
+  # test at 192 / 256 except the atomics-based candidates, then the shape list and determinism at all hdims
+  run wide_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py \
+    -k "(192 or 256) and not wide_variants and not dq_accum and not pdl"
+  run main_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py::test_backward
+  run all_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py \
+    -k "hdim64_variants or dk_rs or dq_per_wg or ds_then_dv or mask_runs or fp16 or packed \
+    or finite or deterministic_is_bitwise or deterministic_dq_rows or unwritten"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in wide_tests main_tests all_tests; do
+    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    [ -f "$O/$f.log" ] && grep -E "^FAILED" "$O/$f.log" | head -8
+  done
+  ;;
+s11_grid)  # session 11, GPU 1: the backward grid of that dispatch (2 rounds), the API tests, then ncu of
+  # hdim 256 (ours against FA4's) and the smem conflicts left at 64 / 256
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  run api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  HDIM=256 NAMES="dispatch fa4_kernel" run ncu256 bash scripts/profile_bwd.sh
+  TARGETS="bwd:256 bwd:64" SEQLEN=8192 run conflicts bash scripts/profile_conflicts.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -42; }
+  [ -f "$O/api.log" ] && echo "--- api: $(grep -E 'passed|failed' "$O/api.log" | tail -1)"
+  [ -f "$O/ncu256.log" ] && tail -48 "$O/ncu256.log"
+  [ -f "$O/conflicts.log" ] && grep -E "^==|totals" "$O/conflicts.log"
+  ;;
+s12_rows128)  # session 12: hdim 128 causal at 64-row steps (bwd_per_call, <= 1k) with dQ rows interleaved
+  bg rows128_cases 150 python3 scripts/bwd_check.py --no-bench --case-hdims 128 \
+    --bwd-config tile_m=64,dq_rows_interleaved=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/rows128_cases.log"; then
+    run rows128_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 128 --seqlens 512,1024 \
+      --causal yes --bwd-config default --bwd-config dq_rows_interleaved=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- rows128_cases"; grep -E "^FAIL|failed|rc=" "$O/rows128_cases.log" | tail -6
+  [ -f "$O/rows128_time.log" ] && { echo "--- rows128_time"; quiet "$O/rows128_time.log" | tail -7; }
+  ;;
+s11_short)  # session 11, last call, GPU 0: the forward's short grid points (tune_fwd.py short, 2 rounds)
+  run short python3 scripts/tune_fwd.py short
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- short"; grep TFLOP "$O/short.log" | sed 's/TFLOP\/s//'
+  ;;
+s11_bwdvar)  # session 11, last call, GPU 1: hdim 96 backward (0.85-0.91 of FA4 in s11_rows_keys) with
+  # dk_rs / scale_in_ds (hdim 128's switches), cases first; then scale_in_ds at 192 / 256 on the new dispatch
+  bg bwd96_cases 120 python3 scripts/bwd_check.py --no-bench --case-hdims 96 --bwd-config dk_rs=True \
+    --bwd-config scale_in_ds=True --bwd-config dk_rs=True,scale_in_ds=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/bwd96_cases.log"; then
+    run bwd96_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 96 --seqlens 2048,8192 \
+      --bwd-config default --bwd-config dk_rs=True --bwd-config scale_in_ds=True \
+      --bwd-config dk_rs=True,scale_in_ds=True
+  fi
+  run wide_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 192,256 --seqlens 2048,8192 \
+    --bwd-config default --bwd-config scale_in_ds=True
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- bwd96_cases"; grep -E "^FAIL|failed|rc=" "$O/bwd96_cases.log" | tail -6
+  for f in bwd96_time wide_time; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -9; }; done
+  ;;
+s11_w256)  # session 11: hdim 256 backward tiles with fewer dQ hand-offs per step (ncu: barrier stalls 6.6 per
+  # issued instruction against FA4's 2.6; the one smem part goes round 4 times a step, each time after
+  # the previous reduce-add has read it): 64 keys with dQ in one chunk (2 hand-offs of 32 KiB), 48 keys
+  # with one chunk and the whole dQ tile in smem (no hand-off waits), 48 keys with one chunk and two dO stages
+  A=tile_n=64,dq_chunks=1 B=tile_n=48,dq_chunks=1,do_stages=2 D=tile_n=48,dq_chunks=1,dq_slots=0
+  bg w256_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config $A --bwd-config $B \
+    --bwd-config $D
+  wait
+  run w256_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 1024,4096,16384 \
+    --bwd-config default --bwd-config $A --bwd-config $B --bwd-config $D
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- w256_cases"; grep -E "^FAIL|failed|rc=|overrides" "$O/w256_cases.log" | tail -8
+  [ -f "$O/w256_time.log" ] && { echo "--- w256_time"; quiet "$O/w256_time.log" | tail -9; }
+  ;;
+s11_rest)  # session 11, GPU 1: the keys-kernel tests s11_verify's deadline cut (hdim 64's dispatch changed)
+  run rest_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py \
+    -k "mask_runs or fp16 or packed or finite or deterministic_is_bitwise or deterministic_dq_rows or unwritten"
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- rest_tests: $(grep -E 'passed|failed' "$O/rest_tests.log" | tail -1) $(tail -1 "$O/rest_tests.log")"
+  grep -E "^FAILED" "$O/rest_tests.log" | head -8
+  ;;
+s11_rows_keys)  # session 11, second GPU beside s10_rows: the keys kernel (hdim 64 / 96) with its dQ rows
+  # interleaved: cases and timing only (s10_rows's ROWS_DET step runs the keys kernel's rows tests)
+  ROWS_HDIMS=64,96 ROWS_DET= bash "$0" s10_rows
   ;;
 s11_conflicts)  # session 11: per-instruction smem conflicts of the forward (ours, FA4's) at hdim 128 and of
   # the backward at 128 (FA4's: our lowest backward point) and 256, 8k

@@ -13,6 +13,7 @@
     python scripts/tune_fwd.py fa4sched   # FA4's step schedule (early K release, rescale among exp2s) vs ours
     python scripts/tune_fwd.py cluster    # 2x1 cluster with K/V multicast vs the dispatched kernel (no mask)
     python scripts/tune_fwd.py idle       # warpgroups with no rows below seqlen_q skip their work, or not
+    python scripts/tune_fwd.py short      # the short grid points: 64 keys, 3 stages, overlap / ping-pong off
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -154,6 +155,16 @@ IDLE = [(hdim, causal, seqlen, {"skip_idle_wg": on})
                                      (128, True, 8192)]
         for on in (False, True)]
 
+# the forward grid's short points below 1.0 of the best peer (session 10: hdim 64 causal 512 at 0.93, the
+# only point under 0.95; 64 causal 1k 0.99; 256 non-causal 512 0.955; 128 non-causal 512 0.99), where a
+# tile walks 1-4 key blocks: narrower key blocks (more, shorter steps to overlap), a third K / V
+# stage (the producer runs further into the next tile), and the intra-warpgroup overlap or the
+# ping-pong off (their pipeline fill and the turn-taking are paid per tile)
+_SHORT_OVERS = ({}, {"tile_n": 64}, {"num_stages": 3}, {"intra_wg_overlap": False}, {"pingpong": False})
+SHORT = [(hdim, causal, seqlen, over) for hdim, causal, seqlen in [(64, True, 512), (64, True, 1024),
+                                                                    (128, False, 512), (256, False, 512)]
+         for over in _SHORT_OVERS if not (hdim == 256 and "num_stages" in over)]  # 3 stages: 305 KiB
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -163,7 +174,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "wg_epilogue": (WG_EPILOGUE, 2),
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
-               "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3)}
+               "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
+               "short": (SHORT, 2)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -734,12 +734,23 @@ def test_dq_rows_interleaved_accumulator_is_padded():
     # whole 64-row query blocks: the TMA view's row groups run on into the next batch
     assert runtime._dq_accum(q, bwd_config("bf16", 192, dq_rows_interleaved=True), torch.empty).shape == \
         (2, 320, 4, 192)
-    assert runtime._dq_accum(q, bwd_config("bf16", 192), torch.empty).shape == (2, 300, 4, 192)
+    assert runtime._dq_accum(q, bwd_config("bf16", 192, dq_rows_interleaved=False), torch.empty).shape == \
+        (2, 300, 4, 192)
+
+
+def test_dq_rows_interleaved_is_dispatched_and_dropped_by_overrides_it_does_not_fit():
+    # dispatched at hdim 64 (keys kernel) and 192 / 256 (the wide kernel's smem slot), not at 96 / 128
+    assert [bwd_config("bf16", d).dq_rows_interleaved for d in (64, 96, 128, 192, 256)] == \
+        [True, False, False, True, True]
+    # an override that takes the smem dQ tile away drops it, unless it is asked for
+    assert not bwd_config("bf16", 256, dq_tma=False, dq_slots=0).dq_rows_interleaved
+    assert not bwd_config("bf16", 64, dq_accum_head_major=True).dq_rows_interleaved
+    assert bwd_config("bf16", 64, tile_m=64).dq_rows_interleaved
 
 
 def test_dq_rows_interleaved_is_refused_where_it_does_not_apply():
     with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
-        bwd_config("bf16", 256, **BWD_WIDE_ATOMICS[256], dq_rows_interleaved=True)
+        bwd_config("bf16", 256, **{**BWD_WIDE_ATOMICS[256], "dq_rows_interleaved": True})
     with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
         bwd_config("bf16", 192, dq_accum_head_major=True, dq_rows_interleaved=True)
     with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
@@ -851,7 +862,7 @@ def test_dq_accum_head_major_is_a_permuted_view():
     from flashhopper.hopper.runtime import _dq_accum
 
     q = torch.empty(2, 17, 3, 64)
-    plain = _dq_accum(q, bwd_config("bf16", 64), torch.zeros)
+    plain = _dq_accum(q, bwd_config("bf16", 64, dq_rows_interleaved=False), torch.zeros)
     head_major = _dq_accum(q, bwd_config("bf16", 64, dq_accum_head_major=True), torch.zeros)
     assert plain.shape == head_major.shape == q.shape and plain.is_contiguous()
     assert head_major.stride() == (3 * 17 * 64, 64, 17 * 64, 1)
