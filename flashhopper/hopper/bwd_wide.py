@@ -1,7 +1,6 @@
 """FlashAttention backward for Hopper (sm_90a), head dims 192 and 256: dK/dV split by head dim.
 
-Checked on the H200 with per-element LSE/D loads and dK/dV stores; the TMA row loads and the
-smem + TMA dK/dV epilogue that replaced them are compile-checked only (tests/test_bwd_compile.py).
+GPU-tested on the H200 (tests/test_bwd_gpu.py); every variant compiles in tests/test_bwd_compile.py.
 
 Why not hopper/bwd.py: there each consumer warpgroup owns 64 keys and keeps 64 x hdim fp32 of
 both dK and dV in registers, hdim registers per thread, which at hdim 192/256 leaves nothing of
@@ -25,30 +24,33 @@ head sharing that KV head (GQA needs no dK/dV reduction):
       S  = Q K_w^T, dP = dO V_w^T      (SS; M = queries, N = its tile_n / W keys, K = hdim)
       P  = exp2(S * scale_log2 - LSE_log2[q]) (masked), dS = P (dP - D[q])     (registers)
       P, dS -> smem (bf16); all consumers sync: every warpgroup reads all keys' P and dS
-      dQ[:, cols_w] = dS K[:, cols_w]  (SS; N = its hdim / W columns) -> fp32 atomics to dQaccum
-      dV^T[rows_w] += dO^T[rows_w] P,  dK^T[rows_w] += Q^T[rows_w] dS   (SS, under the atomics)
+      dQ[:, cols_w] = dS K[:, cols_w]  (SS; N = its hdim / W columns) -> added to fp32 dQaccum
+      dV^T[rows_w] += dO^T[rows_w] P,  dK^T[rows_w] += Q^T[rows_w] dS   (SS, under the dQ adds)
   end: dK^T * softmax_scale and dV^T stored transposed (stmatrix.trans) into K's and V's smem
       buffers, then two TMA stores. dQ is added with the scale; the caller casts.
 
 Tile shape (BwdConfig tile_n, do_stages, dq_chunks; dispatched: hdim 256 at 64 x 80 with two Q
-stages and one dO stage, 192 at 64 x 96 with two of each). tile_n / W keys per warpgroup must be a
-multiple of 8 (WGMMA N of S and dP) and tile_n a multiple of 16 (K of dQ). Where the warpgroup's
-keys are not a whole number of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24 keys), P and dS
-use the unswizzled layout and two-matrix stmatrix (pds_smem_layout). At hdim 256 / tile_n 80, dK^T +
-dV^T are 160 registers a thread and a whole 64-register dQ tile does not fit beside them (ptxas
-spills and serializes every WGMMA), so dQ is computed in two 128-column chunks through the same
-registers: chunk 0 is issued before dV^T and its atomics run under dV^T, chunk 1 after them and its
-atomics under dK^T. Two dO stages do not fit beside 80 keys of K and V (FA3 runs this tile with
-one); with one dO stage it is released as soon as dV^T has read it, so the next block's dO loads
-under dK^T.
+stages and one dO stage, 192 at 64 x 96 with two of each; with dkv_by_keys, dispatched at 192, two
+warpgroups split dK^T / dV^T by keys instead, 48 each, over the whole head dim). tile_n / W keys per
+warpgroup must be a multiple of 8 (WGMMA N of S and dP) and tile_n a multiple of 16 (K of dQ). Where
+the warpgroup's keys are not a whole number of P's swizzle atoms (tile_n 80 or 48 at W = 2: 40 or 24
+keys), P and dS use the unswizzled layout and two-matrix stmatrix (pds_smem_layout). At hdim 256 /
+tile_n 80, dK^T + dV^T are 160 registers a thread and a whole 64-register dQ tile does not fit
+beside them (ptxas spills and serializes every WGMMA), so dQ is computed in two 128-column chunks
+through the same registers: chunk 0 is issued before dV^T and its adds run under dV^T, chunk 1
+after them and its adds under dK^T. Two dO stages do not fit beside 80 keys of K and V (FA3 runs
+this tile with one); with one dO stage it is released as soon as dV^T has read it, so the next
+block's dO loads under dK^T.
 
-BwdConfig.dq_tma (default off) replaces the atomics: each warpgroup stores its dQ chunk(s) into its
-part of an fp32 smem tile and the producer warpgroup's second warp adds every part with a TMA
-reduce-add (hopper/bwd.py's dq_per_wg hand-off). The tile fits only beside FA4's smaller tiles
-(one dO stage and one P / dS pair at 192, 64 x 64 with single stages at 256), where it measured
-+8..+24% over the atomics but below the dispatched tiles (docs/notes/bwd-hdim192.md). With
-dq_slots=1 only one part lives in smem and the writer lends it to the warpgroups in part order,
-which fits the dispatched tiles with one P / dS pair (not yet run on a GPU).
+How dQ reaches dQaccum: with BwdConfig.dq_tma off (the field default) by 8-byte fp32 atomics.
+With dq_tma each warpgroup stores its dQ chunk(s) into its part of an fp32 smem tile and the producer
+warpgroup's second warp adds every part with a TMA reduce-add (hopper/bwd.py's dq_per_wg hand-off).
+The whole tile fits only beside FA4's smaller tiles; with dq_slots=1 only one part lives in smem and
+the writer lends it to the warpgroups in part order, which fits the dispatched tiles with one P / dS
+pair, and with dq_rows_interleaved the stores into it are free of bank conflicts. That combination is
+dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); the atomics
+kernel stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
+shared-memory budget.
 """
 
 from __future__ import annotations
