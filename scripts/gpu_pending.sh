@@ -63,6 +63,14 @@ run() {  # name cmd...: run now, within what is left of the deadline
   echo "rc=$?" >>"$O/$name.log"
 }
 quiet() { grep -vE "UserWarning|exe_args|_warn_once" "$@"; }
+tests_summary() {  # name...: each pytest log's pass / fail line, exit status and first failures
+  local f
+  for f in "$@"; do
+    [ -f "$O/$f.log" ] || continue
+    echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
+    grep -E "^FAILED" "$O/$f.log" | head -8
+  done
+}
 
 case "${1:-}" in
 failed)  # the named test ids (arguments after the mode), verbose, one process
@@ -263,10 +271,7 @@ s10_wide)  # session 10, second call: the wide kernel's new dispatch (dQ by TMA 
     -k "(192 or 256) and not wide_variants and not dq_accum and not pdl"
   run wide_api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py -k "192 or 256"
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in wide_tests wide_api; do
-    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
-    [ -f "$O/$f.log" ] && grep -E "^FAILED" "$O/$f.log" | head -8
-  done
+  tests_summary wide_tests wide_api
   ;;
 s10_idle)  # session 10: forward warpgroups with no rows below seqlen_q skip their work (FwdConfig.skip_idle_wg)
   run idle_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k skip_idle_wg
@@ -307,10 +312,7 @@ s11_verify)  # session 11, GPU 0: dQ rows interleaved dispatched (hdim 64, 192, 
     -k "hdim64_variants or dk_rs or dq_per_wg or ds_then_dv or mask_runs or fp16 or packed \
     or finite or deterministic_is_bitwise or deterministic_dq_rows or unwritten"
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in wide_tests main_tests all_tests; do
-    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
-    [ -f "$O/$f.log" ] && grep -E "^FAILED" "$O/$f.log" | head -8
-  done
+  tests_summary wide_tests main_tests all_tests
   ;;
 s11_grid)  # session 11, GPU 1: the backward grid of that dispatch (2 rounds), the API tests, then ncu of
   # hdim 256 (ours against FA4's) and the smem conflicts left at 64 / 256
@@ -375,8 +377,7 @@ s11_rest)  # session 11, GPU 1: the keys-kernel tests s11_verify's deadline cut 
   run rest_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py \
     -k "mask_runs or fp16 or packed or finite or deterministic_is_bitwise or deterministic_dq_rows or unwritten"
   echo "== end at $(($(date +%s) - T0)) s"
-  echo "--- rest_tests: $(grep -E 'passed|failed' "$O/rest_tests.log" | tail -1) $(tail -1 "$O/rest_tests.log")"
-  grep -E "^FAILED" "$O/rest_tests.log" | head -8
+  tests_summary rest_tests
   ;;
 s11_rows_keys)  # session 11, second GPU beside s10_rows: the keys kernel (hdim 64 / 96) with its dQ rows
   # interleaved: cases and timing only (s10_rows's ROWS_DET step runs the keys kernel's rows tests)
@@ -402,10 +403,7 @@ s10_verify)  # session 10, last call: the final dispatch (forward: idle warpgrou
   run bwd_main python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py::test_backward
   run bwd_sids python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "scale_in_ds and 256"
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in api fwd_rest bwd_main bwd_sids; do
-    [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
-    [ -f "$O/$f.log" ] && grep -E "^FAILED" "$O/$f.log" | head -8
-  done
+  tests_summary api fwd_rest bwd_main bwd_sids
   ;;
 s10_tiles64)  # session 10: hdim 64 forward, 192 vs 128 rows at 512-4k now that idle warpgroups skip
   # their work (skip_idle_wg; config.fwd_narrow_tile took 128 rows for causal 512 / 1k when 192 padded),

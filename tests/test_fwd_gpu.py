@@ -292,6 +292,18 @@ def test_short_causal_hdim256(dtype, softcap, monkeypatch):
     run_case(3, 500, 500, 4, 1, 256, dtype, causal=True, softcap=softcap)
 
 
+def _cases_then_many_tiles_per_cta(lengths, monkeypatch, d, dtype, **mask):
+    """Batch 2 at each (seqlen_q, seqlen_k), then persistent CTAs capped at 3 so that every CTA walks
+    many tiles (GQA and batch 3 among them): where state carried from tile to tile would show."""
+    from flashhopper.hopper import runtime
+
+    for sq, sk in lengths:
+        run_case(2, sq, sk, 4, 2, d, dtype, **mask)
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)
+    run_case(2, 700, 333, 4, 1, d, dtype, **mask)
+    run_case(3, 1000, 1000, 2, 2, d, dtype, **mask)
+
+
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
     (128, torch.bfloat16, False, (-1, -1), 0.0, {}), (128, torch.bfloat16, True, (-1, -1), 0.0, {}),
     (128, torch.float16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, False, (-1, -1), 0.0, {}),
@@ -310,11 +322,9 @@ def test_wg_epilogue(d, dtype, causal, window, softcap, fields, monkeypatch):
     from flashhopper.hopper import runtime
 
     with runtime.config_overrides(wg_epilogue=True, **fields):
-        for sq, sk in [(1000, 1000), (17, 4097), (4097, 17), (1, 1), (300, 517), (100, 80), (65, 65)]:
-            run_case(2, sq, sk, 4, 2, d, dtype, causal=causal, window=window, softcap=softcap)
-        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
-        run_case(2, 700, 333, 4, 1, d, dtype, causal=causal, window=window, softcap=softcap)
-        run_case(3, 1000, 1000, 2, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+        _cases_then_many_tiles_per_cta(
+            [(1000, 1000), (17, 4097), (4097, 17), (1, 1), (300, 517), (100, 80), (65, 65)], monkeypatch,
+            d, dtype, causal=causal, window=window, softcap=softcap)
 
 
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
@@ -339,11 +349,9 @@ def test_skip_idle_wg(d, dtype, causal, window, softcap, fields, monkeypatch):
     from flashhopper.hopper import runtime
 
     with runtime.config_overrides(skip_idle_wg=True, **fields):
-        for sq, sk in [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)]:
-            run_case(2, sq, sk, 4, 2, d, dtype, causal=causal, window=window, softcap=softcap)
-        monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
-        run_case(2, 700, 333, 4, 1, d, dtype, causal=causal, window=window, softcap=softcap)
-        run_case(3, 1000, 1000, 2, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+        _cases_then_many_tiles_per_cta(
+            [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)], monkeypatch,
+            d, dtype, causal=causal, window=window, softcap=softcap)
 
 
 # FwdConfig.cluster_m = 2: two CTAs per cluster on adjacent query blocks share each K/V tile by TMA
