@@ -338,6 +338,14 @@ s12_rows128)  # session 12: hdim 128 causal at 64-row steps (bwd_per_call, <= 1k
   echo "--- rows128_cases"; grep -E "^FAIL|failed|rc=" "$O/rows128_cases.log" | tail -6
   [ -f "$O/rows128_time.log" ] && { echo "--- rows128_time"; quiet "$O/rows128_time.log" | tail -7; }
   ;;
+s12_clock)  # session 12: sustained matmul vs forward rates with SM clock / power read (no settings changed)
+  run clock16k python3 scripts/clock_study.py --rounds 3 --seconds 1.5
+  run clock8k python3 scripts/clock_study.py --rounds 2 --seconds 1.5 --seqlen 8192
+  run tiles python3 scripts/tune_fwd.py tiles
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in clock16k clock8k; do echo "--- $f"; quiet "$O/$f.log" | tail -5; done
+  echo "--- tiles"; grep TFLOP "$O/tiles.log" | sed 's/TFLOP\/s//'
+  ;;
 s11_short)  # session 11, last call, GPU 0: the forward's short grid points (tune_fwd.py short, 2 rounds)
   run short python3 scripts/tune_fwd.py short
   echo "== end at $(($(date +%s) - T0)) s"
