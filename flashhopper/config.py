@@ -752,17 +752,19 @@ def bwd_lpt(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic
 # tokens instead of its 80: +5.0% at 512, +0.5 / +0.4% at 1k / 2k, and -1..-3% without a mask at 1k / 2k
 # (3 rounds, session 9, docs/benchmarks.md). 512 queries are 6.4 steps of 80 rows against 8 of 64. Not
 # with softcap: there the 64-row step with hdim 128's switches spills (one LDL), and it was not timed.
-_BWD_SHORT_CAUSAL_TILE_M = {128: (1024, 64)}
+# At 64 rows the dQ tile goes through smem in row pairs, so its rows are interleaved as at hdim 64
+# (dq_rows_interleaved): +2.6% at 512, +4.0% at 1k (3 rounds, session 12, docs/benchmarks.md).
+_BWD_SHORT_CAUSAL = {128: (1024, {"tile_m": 64, "dq_rows_interleaved": True})}
 
 
 def bwd_per_call(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic: bool,
                  softcap: bool = False) -> dict:
-    """BwdConfig fields chosen per call from the sequence lengths (bwd_lpt, _BWD_SHORT_CAUSAL_TILE_M);
+    """BwdConfig fields chosen per call from the sequence lengths (bwd_lpt, _BWD_SHORT_CAUSAL);
     only where timed: deterministic mode keeps the per-hdim config."""
     fields = {"lpt": True} if bwd_lpt(hdim, seqlen_q, seqlen_k, causal, deterministic) else {}
-    longest, tile_m = _BWD_SHORT_CAUSAL_TILE_M.get(hdim, (0, 0))
+    longest, short = _BWD_SHORT_CAUSAL.get(hdim, (0, {}))
     if causal and not deterministic and not softcap and max(seqlen_q, seqlen_k) <= longest:
-        fields["tile_m"] = tile_m
+        fields.update(short)
     return fields
 
 

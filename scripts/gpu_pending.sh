@@ -338,6 +338,23 @@ s12_rows128)  # session 12: hdim 128 causal at 64-row steps (bwd_per_call, <= 1k
   echo "--- rows128_cases"; grep -E "^FAIL|failed|rc=" "$O/rows128_cases.log" | tail -6
   [ -f "$O/rows128_time.log" ] && { echo "--- rows128_time"; quiet "$O/rows128_time.log" | tail -7; }
   ;;
+s12_fclock)  # session 12: forward variants against FA4 by rate per MHz (clock_study.py, sustained streams)
+  V="--fh-config default --fh-config persistent=False,dynamic_sched=False"
+  V="$V --fh-config late_k_release=False,row_sum_scaled_first=True --fh-config desc_stage_first=True,row_max_chains=4"
+  V="$V --fh-config wg_epilogue=False"
+  run f128 python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul $V
+  run f64c512 python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul --hdim 64 --seqlen 512 --causal $V
+  run f128_8k python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --seqlen 8192 $V
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in f128 f64c512 f128_8k; do echo "--- $f"; quiet "$O/$f.log" | grep -A9 "^forward"; done
+  ;;
+s12_btests)  # session 12: the short-causal hdim 128 backward dispatch (dQ rows interleaved) on the GPU
+  run short_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "short_causal or dq_rows"
+  run b256 python3 scripts/clock_study.py --bwd --rounds 2 --seconds 1.0 --no-matmul --hdim 256 --seqlen 8192
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary short_tests
+  echo "--- b256"; quiet "$O/b256.log" | grep -A4 "^backward"
+  ;;
 s12_clock)  # session 12: sustained matmul vs forward rates with SM clock / power read (no settings changed)
   run clock16k python3 scripts/clock_study.py --rounds 3 --seconds 1.5
   run clock8k python3 scripts/clock_study.py --rounds 2 --seconds 1.5 --seqlen 8192

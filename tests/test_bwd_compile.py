@@ -233,7 +233,7 @@ def test_backward_short_causal_64_rows_compiles(dtype):
     # what runtime.backward dispatches at hdim 128 under a causal mask up to 1k tokens
     # (config.bwd_per_call): 64 query rows with hdim 128's switches (dk_rs, dq_per_wg, mask_runs, ...)
     fields = config.bwd_per_call(128, 1024, 1024, True, False)
-    assert fields == {"tile_m": 64}
+    assert fields == {"tile_m": 64, "dq_rows_interleaved": True}
     cfg = bwd_config(dtype, 128, causal=True, **fields)
     assert not cfg.dq_transposed and cfg.dk_rs and cfg.mask_runs and cfg.scale_in_ds
     report = inspect_kernel("bwd", dtype=dtype, hdim=128, causal=True, **fields)

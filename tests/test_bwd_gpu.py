@@ -331,7 +331,7 @@ def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, so
 def test_backward_short_causal_dispatch(dtype, b, sq, sk, hq, hk):
     """hdim 128 causal up to 1k tokens runs 64-row steps (config.bwd_per_call), not the 80 of longer
     sequences: the dispatched path itself, with ragged ends and GQA."""
-    assert config.bwd_per_call(128, sq, sk, True, False) == {"tile_m": 64}
+    assert config.bwd_per_call(128, sq, sk, True, False) == {"tile_m": 64, "dq_rows_interleaved": True}
     run_case(b, sq, sk, hq, hk, 128, dtype=dtype, causal=True)
 
 

@@ -420,10 +420,13 @@ def test_backward_pre_zero_dq_is_dispatched_everywhere():
 
 
 def test_backward_per_call_fields_only_where_timed():
-    # hdim 128 causal up to 1k tokens takes 64-row steps (+5.0% at 512 on the H200), 2k-4k lpt
+    # hdim 128 causal up to 1k tokens takes 64-row steps (+5.0% at 512 on the H200) with the dQ tile's
+    # rows interleaved (+2.6 / +4.0% at 512 / 1k), 2k-4k lpt
     per_call = config.bwd_per_call
-    assert per_call(128, 512, 512, True, False) == {"tile_m": 64}
-    assert per_call(128, 17, 1024, True, False) == {"tile_m": 64}
+    short = {"tile_m": 64, "dq_rows_interleaved": True}
+    assert per_call(128, 512, 512, True, False) == short
+    assert per_call(128, 17, 1024, True, False) == short
+    assert config.bwd_config("bf16", 128, causal=True, **short).dq_rows_fit()
     assert per_call(128, 1025, 1025, True, False) == {}
     assert per_call(128, 2048, 2048, True, False) == {"lpt": True}
     assert per_call(128, 512, 512, False, False) == {}  # no mask: -1..-3% at 1k / 2k
