@@ -338,6 +338,34 @@ s12_rows128)  # session 12: hdim 128 causal at 64-row steps (bwd_per_call, <= 1k
   echo "--- rows128_cases"; grep -E "^FAIL|failed|rc=" "$O/rows128_cases.log" | tail -6
   [ -f "$O/rows128_time.log" ] && { echo "--- rows128_time"; quiet "$O/rows128_time.log" | tail -7; }
   ;;
+s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in rounds) by rate per MHz
+  V="--fh-config default --fh-config cluster_m=2,persistent=False,dynamic_sched=False"
+  V="$V --fh-config cluster_m=2,persistent=True,dynamic_sched=False"
+  run c128 python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul $V
+  run c128_8k python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --seqlen 8192 $V
+  run c128_2k python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --seqlen 2048 $V
+  run c256 python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --hdim 256 $V
+  run c64 python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --hdim 64 $V
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
+  ;;
+s12_l2)  # session 12: L2 sector sources of the forward, ours against FA4 (HDIM env, default 128)
+  L2=1 NAMES="dispatch fa4" run l2 bash scripts/profile_fwd_peers.sh
+  SEQLEN=16384 L2=1 NAMES="dispatch fa4" run l2_16k bash scripts/profile_fwd_peers.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/l2.log" | tail -30; quiet "$O/l2_16k.log" | tail -30
+  ;;
+s12_l2_wide)  # session 12: s12_l2 at hdim 256 and 64 (FA4 even with us at 256, 3% ahead at 64)
+  HDIM=256 SEQLEN=16384 L2=1 NAMES="dispatch fa4" run l2_256 bash scripts/profile_fwd_peers.sh
+  HDIM=64 SEQLEN=16384 L2=1 NAMES="dispatch fa4" run l2_64 bash scripts/profile_fwd_peers.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/l2_256.log" | tail -30; quiet "$O/l2_64.log" | tail -30
+  ;;
+s12_fncu)  # session 12: ncu of the hdim 128 forward, ours (dispatch, cluster) against FA4's
+  run fncu bash scripts/profile_fwd_peers.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/fncu.log" | tail -80
+  ;;
 s12_fclock)  # session 12: forward variants against FA4 by rate per MHz (clock_study.py, sustained streams)
   V="--fh-config default --fh-config persistent=False,dynamic_sched=False"
   V="$V --fh-config late_k_release=False,row_sum_scaled_first=True --fh-config desc_stage_first=True,row_max_chains=4"
