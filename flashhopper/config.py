@@ -170,6 +170,9 @@ class FwdConfig(_KernelConfig):
     # softmax and O store, and only keeps the pipeline and ping-pong barriers in step, so the
     # tensor cores and the other warpgroups' turns are not spent on rows that are never written.
     skip_idle_wg: bool = False
+    # O staged in Q's smem buffer even where its own tile would fit (FA3 / FA4 alias O with V / Q):
+    # 32 KiB less smem at hdim 128, which makes room for a third K / V stage there.
+    o_in_q: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -195,8 +198,8 @@ class FwdConfig(_KernelConfig):
     @property
     def o_buffer(self) -> bool:
         """O gets its own smem tile when it fits, so the next Q can load during the epilogue;
-        otherwise (hdim 192, 256) O is staged in Q's buffer once Q is no longer read."""
-        return self._smem_bytes(True) <= SMEM_CAPACITY
+        otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read."""
+        return not self.o_in_q and self._smem_bytes(True) <= SMEM_CAPACITY
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory: Q, K and V rings, O (own tile or Q's), mbarriers."""

@@ -349,6 +349,25 @@ s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in r
   echo "== end at $(($(date +%s) - T0)) s"
   for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
   ;;
+s12_oq)  # session 12: hdim 128 forward with O in Q's buffer (o_in_q) and then a third K / V stage, per MHz
+  V="--fh-config default --fh-config o_in_q=True --fh-config o_in_q=True,num_stages=3"
+  run q16k python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul $V
+  run q8k python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --seqlen 8192 $V
+  run q8kc python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --seqlen 8192 --causal $V
+  run q2k python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --seqlen 2048 $V
+  run s64 python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --hdim 64 \
+    --fh-config default --fh-config num_stages=3
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in q16k q8k q8kc q2k s64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
+  ;;
+s12_oq_b)  # session 12: ncu of o_in_q + 3 stages and of one CTA per tile (hdim 128 8k); their forward tests
+  NAMES="oq3 single" run oncu bash scripts/profile_fwd_peers.sh
+  FH_TEST_FWD_OVERRIDES=o_in_q=true,num_stages=3 run oq_tests python3 -m pytest -q -rf --tb=short \
+    tests/test_fwd_gpu.py -k "seqlens or batch_gqa or local or (hdim_dtype and 128) or persistent"
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/oncu.log" | grep -E "==|hmma|srcunit_tex|inst_exec|gpu__time|stalled_(wait|long|gmma|math|barrier)"
+  tests_summary oq_tests
+  ;;
 s12_l2)  # session 12: L2 sector sources of the forward, ours against FA4 (HDIM env, default 128)
   L2=1 NAMES="dispatch fa4" run l2 bash scripts/profile_fwd_peers.sh
   SEQLEN=16384 L2=1 NAMES="dispatch fa4" run l2_16k bash scripts/profile_fwd_peers.sh

@@ -27,6 +27,8 @@ declare -A VARIANTS=(
   [dispatch]=""
   [cluster]="--set cluster_m=2 --set persistent=false --set dynamic_sched=false"
   [fa4]="--fa4"
+  [oq3]="--set o_in_q=true --set num_stages=3"
+  [single]="--set persistent=false --set dynamic_sched=false"
 )
 for name in ${NAMES:-dispatch cluster fa4}; do
   tag="fwd_hdim${HDIM}_${SEQLEN}_${name}"
