@@ -349,6 +349,17 @@ s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in r
   echo "== end at $(($(date +%s) - T0)) s"
   for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
   ;;
+s12_bgrid)  # session 12, last call, GPU 0: the backward grid of the final dispatch (2 rounds)
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -8; }
+  ;;
+s12_fgrid)  # session 12, last call, GPU 1: the forward grid (2 rounds), then fp16 (1 round)
+  run fwd_grid python3 -m flashhopper.cli bench --rounds 2 --json "$O/fwd_grid.json"
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd_grid fwd_grid_fp16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -6; }; done
+  ;;
 s12_oq)  # session 12: hdim 128 forward with O in Q's buffer (o_in_q) and then a third K / V stage, per MHz
   V="--fh-config default --fh-config o_in_q=True --fh-config o_in_q=True,num_stages=3"
   run q16k python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul $V

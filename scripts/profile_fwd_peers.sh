@@ -39,6 +39,6 @@ for name in ${NAMES:-dispatch cluster fa4}; do
     $([ "${L2:-0}" = 1 ] || echo --section WarpStateStats) --metrics "$M" --csv \
     python3 scripts/run_one_fwd.py --hdim "$HDIM" --seqlen "$SEQLEN" ${VARIANTS[$name]} \
     > "$OUT_DIR/ncu_$tag.csv" 2> "$OUT_DIR/ncu_$tag.err"
-  grep -E "issue_stalled|hmma|lts__|dram__|inst_executed|gpu__time|cycles_active|==PROF==|rror" "$OUT_DIR/ncu_$tag.csv" \
+  grep -E "issue_stalled|hmma|lts__|dram__|inst_executed|gpu__time|cycles_active" "$OUT_DIR/ncu_$tag.csv" \
     | awk -F'","' '{gsub(/"/, "", $NF); print $(NF-2) ": " $NF}' | sort -t: -k2 -gr | head -24
 done
