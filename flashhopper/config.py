@@ -453,6 +453,12 @@ class BwdConfig(_KernelConfig):
     # (per-warpgroup barriers, so the warpgroups never meet on one), so that the dispatched tiles fit
     # with one P / dS pair; the hand-offs of a step then run one after the other.
     dq_slots: int = 0
+    # with dq_slots 1: the slot lent in two column halves (64 x 32 fp32, 8 KiB each) that the writer
+    # reduce-adds one after the other, so a warpgroup's stores into one half run while the TMA unit
+    # still reads the other, and the next grant waits only for the half-turn before last instead of
+    # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
+    # slot's grant). Same smem; twice the hand-offs, each half as long.
+    dq_slot_halves: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -583,6 +589,10 @@ class BwdConfig(_KernelConfig):
         if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
             raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
                              "time), and only with dq_tma")
+        if self.dq_slot_halves and not (self.dq_slots == 1 and self.kv_split == "hdim" and (
+                self.hdim // (self.num_consumer_wg * self.num_dq_chunks)) % 64 == 0):
+            raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
+                             "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

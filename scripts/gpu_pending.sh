@@ -349,6 +349,26 @@ s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in r
   echo "== end at $(($(date +%s) - T0)) s"
   for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
   ;;
+s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
+  bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/halves_cases.log"; then
+    run halves_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192 \
+      --bwd-config default --bwd-config dq_slot_halves=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- halves_cases"; grep -E "^FAIL|failed|rc=" "$O/halves_cases.log" | tail -6
+  [ -f "$O/halves_time.log" ] && { echo "--- halves_time"; quiet "$O/halves_time.log" | tail -7; }
+  ;;
+s12_halves_tests)  # session 12: the hdim 256 backward GPU tests with dq_slot_halves on
+  B=tests/test_bwd_gpu.py
+  FH_TEST_BWD_OVERRIDES=dq_slot_halves=true run halves_tests python3 -m pytest -q -rf --tb=short -k 256 \
+    $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv $B::test_backward_lpt \
+    $B::test_deterministic_is_bitwise_reproducible $B::test_gradient_matches_finite_differences \
+    $B::test_backward_pre_zero_dq
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary halves_tests
+  ;;
 s12_bgrid)  # session 12, last call, GPU 0: the backward grid of the final dispatch (2 rounds)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
   echo "== end at $(($(date +%s) - T0)) s"

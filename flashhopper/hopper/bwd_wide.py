@@ -89,6 +89,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.hdim_per_wg = cfg.hdim // cfg.num_consumer_wg
         self.dq_chunks = cfg.num_dq_chunks
+        # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
+        self.dq_halves = 2 if cfg.dq_slot_halves else 1
 
     def pds_smem_layout(self):
         """(queries, keys, ds_stages) layout of the P and dS tiles, keys contiguous.
@@ -179,12 +181,13 @@ class FlashBwdWideSm90(BwdKernelBase):
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_dq_parts)
         if cutlass.const_expr(self.cfg.dq_slots):
             sdQ_layout = self.dq_part_layout(sdQ_layout)
-        # dq_slots: one warpgroup's dQ MMA over one part, to partition the slot by thread % 128
+        # dq_slots: one warpgroup's dQ MMA over one part (with dq_slot_halves one half of a part), to
+        # partition the slot by thread % 128
         tiled_mma_dq_part = None
         if cutlass.const_expr(self.cfg.dq_slots):
             tiled_mma_dq_part = sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, 1, 1),
-                tiler_mn=(self.tile_m, self.dq_part_cols))
+                tiler_mn=(self.tile_m, self.dq_slot_cols))
             self.check_part_mma(tiled_mma_dq, tiled_mma_dq_part)
         SharedStorage = self.shared_storage(sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout,
                                             sD_layout, sdQ_layout)
@@ -208,8 +211,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             tma_atom_dQ, dQaccum = cpasync.make_tiled_tma_atom(
                 cpasync.CopyReduceBulkTensorTileS2GOp(),
                 self.dq_rows_view(mdQaccum),
-                sdQ_layout if self.cfg.dq_slots else self.dq_part_layout(sdQ_layout),
-                (self.tile_m, self.dq_part_cols))
+                self.dq_part_layout(sdQ_layout, self.dq_slot_cols),
+                (self.tile_m, self.dq_slot_cols))
 
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
@@ -363,6 +366,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 for c in range(self.dq_chunks)]
         tdQsdQ = None
         dq_copy = None
+        rdQ_half = None
         if cutlass.const_expr(self.cfg.dq_tma):
             # dQ fragments to the smem tile as 8-byte stores (the WGMMA C layout's column pairs)
             st_dq = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=64)
@@ -371,10 +375,17 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # every part goes through the one slot: this thread's place in it is where the
                 # same thread of warpgroup 0 would write part 0 (check_part_mma)
                 dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq_part).get_slice(tidx % 128)
-                tdQsdQ = [dq_copy.partition_D(sdQ)] * self.dq_chunks
+                # dq_slot_halves: [half 0, half 1] of the slot, the same for every chunk
+                halves = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h)))
+                          for h in range(self.dq_halves)]
+                tdQsdQ = [halves] * self.dq_chunks
+                if cutlass.const_expr(self.dq_halves > 1):
+                    # the registers one half goes out from, in the half MMA's fragment shape
+                    rdQ_half = cute.make_rmem_tensor(
+                        tiled_mma_dq_part.partition_shape_C((self.tile_m, self.dq_slot_cols)), Float32)
             else:
                 dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq).get_slice(tidx)
-                tdQsdQ = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))
+                tdQsdQ = [[dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))]
                           for c in range(self.dq_chunks)]
         acc_dV.fill(0.0)
         acc_dK.fill(0.0)
@@ -492,7 +503,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # second's under dK^T
                 warpgroup.wait_group(1)
                 if cutlass.const_expr(self.cfg.dq_tma):
-                    self.stage_dq(acc_dQ, dq_copy, tdQsdQ[0], wg, softmax_scale, first=True, last=False)
+                    self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
+                                  first=True, last=False)
                 else:
                     if cutlass.const_expr(self.cfg.deterministic):
                         self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
@@ -506,7 +518,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # dV^T has read dO
                 pipe_do.consumer_release(do_state)
                 if cutlass.const_expr(self.cfg.dq_tma):
-                    self.stage_dq(acc_dQ, dq_copy, tdQsdQ[1], wg, softmax_scale, first=False, last=True)
+                    self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[1], wg, softmax_scale,
+                                  first=False, last=True)
                 else:
                     self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
                                 softmax_scale)
@@ -520,7 +533,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # dQ has landed (issued first, or second after dV^T with dkv_early)
                 warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
                 if cutlass.const_expr(self.cfg.dq_tma):
-                    self.stage_dq(acc_dQ, dq_copy, tdQsdQ[0], wg, softmax_scale, first=True, last=True)
+                    self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
+                                  first=True, last=True)
                 else:
                     if cutlass.const_expr(self.cfg.deterministic):
                         self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
@@ -582,10 +596,16 @@ class FlashBwdWideSm90(BwdKernelBase):
         c * W + w, counting parts along the head dim."""
         return self.hdim // self.num_dq_parts
 
-    def dq_part_layout(self, sdQ_layout):
-        """Part 0 of the smem dQ tile, the TMA atom's smem side; the other parts are the same
-        layout at offsets of whole swizzle periods (checked here, at trace time)."""
-        parts = cute.zipped_divide(sdQ_layout.outer, (self.tile_m, self.dq_part_cols))
+    @property
+    def dq_slot_cols(self) -> int:
+        """dq_tma: head-dim columns of one writer TMA box: a part, or with dq_slot_halves half of one."""
+        return self.dq_part_cols // self.dq_halves
+
+    def dq_part_layout(self, sdQ_layout, cols=None):
+        """Part 0 (`cols` columns: a part by default) of the smem dQ tile, the TMA atom's smem side;
+        the other parts are the same layout at offsets of whole swizzle periods (checked here, at
+        trace time)."""
+        parts = cute.zipped_divide(sdQ_layout.outer, (self.tile_m, cols or self.dq_part_cols))
         rest = cute.get(parts, mode=[1])
         for i in range(cute.size(rest)):
             if (rest(i) * 4) % 1024:
@@ -613,20 +633,30 @@ class FlashBwdWideSm90(BwdKernelBase):
         return smem_struct(fields)
 
     @cute.jit
-    def stage_dq(self, acc_dQ, dq_copy, tdQsdQ_c, wg, softmax_scale, first: cutlass.Constexpr[bool],
-                 last: cutlass.Constexpr[bool]):
+    def stage_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ_c, wg, softmax_scale,
+                 first: cutlass.Constexpr[bool], last: cutlass.Constexpr[bool]):
         """dq_tma: this warpgroup's dQ chunk into its part of the smem tile, once the writer has
-        read the previous step's (first chunk); hand the part over after the last chunk."""
-        if cutlass.const_expr(first or self.cfg.dq_slots):
-            cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
-        if cutlass.const_expr(not self.cfg.scale_in_ds):
-            acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
-        cute.copy(dq_copy, dq_copy.retile(acc_dQ), tdQsdQ_c)
-        if cutlass.const_expr(last or self.cfg.dq_slots):
-            # generic-proxy smem writes, read next by the TMA unit (async proxy)
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
-                                     number_of_threads=128 + 32)
+        read the previous step's (first chunk); hand the part over after the last chunk. With
+        dq_slots every chunk waits for the slot's grant and hands it back, with dq_slot_halves
+        one column half at a time (`tdQsdQ_c`: the destination of each half)."""
+        for h in cutlass.range_constexpr(self.dq_halves):
+            if cutlass.const_expr(first or self.cfg.dq_slots):
+                cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
+            if cutlass.const_expr(h == 0 and not self.cfg.scale_in_ds):
+                acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
+            if cutlass.const_expr(self.dq_halves == 1):
+                cute.copy(dq_copy, dq_copy.retile(acc_dQ), tdQsdQ_c[0])
+            else:
+                # the half's values are a contiguous run of the chunk's fragment (check_part_mma)
+                n = cute.size(rdQ_half)
+                for i in cutlass.range_constexpr(n):
+                    rdQ_half[i] = acc_dQ[h * n + i]
+                cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[h])
+            if cutlass.const_expr(last or self.cfg.dq_slots):
+                # generic-proxy smem writes, read next by the TMA unit (async proxy)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+                                         number_of_threads=128 + 32)
 
     @cute.jit
     def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
@@ -682,14 +712,20 @@ class FlashBwdWideSm90(BwdKernelBase):
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for c in cutlass.range_constexpr(self.dq_chunks):
                 for w in cutlass.range_constexpr(num_wg):
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
-                    cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
-                    if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0):
-                        self.wait_turn(sem, turn)
-                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ, head, batch, m_block, seqlen_q,
-                                        c * num_wg + w)
-                    cute.arch.cp_async_bulk_commit_group()
+                    for h in cutlass.range_constexpr(self.dq_halves):
+                        # with halves the one before last used this half of the slot (an even count
+                        # of half-turns a step, so half h is always slot half h)
+                        cute.arch.cp_async_bulk_wait_group(self.dq_halves - 1, read=True)
+                        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+                        cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                        if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
+                            self.wait_turn(sem, turn)
+                        sdQ_h = sdQ
+                        if cutlass.const_expr(self.dq_halves > 1):
+                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
+                        self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
+                                            (c * num_wg + w) * self.dq_halves + h)
+                        cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
@@ -699,12 +735,12 @@ class FlashBwdWideSm90(BwdKernelBase):
     @cute.jit
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,
                        p: cutlass.Constexpr[int]):
-        """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ part p of query block
-        m_block (rows past seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into
-        the accumulator's padding rows). The whole warp runs the copy (it elects its issuing lane
-        itself)."""
+        """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ box p (a part, or with
+        dq_slot_halves half of one, counted along the head dim) of query block m_block (rows past
+        seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into the accumulator's
+        padding rows). The whole warp runs the copy (it elects its issuing lane itself)."""
         mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
-        gdQ = cute.local_tile(mdQ_rows, (self.tile_m, self.dq_part_cols), (m_tile, p))
+        gdQ = cute.local_tile(mdQ_rows, (self.tile_m, self.dq_slot_cols), (m_tile, p))
         tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
                                                cute.group_modes(sdQ_p, 0, 2), cute.group_modes(gdQ, 0, 2))
         cute.copy(tma_atom_dQ, tdQsdQ, tdQgdQ)
@@ -712,21 +748,24 @@ class FlashBwdWideSm90(BwdKernelBase):
     def check_part_mma(self, tiled_mma_dq, tiled_mma_dq_part):
         """dq_slots: thread t of warpgroup w holds, in its part of the dQ chunk, the elements thread t
         of the one-warpgroup part MMA holds, in the same register order (checked at trace time on
-        a few threads: the slot is partitioned by thread % 128)."""
-        cols = self.dq_part_cols
+        a few threads: the slot is partitioned by thread % 128). With dq_slot_halves the part MMA
+        covers half a part, and half h must be the h-th contiguous run of the chunk's fragment."""
+        cols, half_cols = self.dq_part_cols, self.dq_slot_cols
         chunk = cute.make_identity_tensor((self.tile_m, self.hdim // self.dq_chunks))
-        one = cute.make_identity_tensor((self.tile_m, cols))
+        one = cute.make_identity_tensor((self.tile_m, half_cols))
         for w in range(self.num_consumer_wg):
             for t in (0, 5, 31, 32, 77, 127):
                 mine = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
                 ref = tiled_mma_dq_part.get_slice(t).partition_C(one)
-                if cute.size(mine) != cute.size(ref):
+                n = cute.size(ref)
+                if cute.size(mine) != n * self.dq_halves:
                     raise ValueError("dq_slots: the part MMA's fragment differs in size")
-                for i in range(cute.size(mine)):
-                    r, c = mine[i]
-                    if (r, c - w * cols) != tuple(ref[i]):
-                        raise ValueError(f"dq_slots: thread {w * 128 + t} holds dQ ({r}, {c}) at {i}, "
-                                         f"the part MMA {tuple(ref[i])}")
+                for h in range(self.dq_halves):
+                    for i in range(n):
+                        r, c = mine[h * n + i]
+                        if (r, c - w * cols - h * half_cols) != tuple(ref[i]):
+                            raise ValueError(f"dq_slots: thread {w * 128 + t} holds dQ ({r}, {c}) at "
+                                             f"{h * n + i}, the part MMA {tuple(ref[i])} (half {h})")
 
     def dp_minus_d(self, dp, d, softmax_scale):
         """dP - D, or with scale_in_ds (D arrived times the scale) dP * scale - D: one FFMA."""
