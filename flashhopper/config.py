@@ -547,6 +547,12 @@ class BwdConfig(_KernelConfig):
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
+    def dq_halves_fit(self) -> bool:
+        """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
+        64-column parts."""
+        return (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim"
+                and (self.hdim // (self.num_consumer_wg * self.num_dq_chunks)) % 64 == 0)
+
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
         return not (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
@@ -589,8 +595,7 @@ class BwdConfig(_KernelConfig):
         if self.dq_slots not in (0, 1) or (self.dq_slots and not self.dq_tma):
             raise ValueError(f"dq_slots {self.dq_slots}: 0 (the whole dQ tile in smem) or 1 (one part at a "
                              "time), and only with dq_tma")
-        if self.dq_slot_halves and not (self.dq_slots == 1 and self.kv_split == "hdim" and (
-                self.hdim // (self.num_consumer_wg * self.num_dq_chunks)) % 64 == 0):
+        if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
@@ -708,17 +713,20 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # Session 11 (s10_rows, 2 rounds, 2k / 8k, causal and not): with dQ's rows interleaved in that part
 # (BwdConfig.dq_rows_interleaved: no bank conflicts left in the dQ stores) +4.3..+5.3% at 192 and
 # +6.4..+10.1% at 256, 8 of 8 points.
+# Session 12 (s12_halves, 2 rounds, 2k / 8k, causal and not): the part lent in two column halves at 256
+# (BwdConfig.dq_slot_halves) +0.9..+1.8%, 4 of 4 points (192's parts are not whole 64 columns).
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
     192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
           "dq_rows_interleaved": True},
-    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1, "dq_rows_interleaved": True},
+    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1, "dq_rows_interleaved": True, "dq_slot_halves": True},
 }
 # The wide kernel as dispatched before that (dQ by atomics, two P / dS pairs; 192 as 3 warpgroups of
 # 64 head-dim rows): the base its earlier candidates were measured on, kept for the tests and scripts
 BWD_WIDE_ATOMICS: dict[int, dict] = {
     192: {"num_consumer_wg": 3, "dkv_by_keys": False, "ds_stages": 2, "dq_tma": False, "dq_slots": 0,
           "dq_rows_interleaved": False},
-    256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0, "dq_rows_interleaved": False},
+    256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0, "dq_rows_interleaved": False,
+          "dq_slot_halves": False},
 }
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
 # measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
@@ -818,5 +826,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # a transposed or head-major dQ drops them)
         if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
             cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
+        # and the slot's halves only with one slot of whole 64-column parts
+        if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
+            cfg = dataclasses.replace(cfg, dq_slot_halves=False)
     cfg.check()
     return cfg

@@ -369,6 +369,13 @@ s12_halves_tests)  # session 12: the hdim 256 backward GPU tests with dq_slot_ha
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary halves_tests
   ;;
+s12_verify)  # session 12, GPU 1: every hdim 256 backward GPU test on the final dispatch (dq_slot_halves),
+  # then the short-causal hdim 128 ones (dq_rows_interleaved at 64-row steps)
+  run verify256 python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "256"
+  run api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary verify256 api
+  ;;
 s12_bgrid)  # session 12, last call, GPU 0: the backward grid of the final dispatch (2 rounds)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
   echo "== end at $(($(date +%s) - T0)) s"

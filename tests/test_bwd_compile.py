@@ -867,3 +867,30 @@ def test_dq_accum_head_major_is_a_permuted_view():
     assert plain.shape == head_major.shape == q.shape and plain.is_contiguous()
     assert head_major.stride() == (3 * 17 * 64, 64, 17 * 64, 1)
     assert head_major.permute(0, 2, 1, 3).is_contiguous()
+
+
+def test_dq_slot_halves_is_dispatched_at_256_and_dropped_by_overrides_it_does_not_fit():
+    # hdim 256 lends its one dQ slot in two 32-column halves; 192's 96-column parts have no whole halves
+    assert [bwd_config("bf16", d).dq_slot_halves for d in (64, 96, 128, 192, 256)] == \
+        [False, False, False, False, True]
+    assert bwd_config("bf16", 256, causal=True, deterministic=True).dq_slot_halves
+    # an override that takes the slot away drops the halves, unless they are asked for
+    assert not bwd_config("bf16", 256, **BWD_WIDE_ATOMICS[256]).dq_slot_halves
+    for hdim, fields in ((192, {}), (256, BWD_WIDE_ATOMICS[256]), (128, {})):
+        with pytest.raises(ValueError, match="dq_slot_halves needs dq_slots=1"):
+            bwd_config("bf16", hdim, **{**fields, "dq_slot_halves": True})
+
+
+@pytest.mark.parametrize("mask", ["none", "deterministic"])
+def test_dq_slot_halves_compiles_with_twice_the_hand_offs(mask):
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    on = bwd_config("bf16", 256, **masks)
+    assert on.dq_slot_halves and on.smem_bytes() == bwd_config("bf16", 256, dq_slot_halves=False,
+                                                              **masks).smem_bytes()
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **masks)
+    off = inspect_kernel("bwd", dtype="bf16", hdim=256, dq_slot_halves=False, **masks)
+    _check_wide_report(report, on, "causal" if mask == "deterministic" else mask)
+    # the same 8 reduce-add boxes a step (a 64-column part was two 32-column boxes already), and one
+    # more grant / hand-back barrier pair per part on each side
+    assert report["sass"]["UTMAREDG"] == off["sass"]["UTMAREDG"] == 8
+    assert report["sass"]["BAR"] > off["sass"]["BAR"]
