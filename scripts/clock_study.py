@@ -98,7 +98,8 @@ def workloads(args):
         work["matmul 8192^3"] = (lambda: torch.matmul(a, b), 2.0 * n**3)
     s, hdim, causal = args.seqlen, args.hdim, args.causal
     bs, h = 16384 // s, 2048 // hdim
-    q, k, v = (torch.randn(bs, s, h, hdim, device="cuda", dtype=torch.bfloat16,
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    q, k, v = (torch.randn(bs, s, h, hdim, device="cuda", dtype=dtype,
                            requires_grad=args.bwd) for _ in range(3))
     flops = attention_flops(bs, h, s, s, hdim, causal) * (2.5 if args.bwd else 1.0)
     scale = 1 / math.sqrt(hdim)
@@ -144,6 +145,8 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--bwd", action="store_true", help="time the backward alone (FLOPs 2.5x forward)")
     ap.add_argument("--no-matmul", action="store_true")
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16", help="attention inputs (the matmul "
+                    "stays bf16)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--fh-config", action="append", help="config overrides, e.g. persistent=False")
     args = ap.parse_args()
@@ -160,8 +163,8 @@ def main():
                   flush=True)
     what = "backward" if args.bwd else "forward"
     mask = "causal" if args.causal else "non-causal"
-    print(f"\n{what} hdim {args.hdim} {mask} {args.seqlen}, sustained {args.seconds} s streams, medians of "
-          f"{args.rounds} rounds:")
+    print(f"\n{what} {args.dtype} hdim {args.hdim} {mask} {args.seqlen}, sustained {args.seconds} s streams, "
+          f"medians of {args.rounds} rounds:")
     first = next(iter(rows))
     base = statistics.median(x[0] for x in rows[first])
     for name, xs in rows.items():
