@@ -380,8 +380,9 @@ s12_close)  # session 12, last: dq_slot_halves at 256 by rate per MHz; forward f
   run h256 python3 scripts/clock_study.py --bwd --rounds 3 --seconds 1.0 --no-matmul --no-peers --hdim 256 \
     --seqlen 8192 --fh-config dq_slot_halves=False --fh-config default
   run f16 python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --dtype fp16
+  run f16b python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --dtype bf16
   echo "== end at $(($(date +%s) - T0)) s"
-  for f in h256 f16; do echo "--- $f"; quiet "$O/$f.log" | grep -A4 "^backward\|^forward"; done
+  for f in h256 f16 f16b; do echo "--- $f"; quiet "$O/$f.log" | grep -A4 "^backward\|^forward"; done
   ;;
 s12_bgrid)  # session 12, last call, GPU 0: the backward grid of the final dispatch (2 rounds)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
