@@ -714,7 +714,8 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # (BwdConfig.dq_rows_interleaved: no bank conflicts left in the dQ stores) +4.3..+5.3% at 192 and
 # +6.4..+10.1% at 256, 8 of 8 points.
 # Session 12 (s12_halves, 2 rounds, 2k / 8k, causal and not): the part lent in two column halves at 256
-# (BwdConfig.dq_slot_halves) +0.9..+1.8%, 4 of 4 points (192's parts are not whole 64 columns).
+# (BwdConfig.dq_slot_halves) +0.9..+1.8%, 4 of 4 points (192's parts are not whole 64 columns); not
+# under a local window, where that kernel spills (bwd_config drops it).
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
     192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
           "dq_rows_interleaved": True},
@@ -809,6 +810,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     if hdim in BWD_WIDE:
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), **_BWD_WIDE_SWITCHES.get(hdim, {}))
+        if local:  # the slot's halves spill under a local window (16 bytes at 256; never timed there)
+            wide["dq_slot_halves"] = False
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
                     tile_m=_BWD_TILE_M.get(hdim, 64),

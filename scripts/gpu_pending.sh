@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 11 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 11"). Waiting, for session 12:
+# GPU work by mode, one device call of <= 10 minutes each. Session 12 ran every queued mode (results in
+# docs/benchmarks.md, "GPU runs of session 12"). Waiting, for session 13 (none built yet):
 #
-#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh s12_rows128
-#     (hdim 128's short causal dispatch, 64-row steps up to 1k, stores its dQ tile with the same 8-byte
-#     stores that conflicted at 192 / 256: dq_rows_interleaved there, cases then timing at 512 / 1k;
-#     compiles without spills, 182 KiB. Its grid points: causal 512 at 0.96, 1k at 1.01)
-#   then the forward / backward grids if anything was dispatched.
+#   - the hdim 128 forward's L2 traffic: ncu (`L2=1 bash scripts/profile_fwd_peers.sh`) of variants that
+#     change the producer's issue order or the TMA descriptors' L2 promotion, against FA4's 117M sectors
+#     at 8k (ours 204M; docs/notes/fa4-schedule.md, session 12), timed per MHz with scripts/clock_study.py
+#   - hdim 256 backward: per-warpgroup dQ slots (needs 2.9 KiB of smem found elsewhere at 64 x 80)
+#   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
 # s10_slot256 / s10_slot192: the wide kernel's dQ by TMA reduce-adds through one smem part (dq_tma,

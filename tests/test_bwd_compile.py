@@ -874,6 +874,9 @@ def test_dq_slot_halves_is_dispatched_at_256_and_dropped_by_overrides_it_does_no
     assert [bwd_config("bf16", d).dq_slot_halves for d in (64, 96, 128, 192, 256)] == \
         [False, False, False, False, True]
     assert bwd_config("bf16", 256, causal=True, deterministic=True).dq_slot_halves
+    # not under a local window, where the kernel spills with them (16 bytes)
+    assert not bwd_config("bf16", 256, local=True).dq_slot_halves
+    assert bwd_config("bf16", 256, local=True, dq_slot_halves=True).dq_slot_halves
     # an override that takes the slot away drops the halves, unless they are asked for
     assert not bwd_config("bf16", 256, **BWD_WIDE_ATOMICS[256]).dq_slot_halves
     for hdim, fields in ((192, {}), (256, BWD_WIDE_ATOMICS[256]), (128, {})):

@@ -48,8 +48,9 @@ warpgroup's second warp adds every part with a TMA reduce-add (hopper/bwd.py's d
 The whole tile fits only beside FA4's smaller tiles; with dq_slots=1 only one part lives in smem and
 the writer lends it to the warpgroups in part order, which fits the dispatched tiles with one P / dS
 pair, and with dq_rows_interleaved the stores into it are free of bank conflicts. That combination is
-dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); the atomics
-kernel stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
+dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); at 256 the
+slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%); the atomics kernel
+stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
 shared-memory budget.
 """
 
