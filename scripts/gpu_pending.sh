@@ -2,9 +2,9 @@
 # GPU work by mode, one device call of <= 10 minutes each. Session 12 ran every queued mode (results in
 # docs/benchmarks.md, "GPU runs of session 12"). Waiting, for session 13 (none built yet):
 #
-#   - the hdim 128 forward's L2 traffic: ncu (`L2=1 bash scripts/profile_fwd_peers.sh`) of variants that
-#     change the producer's issue order or the TMA descriptors' L2 promotion, against FA4's 117M sectors
-#     at 8k (ours 204M; docs/notes/fa4-schedule.md, session 12), timed per MHz with scripts/clock_study.py
+#   - s13_l2: the hdim 128 forward's L2 traffic in FA4's launch shape (one CTA per tile, O in Q's buffer,
+#     one epilogue barrier) against FA4's 117M sectors at 8k (ours 204M; the TMA descriptors, layouts and
+#     load order are identical: docs/notes/fa4-schedule.md, session 12), and per MHz
 #   - hdim 256 backward: per-warpgroup dQ slots (needs 2.9 KiB of smem found elsewhere at 64 x 80)
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -348,6 +348,16 @@ s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in r
   run c64 python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --hdim 64 $V
   echo "== end at $(($(date +%s) - T0)) s"
   for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
+  ;;
+s13_l2)  # session 13: L2 sectors and stalls of the hdim 128 forward in FA4's launch shape (one CTA per tile, O in
+  # Q's buffer, one epilogue barrier) against the dispatch and FA4; then the same variants per MHz
+  L2=1 NAMES="dispatch single fa4like fa4" run l2 bash scripts/profile_fwd_peers.sh
+  NAMES="dispatch fa4like fa4" run stalls bash scripts/profile_fwd_peers.sh
+  run rate python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul --fh-config default \
+    --fh-config persistent=False,dynamic_sched=False,o_in_q=True,wg_epilogue=False
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/stalls.log" | grep -E "==|hmma|stalled_gmma"
+  quiet "$O/rate.log" | grep -A4 "^forward"
   ;;
 s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
   bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True

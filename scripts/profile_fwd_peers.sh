@@ -29,6 +29,7 @@ declare -A VARIANTS=(
   [fa4]="--fa4"
   [oq3]="--set o_in_q=true --set num_stages=3"
   [single]="--set persistent=false --set dynamic_sched=false"
+  [fa4like]="--set persistent=false --set dynamic_sched=false --set o_in_q=true --set wg_epilogue=false"
 )
 for name in ${NAMES:-dispatch cluster fa4}; do
   tag="fwd_hdim${HDIM}_${SEQLEN}_${name}"
