@@ -349,6 +349,13 @@ s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in r
   echo "== end at $(($(date +%s) - T0)) s"
   for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
   ;;
+s12_l2b)  # session 12, with the last device minutes: s13_l2 trimmed (L2 sectors of fa4like; per MHz)
+  L2=1 NAMES="fa4like" run l2 bash scripts/profile_fwd_peers.sh
+  run rate python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --no-peers --fh-config default \
+    --fh-config persistent=False,dynamic_sched=False,o_in_q=True,wg_epilogue=False
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/rate.log" | grep -A3 "^forward"
+  ;;
 s13_l2)  # session 13: L2 sectors and stalls of the hdim 128 forward in FA4's launch shape (one CTA per tile, O in
   # Q's buffer, one epilogue barrier) against the dispatch and FA4; then the same variants per MHz
   L2=1 NAMES="dispatch single fa4like fa4" run l2 bash scripts/profile_fwd_peers.sh
