@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 12 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 12"). Waiting, for session 13 (none built yet):
+# docs/benchmarks.md, "GPU runs of session 12"). Waiting, for session 13:
 #
-#   - s13_l2: the hdim 128 forward's L2 traffic in FA4's launch shape (one CTA per tile, O in Q's buffer,
-#     one epilogue barrier) against FA4's 117M sectors at 8k (ours 204M; the TMA descriptors, layouts and
-#     load order are identical: docs/notes/fa4-schedule.md, session 12), and per MHz
-#   - hdim 256 backward: per-warpgroup dQ slots (needs 2.9 KiB of smem found elsewhere at 64 x 80)
+#   - s13_l2: whether the hdim 128 forward's L2 sector count (ours 204M at 8k, FA4 117M; TMA descriptors,
+#     layouts, load order identical, and FA4's launch shape gave 229M: docs/notes/fa4-schedule.md,
+#     session 12) follows the K release time (late_k_release off, FA4's step order); ready, ~3 min
+#   - hdim 256 backward: per-warpgroup dQ slots (needs 2.9 KiB of smem found elsewhere at 64 x 80; not built)
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -348,6 +348,20 @@ s12_cluster)  # session 12: the 2x1 cluster with K/V multicast (never timed in r
   run c64 python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --hdim 64 $V
   echo "== end at $(($(date +%s) - T0)) s"
   for f in c128 c128_8k c128_2k c256 c64; do echo "--- $f"; quiet "$O/$f.log" | grep -A5 "^forward"; done
+  ;;
+s12_l2b)  # session 12, with the last device minutes: s13_l2 trimmed (L2 sectors of fa4like; per MHz)
+  L2=1 NAMES="fa4like" run l2 bash scripts/profile_fwd_peers.sh
+  run rate python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --no-peers --fh-config default \
+    --fh-config persistent=False,dynamic_sched=False,o_in_q=True,wg_epilogue=False
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/rate.log" | grep -A3 "^forward"
+  ;;
+s13_l2)  # session 13: does the hdim 128 forward's L2 sector count follow the K release time? ours with K released
+  # right after the QK^T wait (alone, and with FA4's step order) against the dispatch and FA4 (ncu, 8k)
+  L2=1 NAMES="dispatch early_k fa4step fa4" run l2 bash scripts/profile_fwd_peers.sh
+  NAMES="early_k fa4step" run stalls bash scripts/profile_fwd_peers.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/stalls.log" | grep -E "==|hmma|stalled_gmma"
   ;;
 s12_l2b)  # session 12, with the last device minutes: s13_l2 trimmed (L2 sectors of fa4like; per MHz)
   L2=1 NAMES="fa4like" run l2 bash scripts/profile_fwd_peers.sh

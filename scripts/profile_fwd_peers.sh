@@ -30,6 +30,8 @@ declare -A VARIANTS=(
   [oq3]="--set o_in_q=true --set num_stages=3"
   [single]="--set persistent=false --set dynamic_sched=false"
   [fa4like]="--set persistent=false --set dynamic_sched=false --set o_in_q=true --set wg_epilogue=false"
+  [early_k]="--set late_k_release=false"
+  [fa4step]="--set late_k_release=false --set row_sum_scaled_first=true"
 )
 for name in ${NAMES:-dispatch cluster fa4}; do
   tag="fwd_hdim${HDIM}_${SEQLEN}_${name}"
