@@ -363,23 +363,6 @@ s13_l2)  # session 13: does the hdim 128 forward's L2 sector count follow the K 
   echo "== end at $(($(date +%s) - T0)) s"
   quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/stalls.log" | grep -E "==|hmma|stalled_gmma"
   ;;
-s12_l2b)  # session 12, with the last device minutes: s13_l2 trimmed (L2 sectors of fa4like; per MHz)
-  L2=1 NAMES="fa4like" run l2 bash scripts/profile_fwd_peers.sh
-  run rate python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --no-peers --fh-config default \
-    --fh-config persistent=False,dynamic_sched=False,o_in_q=True,wg_epilogue=False
-  echo "== end at $(($(date +%s) - T0)) s"
-  quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/rate.log" | grep -A3 "^forward"
-  ;;
-s13_l2)  # session 13: L2 sectors and stalls of the hdim 128 forward in FA4's launch shape (one CTA per tile, O in
-  # Q's buffer, one epilogue barrier) against the dispatch and FA4; then the same variants per MHz
-  L2=1 NAMES="dispatch single fa4like fa4" run l2 bash scripts/profile_fwd_peers.sh
-  NAMES="dispatch fa4like fa4" run stalls bash scripts/profile_fwd_peers.sh
-  run rate python3 scripts/clock_study.py --rounds 3 --seconds 1.0 --no-matmul --fh-config default \
-    --fh-config persistent=False,dynamic_sched=False,o_in_q=True,wg_epilogue=False
-  echo "== end at $(($(date +%s) - T0)) s"
-  quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/stalls.log" | grep -E "==|hmma|stalled_gmma"
-  quiet "$O/rate.log" | grep -A4 "^forward"
-  ;;
 s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
   bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True
   wait
