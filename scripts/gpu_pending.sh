@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 12 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 12"). Waiting, for session 13:
+# docs/benchmarks.md, "GPU runs of session 12"); session 13 had no device time. Waiting:
 #
 #   - s13_l2: whether the hdim 128 forward's L2 sector count (ours 204M at 8k, FA4 117M; TMA descriptors,
 #     layouts, load order identical, and FA4's launch shape gave 229M: docs/notes/fa4-schedule.md,
 #     session 12) follows the K release time (late_k_release off, FA4's step order); ready, ~3 min
+#   - s13_ablation: issue 4's ablation by rate per MHz of SM clock (hdim 128, 8k, causal and not, each
+#     switch off), since single timings under the causal mask moved as much as the switches (session 7);
+#     ready, ~4 min
 #   - hdim 256 backward: per-warpgroup dQ slots (needs 2.9 KiB of smem found elsewhere at 64 x 80; not built)
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -362,6 +365,14 @@ s13_l2)  # session 13: does the hdim 128 forward's L2 sector count follow the K 
   NAMES="early_k fa4step" run stalls bash scripts/profile_fwd_peers.sh
   echo "== end at $(($(date +%s) - T0)) s"
   quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time"; quiet "$O/stalls.log" | grep -E "==|hmma|stalled_gmma"
+  ;;
+s13_ablation)  # issue 4's ablation (FA3 Table 2) by rate per MHz: hdim 128, 8k, each switch off, causal and not
+  V="--fh-config default"
+  for f in pingpong intra_wg_overlap persistent dynamic_sched reg_realloc wg_epilogue; do V="$V --fh-config $f=False"; done
+  run abl_nc python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --no-peers --seqlen 8192 $V
+  run abl_c python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --no-peers --seqlen 8192 --causal $V
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in abl_nc abl_c; do echo "--- $f"; quiet "$O/$f.log" | grep -A9 "^forward"; done
   ;;
 s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
   bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True

@@ -76,6 +76,42 @@ class BwdKernelBase:
             return mdQaccum[None, None, head], batch * num_m_blocks + m_block
         return mdQaccum[None, None, head, batch], m_block
 
+    def make_pipelines(self, storage, sK_layout, sQ_layout):
+        """The K / V pipeline (one stage, both tiles on one barrier) and the Q and dO rings. Full
+        barriers: one producer arrive + the TMA bytes; empty: one arrive per consumer warp. Each Q
+        (dO) stage also carries its block's LSE (D) row."""
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        kv_bytes = cute.size_in_bytes(self.dtype, sK_layout)
+        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            num_stages=1, producer_group=producer, consumer_group=consumers, tx_count=2 * kv_bytes,
+            barrier_storage=storage.mbar_KV.data_ptr(), defer_sync=True)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=q_bytes, barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True)
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            num_stages=self.do_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=q_bytes, barrier_storage=storage.mbar_dO.data_ptr(), defer_sync=True)
+        return pipe_kv, pipe_q, pipe_do
+
+    @cute.jit
+    def cta_work(self, mQ, mK, window_left, window_right):
+        """This CTA's key block (launch order, or LPT's), its KV head and batch, and the query
+        steps it walks: (query head in the group, query block) pairs, query block fastest."""
+        n_block, head_kv, batch = cute.arch.block_idx()
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        n_block = self.launch_order_n_block(n_block, seqlen_k)
+        ratio = mQ.shape[2] // mK.shape[2]
+        if cutlass.const_expr(self.cfg.lpt):
+            n_block, head_kv, batch = self.lpt_launch_coords(n_block, head_kv, batch, seqlen_q, seqlen_k,
+                                                             ratio)
+        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
+        num_m = cutlass.max(m_max - m_min, 0)
+        num_steps = num_m * ratio
+        return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps
+
     @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
         """[m_min, m_max): query blocks with at least one query that sees a key of this block.

@@ -261,36 +261,12 @@ class FlashBwdWideSm90(BwdKernelBase):
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_atom_dQ)
 
-        # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per consumer warp.
-        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
-        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
-        kv_bytes = cute.size_in_bytes(self.dtype, sK_layout)
-        # each Q (dO) stage also carries the block's LSE (D) row
-        q_bytes = cute.size_in_bytes(self.dtype, cute.select(sQ_layout, mode=[0, 1])) + self.tile_m * 4
-        pipe_kv = pipeline.PipelineTmaAsync.create(
-            num_stages=1, producer_group=producer, consumer_group=consumers, tx_count=2 * kv_bytes,
-            barrier_storage=storage.mbar_KV.data_ptr(), defer_sync=True)
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            num_stages=self.num_stages, producer_group=producer, consumer_group=consumers,
-            tx_count=q_bytes, barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True)
-        pipe_do = pipeline.PipelineTmaAsync.create(
-            num_stages=self.do_stages, producer_group=producer, consumer_group=consumers,
-            tx_count=q_bytes, barrier_storage=storage.mbar_dO.data_ptr(), defer_sync=True)
+        pipe_kv, pipe_q, pipe_do = self.make_pipelines(storage, sK_layout, sQ_layout)
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
-        n_block, head_kv, batch = cute.arch.block_idx()
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        n_block = self.launch_order_n_block(n_block, seqlen_k)
-        ratio = mQ.shape[2] // mK.shape[2]
-        if cutlass.const_expr(self.cfg.lpt):
-            n_block, head_kv, batch = self.lpt_launch_coords(n_block, head_kv, batch, seqlen_q, seqlen_k,
-                                                             ratio)
-        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
-        num_m = cutlass.max(m_max - m_min, 0)
-        # (query head in the group, query block) pairs, query block fastest
-        num_steps = num_m * ratio
+        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps = self.cta_work(
+            mQ, mK, window_left, window_right)
 
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
