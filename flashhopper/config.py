@@ -459,6 +459,14 @@ class BwdConfig(_KernelConfig):
     # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
     # slot's grant). Same smem; twice the hand-offs, each half as long.
     dq_slot_halves: bool = False
+    # with dq_slot_halves and two consumer warpgroups: warpgroup w keeps slot half w for itself (each
+    # dQ chunk's two column halves go out one after the other through it) and has a writer warp of
+    # its own (producer warp 1 + w), so neither warpgroup waits for the other's turn. Session 12:
+    # the halves gained 1-2% of the 3-8% predicted from the grant's stall samples, the rest of a
+    # grant's wait being the other warpgroup's turn. Here each piece waits for the reduce-add of its
+    # own warpgroup's previous piece instead. Same smem. Not with deterministic (one writer takes the
+    # dQ turn).
+    dq_slot_per_wg: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -598,6 +606,10 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
+        if self.dq_slot_per_wg and not (self.dq_slot_halves and self.num_consumer_wg == 2
+                                        and not self.deterministic):
+            raise ValueError("dq_slot_per_wg needs dq_slot_halves (one half per warpgroup), two consumer "
+                             "warpgroups, and not deterministic (whose dQ turn one writer warp takes)")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

@@ -8,7 +8,11 @@
 #   - s13_ablation: issue 4's ablation by rate per MHz of SM clock (hdim 128, 8k, causal and not, each
 #     switch off), since single timings under the causal mask moved as much as the switches (session 7);
 #     ready, ~4 min
-#   - hdim 256 backward: per-warpgroup dQ slots (needs 2.9 KiB of smem found elsewhere at 64 x 80; not built)
+#   - s13_perwg: hdim 256 backward with a dQ slot half per warpgroup and a writer warp each
+#     (BwdConfig.dq_slot_per_wg, session 13, compile-checked only): cases under their own limit (a new
+#     barrier protocol), then timing against the dispatch in rounds and per MHz; ready, ~5 min
+#   - s13_perwg_tests: its GPU tests (every hdim 256 backward test but the deterministic ones, which it
+#     excludes); ready, ~4 min
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -373,6 +377,28 @@ s13_ablation)  # issue 4's ablation (FA3 Table 2) by rate per MHz: hdim 128, 8k,
   run abl_c python3 scripts/clock_study.py --rounds 2 --seconds 1.0 --no-matmul --no-peers --seqlen 8192 --causal $V
   echo "== end at $(($(date +%s) - T0)) s"
   for f in abl_nc abl_c; do echo "--- $f"; quiet "$O/$f.log" | grep -A9 "^forward"; done
+  ;;
+s13_perwg)  # session 13: hdim 256 backward with a dQ slot half and a writer warp per warpgroup (dq_slot_per_wg)
+  bg perwg_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_per_wg=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/perwg_cases.log"; then
+    run perwg_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 \
+      --bwd-config default --bwd-config dq_slot_per_wg=True
+    run perwg_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
+      --no-matmul --no-peers --fh-config default --fh-config dq_slot_per_wg=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- perwg_cases"; grep -E "^FAIL|failed|rc=" "$O/perwg_cases.log" | tail -6
+  [ -f "$O/perwg_time.log" ] && { echo "--- perwg_time"; quiet "$O/perwg_time.log" | tail -9; }
+  [ -f "$O/perwg_rate.log" ] && { echo "--- perwg_rate"; quiet "$O/perwg_rate.log" | grep -A3 "^backward"; }
+  ;;
+s13_perwg_tests)  # session 13: the hdim 256 backward GPU tests with dq_slot_per_wg (not the deterministic ones)
+  B=tests/test_bwd_gpu.py
+  FH_TEST_BWD_OVERRIDES=dq_slot_halves=true,dq_slot_per_wg=true run perwg_tests python3 -m pytest -q -rf \
+    --tb=short -k 256 $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
+    $B::test_backward_lpt $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary perwg_tests
   ;;
 s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
   bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True

@@ -897,3 +897,25 @@ def test_dq_slot_halves_compiles_with_twice_the_hand_offs(mask):
     # more grant / hand-back barrier pair per part on each side
     assert report["sass"]["UTMAREDG"] == off["sass"]["UTMAREDG"] == 8
     assert report["sass"]["BAR"] > off["sass"]["BAR"]
+
+
+def test_dq_slot_per_wg_needs_halves_two_warpgroups_and_no_deterministic():
+    # default off everywhere (not timed yet); one slot half per warpgroup, one writer warp each
+    assert not any(bwd_config("bf16", d).dq_slot_per_wg for d in (64, 96, 128, 192, 256))
+    assert bwd_config("bf16", 256, dq_slot_per_wg=True).smem_bytes() == bwd_config("bf16", 256).smem_bytes()
+    for hdim, fields in ((256, {"dq_slot_halves": False}), (192, {}), (128, {}),
+                         (256, {"causal": True, "deterministic": True})):
+        with pytest.raises(ValueError, match="dq_slot_per_wg needs dq_slot_halves"):
+            bwd_config("bf16", hdim, **{**fields, "dq_slot_per_wg": True})
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "local"])
+def test_dq_slot_per_wg_compiles_with_a_writer_warp_per_warpgroup(mask):
+    # under a local window the halves are dropped by the dispatch (they spill there alone): ask for both
+    fields = {"dq_slot_per_wg": True, **({"dq_slot_halves": True} if mask == "local" else {})}
+    cfg = bwd_config("bf16", 256, **MASKS[mask], **fields)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **MASKS[mask], **fields)
+    _check_wide_report(report, cfg, mask)
+    # each writer warp unrolls its warpgroup's 4 pieces a step (2 chunks x 2 halves): 8 boxes in all,
+    # as the one writer of the shared slot
+    assert report["sass"]["UTMAREDG"] == 8

@@ -49,7 +49,8 @@ The whole tile fits only beside FA4's smaller tiles; with dq_slots=1 only one pa
 the writer lends it to the warpgroups in part order, which fits the dispatched tiles with one P / dS
 pair, and with dq_rows_interleaved the stores into it are free of bank conflicts. That combination is
 dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); at 256 the
-slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%); the atomics kernel
+slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%; with dq_slot_per_wg,
+not yet timed, each warpgroup keeps one half and a writer warp of its own); the atomics kernel
 stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
 shared-memory budget.
 """
@@ -274,7 +275,12 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
                              pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
-            if cutlass.const_expr(self.cfg.dq_tma):
+            if cutlass.const_expr(self.cfg.dq_slot_per_wg):
+                for w in cutlass.range_constexpr(self.num_consumer_wg):
+                    if warp_idx == 1 + w:
+                        self.write_dq_own_half(mdQaccum, sdQ, tma_atom_dQ, batch, m_min, num_m, num_steps,
+                                               head_kv * ratio, seqlen_q, w)
+            elif cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
                     writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
                     writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
@@ -628,7 +634,15 @@ class FlashBwdWideSm90(BwdKernelBase):
                 n = cute.size(rdQ_half)
                 for i in cutlass.range_constexpr(n):
                     rdQ_half[i] = acc_dQ[h * n + i]
-                cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[h])
+                if cutlass.const_expr(self.cfg.dq_slot_per_wg):
+                    # every half through this warpgroup's own slot half (a uniform branch: the two
+                    # destinations are both static addresses)
+                    if wg == 0:
+                        cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[0])
+                    else:
+                        cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[1])
+                else:
+                    cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[h])
             if cutlass.const_expr(last or self.cfg.dq_slots):
                 # generic-proxy smem writes, read next by the TMA unit (async proxy)
                 cute.arch.fence_view_async_shared()
@@ -705,6 +719,32 @@ class FlashBwdWideSm90(BwdKernelBase):
                         cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
+            cute.arch.sync_warp()
+        # smem must outlive the last read
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def write_dq_own_half(self, mdQaccum, sdQ, tma_atom_dQ, batch, m_min, num_m, num_steps, head0, seqlen_q,
+                          w: cutlass.Constexpr[int]):
+        """dq_slot_per_wg, producer warp 1 + w: warpgroup w's dQ pieces (chunk c's column half h, in
+        that order) through slot half w, each lent once the previous piece's reduce-add has read it;
+        the grant and the hand-back are warpgroup w's own barriers, as in write_dq_slot."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
+        wg_threads = 128 + 32
+        num_wg = self.num_consumer_wg
+        sdQ_w = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, w))
+        for step in cutlass.range(num_steps, unroll=1):
+            head = head0 + step // num_m
+            m_block = m_min + step % num_m
+            for c in cutlass.range_constexpr(self.dq_chunks):
+                for h in cutlass.range_constexpr(self.dq_halves):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
+                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+                    cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_w, head, batch, m_block, seqlen_q,
+                                        (c * num_wg + w) * self.dq_halves + h)
+                    cute.arch.cp_async_bulk_commit_group()
             cute.arch.sync_warp()
         # smem must outlive the last read
         cute.arch.cp_async_bulk_wait_group(0, read=True)
