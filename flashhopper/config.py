@@ -467,6 +467,14 @@ class BwdConfig(_KernelConfig):
     # own warpgroup's previous piece instead. Same smem. Not with deterministic (one writer takes the
     # dQ turn).
     dq_slot_per_wg: bool = False
+    # kv_split "hdim" at hdim 256 (two warpgroups, dQ in two chunks): S = Q K^T and dP = dO V^T split
+    # by GEMM instead of by keys: warpgroup 0 computes S and P over all tile_n keys, warpgroup 1 dP
+    # and, with P read back from smem (bf16), dS. Each S / dP WGMMA then has N = tile_n (80) instead
+    # of tile_n / 2 (40, whose operands need 166 B of smem a tensor cycle against the 128 smem
+    # delivers) and Q and dO are read once a step instead of twice: ~-8% of the step's smem
+    # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
+    # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
+    sdp_by_gemm: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -610,6 +618,11 @@ class BwdConfig(_KernelConfig):
                                         and not self.deterministic):
             raise ValueError("dq_slot_per_wg needs dq_slot_halves (one half per warpgroup), two consumer "
                              "warpgroups, and not deterministic (whose dQ turn one writer warp takes)")
+        if self.sdp_by_gemm and not (self.kv_split == "hdim" and self.num_consumer_wg == 2
+                                     and not (self.softcap or self.dkv_by_keys or self.dkv_early)
+                                     and self.num_dq_chunks == 2):
+            raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
+                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

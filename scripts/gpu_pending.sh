@@ -13,6 +13,9 @@
 #     barrier protocol), then timing against the dispatch in rounds and per MHz; ready, ~5 min
 #   - s13_perwg_tests: its GPU tests (every hdim 256 backward test but the deterministic ones, which it
 #     excludes); ready, ~4 min
+#   - s13_sdp: hdim 256 backward with S and dP split by GEMM (BwdConfig.sdp_by_gemm, session 13,
+#     compile-checked only; docs/notes/bwd-hdim256-smem.md): cases, timing in rounds and per MHz, alone
+#     and with dq_slot_per_wg; ready, ~6 min. s13_sdp_tests: its GPU tests (not softcap); ~4 min
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -395,10 +398,34 @@ s13_perwg)  # session 13: hdim 256 backward with a dQ slot half and a writer war
 s13_perwg_tests)  # session 13: the hdim 256 backward GPU tests with dq_slot_per_wg (not the deterministic ones)
   B=tests/test_bwd_gpu.py
   FH_TEST_BWD_OVERRIDES=dq_slot_halves=true,dq_slot_per_wg=true run perwg_tests python3 -m pytest -q -rf \
-    --tb=short -k 256 $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
+    --tb=short -k "256 and not 128" $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
     $B::test_backward_lpt $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary perwg_tests
+  ;;
+s13_sdp)  # session 13: hdim 256 backward with S / dP split by GEMM (sdp_by_gemm), alone and with dq_slot_per_wg
+  bg sdp_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config sdp_by_gemm=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/sdp_cases.log"; then
+    V="--bwd-config default --bwd-config sdp_by_gemm=True --bwd-config sdp_by_gemm=True,dq_slot_per_wg=True"
+    run sdp_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 $V
+    V="--fh-config default --fh-config sdp_by_gemm=True --fh-config sdp_by_gemm=True,dq_slot_per_wg=True"
+    run sdp_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
+      --no-matmul --no-peers $V
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- sdp_cases"; grep -E "^FAIL|failed|rc=" "$O/sdp_cases.log" | tail -6
+  [ -f "$O/sdp_time.log" ] && { echo "--- sdp_time"; quiet "$O/sdp_time.log" | tail -12; }
+  [ -f "$O/sdp_rate.log" ] && { echo "--- sdp_rate"; quiet "$O/sdp_rate.log" | grep -A4 "^backward"; }
+  ;;
+s13_sdp_tests)  # session 13: the hdim 256 backward GPU tests with sdp_by_gemm (not softcap, which it excludes)
+  B=tests/test_bwd_gpu.py
+  FH_TEST_BWD_OVERRIDES=sdp_by_gemm=true run sdp_tests python3 -m pytest -q -rf --tb=short \
+    -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
+    $B::test_backward_lpt $B::test_deterministic_is_bitwise_reproducible \
+    $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary sdp_tests
   ;;
 s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
   bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True

@@ -919,3 +919,22 @@ def test_dq_slot_per_wg_compiles_with_a_writer_warp_per_warpgroup(mask):
     # each writer warp unrolls its warpgroup's 4 pieces a step (2 chunks x 2 halves): 8 boxes in all,
     # as the one writer of the shared slot
     assert report["sass"]["UTMAREDG"] == 8
+
+
+def test_sdp_by_gemm_needs_hdim_256s_split_and_no_softcap():
+    # default off (not timed yet); the same smem and accumulator registers as the split by keys
+    assert not any(bwd_config("bf16", d).sdp_by_gemm for d in (64, 96, 128, 192, 256))
+    assert bwd_config("bf16", 256, sdp_by_gemm=True).smem_bytes() == bwd_config("bf16", 256).smem_bytes()
+    for hdim, fields in ((256, {"softcap": True}), (192, {}), (128, {})):
+        with pytest.raises(ValueError, match="sdp_by_gemm needs kv_split 'hdim'"):
+            bwd_config("bf16", hdim, **{**fields, "sdp_by_gemm": True})
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
+def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", 256, sdp_by_gemm=True, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, sdp_by_gemm=True, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
+    assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128

@@ -78,6 +78,8 @@ _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any 
 _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
 # dkv_early: warpgroup w's own P / dS columns are in smem (its 128 threads), ids 6 .. 6 + W - 1
 _BAR_WG_PDS = 6
+# sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
+_BAR_P_FULL = 8
 # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
 # id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
 _BAR_DQ_WG = 9
@@ -93,6 +95,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         self.dq_chunks = cfg.num_dq_chunks
         # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
         self.dq_halves = 2 if cfg.dq_slot_halves else 1
+        # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
+        self.sdp_wgs = 1 if cfg.sdp_by_gemm else cfg.num_consumer_wg
 
     def pds_smem_layout(self):
         """(queries, keys, ds_stages) layout of the P and dS tiles, keys contiguous.
@@ -148,9 +152,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs = self.num_consumer_wg
         # S = Q K^T, dP = dO V^T: one WGMMA M (the 64 queries); the warpgroups split the keys (N)
+        # (sdp_by_gemm: one warpgroup's MMA over all keys, S on warpgroup 0 and dP on warpgroup 1)
         tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_, K_, Float32, atom_layout_mnk=(1, wgs, 1),
-            tiler_mn=(64, self.keys_per_wg))
+            self.dtype, self.dtype, K_, K_, Float32, atom_layout_mnk=(1, self.sdp_wgs, 1),
+            tiler_mn=(64, self.tile_n // self.sdp_wgs))
         # dV^T = dO^T P, dK^T = Q^T dS: M = head dim (split across warpgroups), N = keys, K = queries.
         # A = dO^T / Q^T and B = P^T / dS^T views whose contiguous dim is M / N: both MN-major.
         # dkv_by_keys: the warpgroups split N (each its own keys_per_wg, the ones its S / dP cover)
@@ -303,10 +308,11 @@ class FlashBwdWideSm90(BwdKernelBase):
         if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
         # smem descriptors depend only on the warpgroup; register partitions on the thread
-        wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
+        sdp_tidx = tidx % 128 if self.cfg.sdp_by_gemm else tidx
+        wg_sdp = tiled_mma_sdp.get_slice(0 if self.cfg.sdp_by_gemm else wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
         wg_dq = tiled_mma_dq.get_slice(wg * 128)
-        thr_sdp = tiled_mma_sdp.get_slice(tidx)
+        thr_sdp = tiled_mma_sdp.get_slice(sdp_tidx)
         thr_dq = tiled_mma_dq.get_slice(tidx)
 
         # S = Q K^T, dP = dO V^T: A = Q / dO (stage), B = this warpgroup's rows of K / V
@@ -334,7 +340,9 @@ class FlashBwdWideSm90(BwdKernelBase):
 
         shape_sdp = (self.tile_m, self.tile_n)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
-        acc_dP = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
+        # sdp_by_gemm: one accumulator, S on warpgroup 0 and dP on warpgroup 1
+        acc_dP = acc_S if self.cfg.sdp_by_gemm else cute.make_rmem_tensor(
+            tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, dq_cols)), Float32)
@@ -342,6 +350,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         acc_dP_rc = L.acc_rows_cols(acc_dP)
         # (query, key) of each S / dP register, within the tile
         coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
+        coord0_rc = None
+        if cutlass.const_expr(self.cfg.sdp_by_gemm):
+            coord0_rc = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(
+                cute.make_identity_tensor(shape_sdp)))
         dq_coords = [thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))]
         if cutlass.const_expr(self.dq_chunks > 1):
             dq_coords = [thr_dq.partition_C(cute.local_tile(
@@ -374,13 +386,19 @@ class FlashBwdWideSm90(BwdKernelBase):
         acc_dK.fill(0.0)
         # four 8 x 8 matrices (16 keys) per stmatrix where the warpgroup's keys come in 16s; two
         # (8 keys) at 40 or 24 keys per warpgroup (tile_n 80, 48)
+        num_matrices = 4 if (self.tile_n // self.sdp_wgs) % 16 == 0 else 2
         st_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False,
-                                              num_matrices=4 if self.keys_per_wg % 16 == 0 else 2),
-            self.dtype)
-        st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(tidx)
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
+        st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(sdp_tidx)
         tPsP = st_copy.partition_D(sP)
         tdSsdS = st_copy.partition_D(sdS)
+        # sdp_by_gemm: warpgroup 1 reads P back into the registers that thread of warpgroup 0 held it in
+        ld_atom, tPsP_ld = None, None
+        if cutlass.const_expr(self.cfg.sdp_by_gemm):
+            ld_atom = cute.make_copy_atom(
+                cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
+            ld_copy = cute.make_tiled_copy_C(ld_atom, tiled_mma_sdp).get_slice(sdp_tidx)
+            tPsP_ld = (ld_copy, ld_copy.partition_S(sP))
         # ds_stages 2: step i writes P / dS buffer i % 2 (the last mode of every view above)
         pds = Int32(0)
 
@@ -401,142 +419,209 @@ class FlashBwdWideSm90(BwdKernelBase):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             pipe_q.consumer_wait(state)
-            issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
-            pipe_do.consumer_wait(do_state)
-            issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
-
-            # A thread's S registers cover two query rows: their LSE and D are read once, and
-            # visibility is a key range [lo, hi) per row (offsets from this key block's start).
-            # The rows arrived with Q / dO; padded rows hold +inf / 0, so no bounds test.
-            lse = cute.make_rmem_tensor(num_rows, Float32)
-            d_row = cute.make_rmem_tensor(num_rows, Float32)
-            lo = cute.make_rmem_tensor(num_rows, Int32)
-            hi = cute.make_rmem_tensor(num_rows, Int32)
-            for r in cutlass.range_constexpr(num_rows):
-                q_in_block = coord_rc[r, 0][0]
-                q = m_block * self.tile_m + q_in_block
-                lse[r] = sLSE[q_in_block, state.index]
-                d_row[r] = sD[q_in_block, do_state.index]
-                hi[r] = seqlen_k - n_block * self.tile_n
-                lo[r] = Int32(0)
-                if cutlass.const_expr(self.has_right):
-                    hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
-                if cutlass.const_expr(self.has_left):
-                    lo[r] = q + diag - window_left - n_block * self.tile_n
-
-            warpgroup.wait_group(1)
-            if cutlass.const_expr(self.has_softcap):
-                # only tanh before the dP wait: P and the tanh derivative are formed from it after,
-                # so (1 - tanh^2) never has to be held next to P
-                for j in cutlass.range(cute.size(acc_S), unroll_full=True):
-                    acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+            if cutlass.const_expr(self.cfg.sdp_by_gemm):
+                pipe_do.consumer_wait(do_state)
+                if wg == 0:
+                    issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                else:
+                    issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
+                lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
+                                                     seqlen_k, diag, window_left, window_right, num_rows)
                 warpgroup.wait_group(0)
-                for r in cutlass.range_constexpr(num_rows):
-                    for c in cutlass.range_constexpr(num_cols):
-                        t = acc_S_rc[r, c]
-                        p = self.prob(t, coord_rc[r, c][1], lse[r], lo[r], hi[r], scale_log2)
-                        acc_S_rc[r, c] = p
-                        acc_dP_rc[r, c] = p * self.dp_minus_d(acc_dP_rc[r, c], d_row[r], softmax_scale) * (
-                            Float32(1.0) - t * t)
-            else:
-                # P under the dP GEMM, dS once it lands
-                for r in cutlass.range_constexpr(num_rows):
-                    for c in cutlass.range_constexpr(num_cols):
-                        acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord_rc[r, c][1], lse[r], lo[r],
-                                                   hi[r], scale_log2)
-                warpgroup.wait_group(0)
-                for r in cutlass.range_constexpr(num_rows):
-                    for c in cutlass.range_constexpr(num_cols):
-                        acc_dP_rc[r, c] = acc_S_rc[r, c] * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
-                                                                           softmax_scale)
-            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-            rP.store(acc_S.load().to(self.dtype))
-            rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-            rdS.store(acc_dP.load().to(self.dtype))
-
-            # Every warpgroup reads every warpgroup's P and dS columns: overwrite them only once
-            # all GEMMs of the previous query block are done (each warpgroup waited for its own
-            # before coming here), and issue the GEMMs only once all of them are written. With
-            # two buffers the first barrier goes: this step's buffer was last read two steps back,
-            # and every warpgroup finished those GEMMs before it arrived at the last step's "full".
-            if cutlass.const_expr(self.cfg.ds_stages == 1):
-                cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
-            cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
-            cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
-            # generic-proxy smem writes, read next by WGMMA (async proxy)
-            cute.arch.fence_view_async_shared()
-            tVrP_s = self.pds_buffer(tVrP, pds)
-            tKrdS_s = self.pds_buffer(tKrdS, pds)
-            tQrdS_s = self.pds_buffer(tQrdS, pds)
-            if cutlass.const_expr(self.cfg.dkv_early):
-                # dV^T reads only this warpgroup's P columns: it starts once this warpgroup has
-                # written them; dQ reads every warpgroup's dS and waits for all of them
-                cute.arch.barrier(barrier_id=_BAR_WG_PDS + wg, number_of_threads=128)
+                tVrP_s = self.pds_buffer(tVrP, pds)
+                tKrdS_s = self.pds_buffer(tKrdS, pds)
+                tQrdS_s = self.pds_buffer(tQrdS, pds)
+                if cutlass.const_expr(self.cfg.ds_stages == 1):
+                    # every warpgroup's GEMMs of the previous query block are done with sP / sdS
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+                if wg == 0:
+                    # a thread's key columns are thread 0's (compile-time) plus one offset: the bounds
+                    # shifted once per row, each element compared against an immediate (hopper/mask.py)
+                    col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord0_rc[r, c][1], lse[r],
+                                                       lo[r] - col_offset, hi[r] - col_offset, scale_log2)
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    rP.store(acc_S.load().to(self.dtype))
+                    cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
+                    # generic-proxy smem writes, read next by WGMMA (async proxy) and by ldmatrix
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier_arrive(barrier_id=_BAR_P_FULL,
+                                             number_of_threads=self.num_consumer_threads)
+                    # this warpgroup's dV^T reads what all its threads wrote
+                    cute.arch.barrier(barrier_id=_BAR_WG_PDS, number_of_threads=128)
+                else:
+                    cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.num_consumer_threads)
                 issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s, zero_init=False)
+                if wg != 0:
+                    # dS = P (dP - D), P as warpgroup 0's thread held it, under dV^T
+                    ld_copy, tPsP_src = tPsP_ld
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    cute.copy(ld_atom, self.pds_buffer(tPsP_src, pds), ld_copy.retile(rP))
+                    rP_rc = L.acc_rows_cols(rP)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = rP_rc[r, c].to(Float32) * self.dp_minus_d(
+                                acc_S_rc[r, c], d_row[r], softmax_scale)
+                    rdS = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    rdS.store(acc_S.load().to(self.dtype))
+                    cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
+                    cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-            else:
-                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
-                # dQ first, so its atomics run under dV and dK
-                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
-                      zero_init=False)
-            if cutlass.const_expr(self.dq_chunks == 2):
-                # dQ in two halves through the same registers: the first's atomics under dV^T, the
-                # second's under dK^T
-                warpgroup.wait_group(1)
-                if cutlass.const_expr(self.cfg.dq_tma):
-                    self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
-                                  first=True, last=False)
-                else:
-                    if cutlass.const_expr(self.cfg.deterministic):
-                        self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
-                                          window_left, window_right, tidx)
-                    self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
-                                softmax_scale)
-                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
-                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                      zero_init=False)
-                warpgroup.wait_group(1)
-                # dV^T has read dO
+                warpgroup.wait_group(0)
+                # dV^T has read dO (and dP long before)
                 pipe_do.consumer_release(do_state)
-                if cutlass.const_expr(self.cfg.dq_tma):
-                    self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[1], wg, softmax_scale,
-                                  first=False, last=True)
-                else:
-                    self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
-                                softmax_scale)
-                    if cutlass.const_expr(self.cfg.deterministic):
-                        self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
+                self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem, m_block,
+                             n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
+                             softmax_scale)
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s, zero_init=False)
+                warpgroup.wait_group(1)
+                self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem, m_block,
+                             n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
+                             softmax_scale)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
-                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                      zero_init=False)
-                # dQ has landed (issued first, or second after dV^T with dkv_early)
-                warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
-                if cutlass.const_expr(self.cfg.dq_tma):
-                    self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
-                                  first=True, last=True)
+                issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                pipe_do.consumer_wait(do_state)
+                issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
+
+                # A thread's S registers cover two query rows: their LSE and D are read once, and
+                # visibility is a key range [lo, hi) per row (offsets from this key block's start).
+                # The rows arrived with Q / dO; padded rows hold +inf / 0, so no bounds test.
+                lse = cute.make_rmem_tensor(num_rows, Float32)
+                d_row = cute.make_rmem_tensor(num_rows, Float32)
+                lo = cute.make_rmem_tensor(num_rows, Int32)
+                hi = cute.make_rmem_tensor(num_rows, Int32)
+                for r in cutlass.range_constexpr(num_rows):
+                    q_in_block = coord_rc[r, 0][0]
+                    q = m_block * self.tile_m + q_in_block
+                    lse[r] = sLSE[q_in_block, state.index]
+                    d_row[r] = sD[q_in_block, do_state.index]
+                    hi[r] = seqlen_k - n_block * self.tile_n
+                    lo[r] = Int32(0)
+                    if cutlass.const_expr(self.has_right):
+                        hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
+                    if cutlass.const_expr(self.has_left):
+                        lo[r] = q + diag - window_left - n_block * self.tile_n
+
+                warpgroup.wait_group(1)
+                if cutlass.const_expr(self.has_softcap):
+                    # only tanh before the dP wait: P and the tanh derivative are formed from it after,
+                    # so (1 - tanh^2) never has to be held next to P
+                    for j in cutlass.range(cute.size(acc_S), unroll_full=True):
+                        acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
+                    warpgroup.wait_group(0)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            t = acc_S_rc[r, c]
+                            p = self.prob(t, coord_rc[r, c][1], lse[r], lo[r], hi[r], scale_log2)
+                            acc_S_rc[r, c] = p
+                            acc_dP_rc[r, c] = p * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
+                                                                  softmax_scale) * (Float32(1.0) - t * t)
                 else:
-                    if cutlass.const_expr(self.cfg.deterministic):
-                        self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
-                                          window_left, window_right, tidx)
-                    self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
-                                softmax_scale)
-                    if cutlass.const_expr(self.cfg.deterministic):
-                        self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
-                if cutlass.const_expr(self.do_stages == 1):
-                    # one dO stage: hand it back as soon as dV^T has read it (usually done under
-                    # the atomics already), so the next block's dO loads under dK^T, not after it
+                    # P under the dP GEMM, dS once it lands
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord_rc[r, c][1], lse[r], lo[r],
+                                                       hi[r], scale_log2)
+                    warpgroup.wait_group(0)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_dP_rc[r, c] = acc_S_rc[r, c] * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
+                                                                               softmax_scale)
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+
+                # Every warpgroup reads every warpgroup's P and dS columns: overwrite them only once
+                # all GEMMs of the previous query block are done (each warpgroup waited for its own
+                # before coming here), and issue the GEMMs only once all of them are written. With
+                # two buffers the first barrier goes: this step's buffer was last read two steps back,
+                # and every warpgroup finished those GEMMs before it arrived at the last step's "full".
+                if cutlass.const_expr(self.cfg.ds_stages == 1):
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+                cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
+                cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
+                # generic-proxy smem writes, read next by WGMMA (async proxy)
+                cute.arch.fence_view_async_shared()
+                tVrP_s = self.pds_buffer(tVrP, pds)
+                tKrdS_s = self.pds_buffer(tKrdS, pds)
+                tQrdS_s = self.pds_buffer(tQrdS, pds)
+                if cutlass.const_expr(self.cfg.dkv_early):
+                    # dV^T reads only this warpgroup's P columns: it starts once this warpgroup has
+                    # written them; dQ reads every warpgroup's dS and waits for all of them
+                    cute.arch.barrier(barrier_id=_BAR_WG_PDS + wg, number_of_threads=128)
+                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
+                          zero_init=False)
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+                else:
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                    # dQ first, so its atomics run under dV and dK
+                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
+                          zero_init=False)
+                if cutlass.const_expr(self.dq_chunks == 2):
+                    # dQ in two halves through the same registers: the first's atomics under dV^T, the
+                    # second's under dK^T
                     warpgroup.wait_group(1)
+                    if cutlass.const_expr(self.cfg.dq_tma):
+                        self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
+                                      first=True, last=False)
+                    else:
+                        if cutlass.const_expr(self.cfg.deterministic):
+                            self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
+                                              window_left, window_right, tidx)
+                        self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
+                                    softmax_scale)
+                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
+                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
+                          zero_init=False)
+                    warpgroup.wait_group(1)
+                    # dV^T has read dO
                     pipe_do.consumer_release(do_state)
+                    if cutlass.const_expr(self.cfg.dq_tma):
+                        self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[1], wg, softmax_scale,
+                                      first=False, last=True)
+                    else:
+                        self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
+                                    softmax_scale)
+                        if cutlass.const_expr(self.cfg.deterministic):
+                            self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
                     warpgroup.wait_group(0)
                     pipe_q.consumer_release(state)
                 else:
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
-                    pipe_do.consumer_release(do_state)
+                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
+                          zero_init=False)
+                    # dQ has landed (issued first, or second after dV^T with dkv_early)
+                    warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
+                    if cutlass.const_expr(self.cfg.dq_tma):
+                        self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
+                                      first=True, last=True)
+                    else:
+                        if cutlass.const_expr(self.cfg.deterministic):
+                            self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
+                                              window_left, window_right, tidx)
+                        self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
+                                    softmax_scale)
+                        if cutlass.const_expr(self.cfg.deterministic):
+                            self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
+                    if cutlass.const_expr(self.do_stages == 1):
+                        # one dO stage: hand it back as soon as dV^T has read it (usually done under
+                        # the atomics already), so the next block's dO loads under dK^T, not after it
+                        warpgroup.wait_group(1)
+                        pipe_do.consumer_release(do_state)
+                        warpgroup.wait_group(0)
+                        pipe_q.consumer_release(state)
+                    else:
+                        warpgroup.wait_group(0)
+                        pipe_q.consumer_release(state)
+                        pipe_do.consumer_release(do_state)
             state.advance()
             if cutlass.const_expr(self.do_stages != self.num_stages):
                 do_ring.advance()
@@ -648,6 +733,45 @@ class FlashBwdWideSm90(BwdKernelBase):
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
                                          number_of_threads=128 + 32)
+
+    @cute.jit
+    def row_limits(self, coord_rc, sLSE, sD, state, do_state, m_block, n_block, seqlen_k, diag, window_left,
+                   window_right, num_rows: cutlass.Constexpr[int]):
+        """sdp_by_gemm: the LSE, D and visible key range [lo, hi) (offsets from this key block's start)
+        of a thread's query rows; padded rows hold +inf / 0, so no bounds test."""
+        lse = cute.make_rmem_tensor(num_rows, Float32)
+        d_row = cute.make_rmem_tensor(num_rows, Float32)
+        lo = cute.make_rmem_tensor(num_rows, Int32)
+        hi = cute.make_rmem_tensor(num_rows, Int32)
+        for r in cutlass.range_constexpr(num_rows):
+            q_in_block = coord_rc[r, 0][0]
+            q = m_block * self.tile_m + q_in_block
+            lse[r] = sLSE[q_in_block, state.index]
+            d_row[r] = sD[q_in_block, do_state.index]
+            hi[r] = seqlen_k - n_block * self.tile_n
+            lo[r] = Int32(0)
+            if cutlass.const_expr(self.has_right):
+                hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
+            if cutlass.const_expr(self.has_left):
+                lo[r] = q + diag - window_left - n_block * self.tile_n
+        return lse, d_row, lo, hi
+
+    @cute.jit
+    def emit_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, c: cutlass.Constexpr[int], wg, mdQaccum,
+                mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
+                softmax_scale):
+        """sdp_by_gemm: dQ chunk c out, through the smem slot (dq_tma) or by atomics (deterministic:
+        the dQ turn taken before the first chunk and passed after the last)."""
+        last = c == self.dq_chunks - 1
+        if cutlass.const_expr(self.cfg.dq_tma):
+            self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[c], wg, softmax_scale, first=c == 0, last=last)
+        else:
+            if cutlass.const_expr(self.cfg.deterministic and c == 0):
+                self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
+                                  window_right, tidx)
+            self.add_dq(acc_dQ, dq_coords[c], mdQaccum, m_block, head, batch, seqlen_q, softmax_scale)
+            if cutlass.const_expr(self.cfg.deterministic and last):
+                self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
 
     @cute.jit
     def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
