@@ -96,12 +96,14 @@ def attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap):
     return qs.grad, ks.grad, vs.grad
 
 
-def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap):
+def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, p_rounded_in_ds=False):
     """(dq, dk, dv) with a flash backward's roundings and fp32 math otherwise: O, P and dS rounded to
     the input dtype before the GEMMs that read them, as SDPA's flash backend and FA2-4 do, and the
     gradients at the end: what the dtype costs an exact-arithmetic flash kernel, where
     `attention_grads_in_dtype` (the GPU tests' yardstick) keeps dS in fp32. For studying the tails
-    of the tests' bound (scripts/dq_err_probe.py); the tests do not use it yet."""
+    of the tests' bound (scripts/dq_err_probe.py, scripts/ds_rounding_probe.py); the tests do not use
+    it yet. `p_rounded_in_ds`: dS formed from the rounded P (BwdConfig.sdp_by_gemm) instead of the
+    fp32 one."""
     dt, group = q.dtype, q.shape[2] // k.shape[2]
     qf, dof = q.float(), dout.float()
     kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
@@ -115,7 +117,7 @@ def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap
     o = torch.einsum("bhqk,bkhd->bqhd", p16, vf).to(dt)
     d = (dof * o.float()).sum(-1).permute(0, 2, 1).unsqueeze(-1)  # (b, h, q, 1)
     dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
-    ds = p * (dp - d)
+    ds = (p16 if p_rounded_in_ds else p) * (dp - d)
     if softcap:
         ds = ds * (1 - t * t)
     ds16 = ds.to(dt).float()

@@ -171,10 +171,11 @@ def test_flash_rounding_yardstick(causal, window, softcap):
         torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-5)  # fp32 math inside
     q16, k16, v16, do16 = (t.to(torch.bfloat16) for t in (q, k, v, dout))
     exact = attention_bwd_ref(q16, k16, v16, do16, 0.2, causal, window, softcap)
-    for g, want in zip(attention_grads_flash_rounding(q16, k16, v16, do16, 0.2, causal, window, softcap),
-                       exact, strict=True):
-        assert g.dtype == torch.bfloat16
-        torch.testing.assert_close(g.double(), want, atol=5e-2, rtol=5e-2)
+    for p_rounded in (False, True):  # dS from the fp32 P, or from the rounded one (sdp_by_gemm)
+        for g, want in zip(attention_grads_flash_rounding(q16, k16, v16, do16, 0.2, causal, window, softcap,
+                                                          p_rounded_in_ds=p_rounded), exact, strict=True):
+            assert g.dtype == torch.bfloat16
+            torch.testing.assert_close(g.double(), want, atol=5e-2, rtol=5e-2)
     # 5 queries, 2 keys, a window that leaves the first 3 queries with no key (the last sees two)
     q, dout = (torch.randn(1, 5, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(1, 2, 2, 8, generator=gen, dtype=torch.float64) for _ in range(2))
