@@ -475,6 +475,15 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
+    # kv_split "hdim" at hdim 256: the two warpgroups split the step by role instead of by keys or
+    # head dim. Warpgroup 0: S = Q K^T over all keys, P, dV^T += dO^T P over all head-dim rows.
+    # Warpgroup 1: dP = dO V^T, dS = P (dP - D) with P read back from smem, dK^T += Q^T dS, and all
+    # of dQ = dS K in dQ chunks of 64 columns through the smem slot (it alone uses it, so the slot
+    # never waits for the other warpgroup's turn). The warpgroups meet only where P changes hands
+    # (P full / P free), never on an all-consumer barrier, so warpgroup 0 can run a step ahead.
+    # Same registers (one 160-register dK^T or dV^T accumulator each instead of half of both), same
+    # smem. dS from the rounded P, as sdp_by_gemm. Not with softcap.
+    wg_roles: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -507,21 +516,32 @@ class BwdConfig(_KernelConfig):
     def num_do_stages(self) -> int:
         return self.do_stages or self.num_stages
 
+    @property
+    def dq_wgs(self) -> int:
+        """kv_split "hdim": warpgroups that split each dQ chunk's columns (one with wg_roles)."""
+        return 1 if self.wg_roles else self.num_consumer_wg
+
     def _hdim_split_regs(self, dq_chunks: int) -> tuple[int, int, int]:
         """fp32 accumulator registers per consumer thread for kv_split "hdim": (dK^T + dV^T,
-        S + dP, one dQ chunk)."""
+        S + dP, one dQ chunk). With wg_roles: one of dK^T / dV^T over the whole head dim, one of S /
+        dP over all keys: the same counts."""
         wg = self.num_consumer_wg
         dkv = 2 * (self.hdim // wg) * self.tile_n // WARPGROUP_THREADS
         sdp = 2 * self.tile_m * (self.tile_n // wg) // WARPGROUP_THREADS
-        dq = self.tile_m * (self.hdim // wg) // dq_chunks // WARPGROUP_THREADS
+        dq = self.tile_m * (self.hdim // self.dq_wgs) // dq_chunks // WARPGROUP_THREADS
         return dkv, sdp, dq
 
     @property
     def num_dq_chunks(self) -> int:
         if self.dq_chunks:
             return self.dq_chunks
-        dkv, sdp, dq = self._hdim_split_regs(1)
-        return 1 if dkv + max(sdp, dq) + _BWD_HDIM_REG_SLACK <= self.consumer_regs else 2
+        if self.wg_roles:  # the fewest chunks whose registers fit next to dK^T (or dV^T)
+            return next((c for c in (1, 2) if self._hdim_fits(c)), 4)
+        return 1 if self._hdim_fits(1) else 2
+
+    def _hdim_fits(self, dq_chunks: int) -> bool:
+        dkv, sdp, dq = self._hdim_split_regs(dq_chunks)
+        return dkv + max(sdp, dq) + _BWD_HDIM_REG_SLACK <= self.consumer_regs
 
     @property
     def dq_transposed(self) -> bool:
@@ -558,7 +578,7 @@ class BwdConfig(_KernelConfig):
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1) * self.ds_stages
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" or self.dq_tma else 0
         if self.dq_tma and self.dq_slots:
-            dq //= self.num_consumer_wg * self.num_dq_chunks
+            dq //= self.dq_wgs * self.num_dq_chunks
         if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
@@ -567,7 +587,7 @@ class BwdConfig(_KernelConfig):
         """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
         64-column parts."""
         return (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim"
-                and (self.hdim // (self.num_consumer_wg * self.num_dq_chunks)) % 64 == 0)
+                and (self.hdim // (self.dq_wgs * self.num_dq_chunks)) % 64 == 0)
 
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
@@ -623,6 +643,13 @@ class BwdConfig(_KernelConfig):
                                      and self.num_dq_chunks == 2):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap")
+        if self.wg_roles and not (self.kv_split == "hdim" and self.num_consumer_wg == 2
+                                  and not (self.softcap or self.dkv_by_keys or self.dkv_early
+                                           or self.sdp_by_gemm or self.dq_slot_per_wg)
+                                  and self.dq_tma and self.dq_slots == 1 and self.ds_stages == 1):
+            raise ValueError("wg_roles needs kv_split 'hdim' with two consumer warpgroups (not dkv_by_keys, "
+                             "dkv_early, sdp_by_gemm or dq_slot_per_wg), dQ through one smem slot (dq_tma, "
+                             "dq_slots=1), one P / dS buffer pair (ds_stages=1), and no softcap")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
@@ -703,9 +730,10 @@ class BwdConfig(_KernelConfig):
                              "K of dQ, N of dV^T and dK^T)")
         chunks = self.num_dq_chunks
         # a chunk is whole 64-column atoms of K's 128-byte swizzle (its K^T view is dQ's B operand)
-        if chunks not in (1, 2) or (chunks > 1 and (self.hdim // chunks) % 64):
-            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 where hdim / 2 is a multiple of 64 "
-                             "(whole swizzle atoms of K)")
+        allowed = (1, 2, 4) if self.wg_roles else (1, 2)
+        if chunks not in allowed or (chunks > 1 and (self.hdim // chunks) % 64):
+            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 (4 with wg_roles) where hdim / chunks is a "
+                             "multiple of 64 (whole swizzle atoms of K)")
         # dK^T + dV^T, plus the larger of S + dP and one dQ chunk (never live together), plus
         # _BWD_HDIM_REG_SLACK for addresses, row statistics, loop state and temporaries
         dkv, sdp, dq = self._hdim_split_regs(chunks)

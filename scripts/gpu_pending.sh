@@ -16,6 +16,10 @@
 #   - s13_sdp: hdim 256 backward with S and dP split by GEMM (BwdConfig.sdp_by_gemm, session 13,
 #     compile-checked only; docs/notes/bwd-hdim256-smem.md): cases, timing in rounds and per MHz, alone
 #     and with dq_slot_per_wg; ready, ~6 min. s13_sdp_tests: its GPU tests (not softcap); ~4 min
+#   - s13_bwd256 (run this first: it covers s13_perwg and s13_sdp): the cases of all three session-13
+#     hdim 256 backward variants (dq_slot_per_wg, sdp_by_gemm, wg_roles) side by side, then the ones
+#     with no failure timed against the dispatch in rounds and per MHz; ready, ~7 min.
+#     s13_roles_tests: wg_roles' GPU tests (not softcap); ~4 min
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -402,6 +406,36 @@ s13_perwg_tests)  # session 13: the hdim 256 backward GPU tests with dq_slot_per
     $B::test_backward_lpt $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary perwg_tests
+  ;;
+s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by side, then the clean ones timed
+  for v in dq_slot_per_wg sdp_by_gemm wg_roles; do
+    bg "cases_$v" 300 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config "$v=True"
+  done
+  wait
+  V="--bwd-config default"; R="--fh-config default"
+  for v in dq_slot_per_wg sdp_by_gemm wg_roles; do
+    if grep -qE "^0 of [0-9]+ cases failed" "$O/cases_$v.log"; then V="$V --bwd-config $v=True"; R="$R --fh-config $v=True"; fi
+  done
+  if [ "$V" != "--bwd-config default" ]; then
+    run time256 python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 $V
+    run rate256 python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
+      --no-matmul --no-peers $R
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  for v in dq_slot_per_wg sdp_by_gemm wg_roles; do
+    echo "--- cases_$v"; grep -E "^FAIL|failed|rc=" "$O/cases_$v.log" | tail -4
+  done
+  [ -f "$O/time256.log" ] && { echo "--- time256"; quiet "$O/time256.log" | tail -14; }
+  [ -f "$O/rate256.log" ] && { echo "--- rate256"; quiet "$O/rate256.log" | grep -A5 "^backward"; }
+  ;;
+s13_roles_tests)  # session 13: the hdim 256 backward GPU tests with wg_roles (not softcap, which it excludes)
+  B=tests/test_bwd_gpu.py
+  FH_TEST_BWD_OVERRIDES=wg_roles=true run roles_tests python3 -m pytest -q -rf --tb=short \
+    -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 \
+    $B::test_backward_packed_qkv $B::test_backward_lpt $B::test_deterministic_is_bitwise_reproducible \
+    $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary roles_tests
   ;;
 s13_sdp)  # session 13: hdim 256 backward with S / dP split by GEMM (sdp_by_gemm), alone and with dq_slot_per_wg
   bg sdp_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config sdp_by_gemm=True

@@ -53,6 +53,11 @@ slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%; 
 not yet timed, each warpgroup keeps one half and a writer warp of its own); the atomics kernel
 stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
 shared-memory budget.
+
+Two other splits of the step at hdim 256, default off and not yet timed (session 13): sdp_by_gemm
+(S on warpgroup 0, dP and dS on warpgroup 1, each over all keys; then dV^T / dK^T / dQ split by head
+dim as above) and wg_roles (warpgroup 0: S, P, dV^T; warpgroup 1: dP, dS, dK^T and all of dQ; the
+two meet only where P changes hands).
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block 
 _BAR_WG_PDS = 6
 # sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
 _BAR_P_FULL = 8
+# wg_roles: warpgroup 1 has read P, warpgroup 0 may write the next (warpgroup 1 arrives, 0 waits)
+_BAR_P_FREE = 13
 # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
 # id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
 _BAR_DQ_WG = 9
@@ -96,7 +103,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
         self.dq_halves = 2 if cfg.dq_slot_halves else 1
         # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
-        self.sdp_wgs = 1 if cfg.sdp_by_gemm else cfg.num_consumer_wg
+        self.sdp_wgs = 1 if cfg.sdp_by_gemm or cfg.wg_roles else cfg.num_consumer_wg
+        # warpgroups that split each dQ chunk's columns (wg_roles: warpgroup 1 alone computes dQ)
+        self.dq_wgs = cfg.dq_wgs
 
     def pds_smem_layout(self):
         """(queries, keys, ds_stages) layout of the P and dS tiles, keys contiguous.
@@ -163,13 +172,15 @@ class FlashBwdWideSm90(BwdKernelBase):
         dkv_atoms, dkv_tiler = (wgs, 1, 1), (64, self.tile_n)
         if cutlass.const_expr(self.cfg.dkv_by_keys):
             dkv_atoms, dkv_tiler = (1, wgs, 1), (64, self.keys_per_wg)
+        if cutlass.const_expr(self.cfg.wg_roles):  # one warpgroup's MMA over all head-dim rows
+            dkv_atoms = (1, 1, 1)
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=dkv_atoms, tiler_mn=dkv_tiler)
         # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
         # per chunk of hdim / dq_chunks columns, split across the warpgroups
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
-            tiler_mn=(self.tile_m, self.hdim_per_wg // self.dq_chunks))
+            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, self.dq_wgs, 1),
+            tiler_mn=(self.tile_m, self.hdim // self.dq_wgs // self.dq_chunks))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
@@ -308,12 +319,13 @@ class FlashBwdWideSm90(BwdKernelBase):
         if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
         # smem descriptors depend only on the warpgroup; register partitions on the thread
-        sdp_tidx = tidx % 128 if self.cfg.sdp_by_gemm else tidx
-        wg_sdp = tiled_mma_sdp.get_slice(0 if self.cfg.sdp_by_gemm else wg * 128)
-        wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
-        wg_dq = tiled_mma_dq.get_slice(wg * 128)
+        sdp_tidx = tidx % 128 if self.sdp_wgs == 1 else tidx
+        wg_sdp = tiled_mma_sdp.get_slice(0 if self.sdp_wgs == 1 else wg * 128)
+        # wg_roles: each warpgroup runs a one-warpgroup dK^T / dV^T and dQ MMA
+        wg_dkv = tiled_mma_dkv.get_slice(0 if self.cfg.wg_roles else wg * 128)
+        wg_dq = tiled_mma_dq.get_slice(0 if self.cfg.wg_roles else wg * 128)
         thr_sdp = tiled_mma_sdp.get_slice(sdp_tidx)
-        thr_dq = tiled_mma_dq.get_slice(tidx)
+        thr_dq = tiled_mma_dq.get_slice(tidx % 128 if self.cfg.wg_roles else tidx)
 
         # S = Q K^T, dP = dO V^T: A = Q / dO (stage), B = this warpgroup's rows of K / V
         tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
@@ -341,17 +353,19 @@ class FlashBwdWideSm90(BwdKernelBase):
         shape_sdp = (self.tile_m, self.tile_n)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         # sdp_by_gemm: one accumulator, S on warpgroup 0 and dP on warpgroup 1
-        acc_dP = acc_S if self.cfg.sdp_by_gemm else cute.make_rmem_tensor(
+        acc_dP = acc_S if self.sdp_wgs == 1 else cute.make_rmem_tensor(
             tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
-        acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
+        # wg_roles: one accumulator, dV^T on warpgroup 0 and dK^T on warpgroup 1
+        acc_dK = acc_dV if self.cfg.wg_roles else cute.make_rmem_tensor(
+            tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, dq_cols)), Float32)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_dP_rc = L.acc_rows_cols(acc_dP)
         # (query, key) of each S / dP register, within the tile
         coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
         coord0_rc = None
-        if cutlass.const_expr(self.cfg.sdp_by_gemm):
+        if cutlass.const_expr(self.sdp_wgs == 1):
             coord0_rc = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(
                 cute.make_identity_tensor(shape_sdp)))
         dq_coords = [thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))]
@@ -394,7 +408,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         tdSsdS = st_copy.partition_D(sdS)
         # sdp_by_gemm: warpgroup 1 reads P back into the registers that thread of warpgroup 0 held it in
         ld_atom, tPsP_ld = None, None
-        if cutlass.const_expr(self.cfg.sdp_by_gemm):
+        if cutlass.const_expr(self.sdp_wgs == 1):
             ld_atom = cute.make_copy_atom(
                 cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
             ld_copy = cute.make_tiled_copy_C(ld_atom, tiled_mma_sdp).get_slice(sdp_tidx)
@@ -419,7 +433,93 @@ class FlashBwdWideSm90(BwdKernelBase):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             pipe_q.consumer_wait(state)
-            if cutlass.const_expr(self.cfg.sdp_by_gemm):
+            if cutlass.const_expr(self.cfg.wg_roles):
+                if wg == 0:
+                    # S = Q K^T, P, dV^T += dO^T P
+                    issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                    col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
+                    lse = cute.make_rmem_tensor(num_rows, Float32)
+                    lo = cute.make_rmem_tensor(num_rows, Int32)
+                    hi = cute.make_rmem_tensor(num_rows, Int32)
+                    for r in cutlass.range_constexpr(num_rows):
+                        q_in_block = coord_rc[r, 0][0]
+                        q = m_block * self.tile_m + q_in_block
+                        lse[r] = sLSE[q_in_block, state.index]
+                        hi[r] = seqlen_k - n_block * self.tile_n
+                        lo[r] = Int32(0)
+                        if cutlass.const_expr(self.has_right):
+                            hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
+                        if cutlass.const_expr(self.has_left):
+                            lo[r] = q + diag - window_left - n_block * self.tile_n - col_offset
+                        hi[r] = hi[r] - col_offset
+                    warpgroup.wait_group(0)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord0_rc[r, c][1], lse[r], lo[r],
+                                                       hi[r], scale_log2)
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    rP.store(acc_S.load().to(self.dtype))
+                    if step > 0:  # warpgroup 1 has read the previous P (this warpgroup's dV^T waited)
+                        cute.arch.barrier(barrier_id=_BAR_P_FREE, number_of_threads=self.num_consumer_threads)
+                    cute.copy(st_atom, st_copy.retile(rP), tPsP)
+                    # generic-proxy smem writes, read next by WGMMA (async proxy) and by ldmatrix
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier_arrive(barrier_id=_BAR_P_FULL,
+                                             number_of_threads=self.num_consumer_threads)
+                    cute.arch.barrier(barrier_id=_BAR_WG_PDS, number_of_threads=128)
+                    pipe_do.consumer_wait(do_state)
+                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP,
+                          zero_init=False)
+                    warpgroup.wait_group(0)
+                    pipe_q.consumer_release(state)
+                    pipe_do.consumer_release(do_state)
+                else:
+                    # dP = dO V^T, dS = P (dP - D), dK^T += Q^T dS, dQ = dS K
+                    pipe_do.consumer_wait(do_state)
+                    issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
+                    d_row = cute.make_rmem_tensor(num_rows, Float32)
+                    for r in cutlass.range_constexpr(num_rows):
+                        d_row[r] = sD[coord_rc[r, 0][0], do_state.index]
+                    warpgroup.wait_group(0)
+                    pipe_do.consumer_release(do_state)
+                    cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.num_consumer_threads)
+                    ld_copy, tPsP_src = tPsP_ld
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    cute.copy(ld_atom, tPsP_src, ld_copy.retile(rP))
+                    if step < num_steps - 1:  # the last P is never overwritten: no hand-back to match
+                        cute.arch.barrier_arrive(barrier_id=_BAR_P_FREE,
+                                                 number_of_threads=self.num_consumer_threads)
+                    rP_rc = L.acc_rows_cols(rP)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = rP_rc[r, c].to(Float32) * self.dp_minus_d(
+                                acc_S_rc[r, c], d_row[r], softmax_scale)
+                    rdS = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    rdS.store(acc_S.load().to(self.dtype))
+                    # this warpgroup's own GEMMs of the previous step were the last to read sdS
+                    cute.copy(st_atom, st_copy.retile(rdS), tdSsdS)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier(barrier_id=_BAR_WG_PDS + 1, number_of_threads=128)
+                    # dQ chunk 0 out under dK^T, the others one after the other (warpgroup 0's GEMMs
+                    # fill the tensor pipe meanwhile)
+                    issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[0], zero_init=True)
+                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS, zero_init=False)
+                    warpgroup.wait_group(1)
+                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, 0, mdQaccum, mdQsem,
+                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
+                                 tidx, softmax_scale)
+                    for c in cutlass.range_constexpr(1, self.dq_chunks):
+                        issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[c], zero_init=True)
+                        warpgroup.wait_group(0)
+                        if cutlass.const_expr(c == 1):
+                            pipe_q.consumer_release(state)  # dK^T has read Q
+                        self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, c, 0, mdQaccum, mdQsem,
+                                     m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
+                                     window_right, tidx, softmax_scale)
+                    if cutlass.const_expr(self.dq_chunks == 1):
+                        warpgroup.wait_group(0)
+                        pipe_q.consumer_release(state)
+            elif cutlass.const_expr(self.cfg.sdp_by_gemm):
                 pipe_do.consumer_wait(do_state)
                 if wg == 0:
                     issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
@@ -628,8 +728,18 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.ds_stages == 2):
                 pds = pds ^ 1
 
-        # dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows
-        # past seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores.
+        if cutlass.const_expr(self.cfg.wg_roles):
+            self.epilogue_roles(acc_dV, wg, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                                n_block, head_kv, batch, softmax_scale)
+        else:
+            self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                          n_block, head_kv, batch, softmax_scale)
+
+    @cute.jit
+    def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                 n_block, head_kv, batch, softmax_scale):
+        """dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows past
+        seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores."""
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         if cutlass.const_expr(self.cfg.scale_in_ds):
             rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
@@ -652,10 +762,39 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
 
+    @cute.jit
+    def epilogue_roles(self, acc, wg, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                       n_block, head_kv, batch, softmax_scale):
+        """wg_roles: warpgroup 0's dV^T into V's buffer, warpgroup 1's dK^T (with the softmax scale)
+        into K's, each over all head-dim rows; then the TMA stores as in `epilogue`."""
+        rdKV = cute.make_rmem_tensor_like(acc, self.dtype)
+        if cutlass.const_expr(self.cfg.scale_in_ds):
+            rdKV.store(acc.load().to(self.dtype))  # dS carried the scale
+        else:
+            if wg == 0:
+                rdKV.store(acc.load().to(self.dtype))
+            else:
+                rdKV.store((acc.load() * softmax_scale).to(self.dtype))
+        # both warpgroups' GEMMs are done reading K and V
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        st_t_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        # the thread's index in its warpgroup from %laneid: with tidx % 128 the addresses were
+        # computed (shared with the mainloop's) before the loop and held, or spilled, through it
+        t128 = (cute.arch.make_warp_uniform(cute.arch.warp_idx()) % 4) * 32 + cute.arch.lane_idx()
+        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(t128)
+        if wg == 0:
+            cute.copy(st_t_atom, st_t_copy.retile(rdKV), st_t_copy.partition_D(L.transpose_view(sV)))
+        else:
+            cute.copy(st_t_atom, st_t_copy.retile(rdKV), st_t_copy.partition_D(L.transpose_view(sK)))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+
     @property
     def num_dq_parts(self) -> int:
         """dq_tma: TMA reduce-adds per step, one per (warpgroup, dQ chunk)."""
-        return self.num_consumer_wg * self.dq_chunks
+        return self.dq_wgs * self.dq_chunks
 
     @property
     def dq_part_cols(self) -> int:
@@ -731,7 +870,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(last or self.cfg.dq_slots):
                 # generic-proxy smem writes, read next by the TMA unit (async proxy)
                 cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.dq_wgs + wg,
                                          number_of_threads=128 + 32)
 
     @cute.jit
@@ -818,7 +957,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
-        num_wg = self.num_consumer_wg
+        num_wg = self.dq_wgs
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
@@ -894,7 +1033,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         cols, half_cols = self.dq_part_cols, self.dq_slot_cols
         chunk = cute.make_identity_tensor((self.tile_m, self.hdim // self.dq_chunks))
         one = cute.make_identity_tensor((self.tile_m, half_cols))
-        for w in range(self.num_consumer_wg):
+        for w in range(self.dq_wgs):
             for t in (0, 5, 31, 32, 77, 127):
                 mine = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
                 ref = tiled_mma_dq_part.get_slice(t).partition_C(one)
