@@ -589,24 +589,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 pipe_do.consumer_wait(do_state)
                 issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
 
-                # A thread's S registers cover two query rows: their LSE and D are read once, and
-                # visibility is a key range [lo, hi) per row (offsets from this key block's start).
-                # The rows arrived with Q / dO; padded rows hold +inf / 0, so no bounds test.
-                lse = cute.make_rmem_tensor(num_rows, Float32)
-                d_row = cute.make_rmem_tensor(num_rows, Float32)
-                lo = cute.make_rmem_tensor(num_rows, Int32)
-                hi = cute.make_rmem_tensor(num_rows, Int32)
-                for r in cutlass.range_constexpr(num_rows):
-                    q_in_block = coord_rc[r, 0][0]
-                    q = m_block * self.tile_m + q_in_block
-                    lse[r] = sLSE[q_in_block, state.index]
-                    d_row[r] = sD[q_in_block, do_state.index]
-                    hi[r] = seqlen_k - n_block * self.tile_n
-                    lo[r] = Int32(0)
-                    if cutlass.const_expr(self.has_right):
-                        hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
-                    if cutlass.const_expr(self.has_left):
-                        lo[r] = q + diag - window_left - n_block * self.tile_n
+                lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
+                                                     seqlen_k, diag, window_left, window_right, num_rows)
 
                 warpgroup.wait_group(1)
                 if cutlass.const_expr(self.has_softcap):
@@ -876,8 +860,9 @@ class FlashBwdWideSm90(BwdKernelBase):
     @cute.jit
     def row_limits(self, coord_rc, sLSE, sD, state, do_state, m_block, n_block, seqlen_k, diag, window_left,
                    window_right, num_rows: cutlass.Constexpr[int]):
-        """sdp_by_gemm: the LSE, D and visible key range [lo, hi) (offsets from this key block's start)
-        of a thread's query rows; padded rows hold +inf / 0, so no bounds test."""
+        """A thread's S registers cover two query rows: their LSE and D, read once, and the visible
+        key range [lo, hi) per row (offsets from this key block's start). The rows arrived with Q /
+        dO; padded rows hold +inf / 0, so no bounds test."""
         lse = cute.make_rmem_tensor(num_rows, Float32)
         d_row = cute.make_rmem_tensor(num_rows, Float32)
         lo = cute.make_rmem_tensor(num_rows, Int32)
