@@ -437,21 +437,12 @@ class FlashBwdWideSm90(BwdKernelBase):
                 if wg == 0:
                     # S = Q K^T, P, dV^T += dO^T P
                     issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                    # the key bounds shifted by the thread's column offset (compared against thread
+                    # 0's compile-time columns); no D here: this warpgroup has not waited for dO
                     col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
-                    lse = cute.make_rmem_tensor(num_rows, Float32)
-                    lo = cute.make_rmem_tensor(num_rows, Int32)
-                    hi = cute.make_rmem_tensor(num_rows, Int32)
-                    for r in cutlass.range_constexpr(num_rows):
-                        q_in_block = coord_rc[r, 0][0]
-                        q = m_block * self.tile_m + q_in_block
-                        lse[r] = sLSE[q_in_block, state.index]
-                        hi[r] = seqlen_k - n_block * self.tile_n
-                        lo[r] = Int32(0)
-                        if cutlass.const_expr(self.has_right):
-                            hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
-                        if cutlass.const_expr(self.has_left):
-                            lo[r] = q + diag - window_left - n_block * self.tile_n - col_offset
-                        hi[r] = hi[r] - col_offset
+                    lse, _, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
+                                                     seqlen_k, diag, window_left, window_right, num_rows,
+                                                     with_d=False, col_offset=col_offset)
                     warpgroup.wait_group(0)
                     for r in cutlass.range_constexpr(num_rows):
                         for c in cutlass.range_constexpr(num_cols):
@@ -859,10 +850,12 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def row_limits(self, coord_rc, sLSE, sD, state, do_state, m_block, n_block, seqlen_k, diag, window_left,
-                   window_right, num_rows: cutlass.Constexpr[int]):
+                   window_right, num_rows: cutlass.Constexpr[int], with_d: cutlass.Constexpr[bool] = True,
+                   col_offset=None):
         """A thread's S registers cover two query rows: their LSE and D, read once, and the visible
         key range [lo, hi) per row (offsets from this key block's start). The rows arrived with Q /
-        dO; padded rows hold +inf / 0, so no bounds test."""
+        dO; padded rows hold +inf / 0, so no bounds test. With `col_offset` the bounds are shifted by
+        it (for comparing thread 0's columns)."""
         lse = cute.make_rmem_tensor(num_rows, Float32)
         d_row = cute.make_rmem_tensor(num_rows, Float32)
         lo = cute.make_rmem_tensor(num_rows, Int32)
@@ -871,13 +864,18 @@ class FlashBwdWideSm90(BwdKernelBase):
             q_in_block = coord_rc[r, 0][0]
             q = m_block * self.tile_m + q_in_block
             lse[r] = sLSE[q_in_block, state.index]
-            d_row[r] = sD[q_in_block, do_state.index]
+            if cutlass.const_expr(with_d):
+                d_row[r] = sD[q_in_block, do_state.index]
             hi[r] = seqlen_k - n_block * self.tile_n
             lo[r] = Int32(0)
             if cutlass.const_expr(self.has_right):
                 hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
             if cutlass.const_expr(self.has_left):
                 lo[r] = q + diag - window_left - n_block * self.tile_n
+            if cutlass.const_expr(col_offset is not None):
+                hi[r] = hi[r] - col_offset
+                if cutlass.const_expr(self.has_left):
+                    lo[r] = lo[r] - col_offset
         return lse, d_row, lo, hi
 
     @cute.jit
