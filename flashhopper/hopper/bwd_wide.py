@@ -645,29 +645,18 @@ class FlashBwdWideSm90(BwdKernelBase):
                     # dQ in two halves through the same registers: the first's atomics under dV^T, the
                     # second's under dK^T
                     warpgroup.wait_group(1)
-                    if cutlass.const_expr(self.cfg.dq_tma):
-                        self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
-                                      first=True, last=False)
-                    else:
-                        if cutlass.const_expr(self.cfg.deterministic):
-                            self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
-                                              window_left, window_right, tidx)
-                        self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
-                                    softmax_scale)
+                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
+                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
+                                 tidx, softmax_scale)
                     issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
                     issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                           zero_init=False)
                     warpgroup.wait_group(1)
                     # dV^T has read dO
                     pipe_do.consumer_release(do_state)
-                    if cutlass.const_expr(self.cfg.dq_tma):
-                        self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[1], wg, softmax_scale,
-                                      first=False, last=True)
-                    else:
-                        self.add_dq(acc_dQ, dq_coords[1], mdQaccum, m_block, head, batch, seqlen_q,
-                                    softmax_scale)
-                        if cutlass.const_expr(self.cfg.deterministic):
-                            self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
+                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem,
+                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
+                                 tidx, softmax_scale)
                     warpgroup.wait_group(0)
                     pipe_q.consumer_release(state)
                 else:
@@ -675,17 +664,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                           zero_init=False)
                     # dQ has landed (issued first, or second after dV^T with dkv_early)
                     warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
-                    if cutlass.const_expr(self.cfg.dq_tma):
-                        self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[0], wg, softmax_scale,
-                                      first=True, last=True)
-                    else:
-                        if cutlass.const_expr(self.cfg.deterministic):
-                            self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k,
-                                              window_left, window_right, tidx)
-                        self.add_dq(acc_dQ, dq_coords[0], mdQaccum, m_block, head, batch, seqlen_q,
-                                    softmax_scale)
-                        if cutlass.const_expr(self.cfg.deterministic):
-                            self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
+                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
+                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
+                                 tidx, softmax_scale)
                     if cutlass.const_expr(self.do_stages == 1):
                         # one dO stage: hand it back as soon as dV^T has read it (usually done under
                         # the atomics already), so the next block's dO loads under dK^T, not after it
@@ -882,8 +863,8 @@ class FlashBwdWideSm90(BwdKernelBase):
     def emit_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, c: cutlass.Constexpr[int], wg, mdQaccum,
                 mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
                 softmax_scale):
-        """sdp_by_gemm: dQ chunk c out, through the smem slot (dq_tma) or by atomics (deterministic:
-        the dQ turn taken before the first chunk and passed after the last)."""
+        """dQ chunk c out, through the smem slot (dq_tma) or by atomics (deterministic: the dQ turn
+        taken before the first chunk and passed after the last)."""
         last = c == self.dq_chunks - 1
         if cutlass.const_expr(self.cfg.dq_tma):
             self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[c], wg, softmax_scale, first=c == 0, last=last)
