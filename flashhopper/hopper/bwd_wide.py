@@ -480,13 +480,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                     if step < num_steps - 1:  # the last P is never overwritten: no hand-back to match
                         cute.arch.barrier_arrive(barrier_id=_BAR_P_FREE,
                                                  number_of_threads=self.num_consumer_threads)
-                    rP_rc = L.acc_rows_cols(rP)
-                    for r in cutlass.range_constexpr(num_rows):
-                        for c in cutlass.range_constexpr(num_cols):
-                            acc_S_rc[r, c] = rP_rc[r, c].to(Float32) * self.dp_minus_d(
-                                acc_S_rc[r, c], d_row[r], softmax_scale)
-                    rdS = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                    rdS.store(acc_S.load().to(self.dtype))
+                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
                     # this warpgroup's own GEMMs of the previous step were the last to read sdS
                     cute.copy(st_atom, st_copy.retile(rdS), tdSsdS)
                     cute.arch.fence_view_async_shared()
@@ -550,13 +544,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                     ld_copy, tPsP_src = tPsP_ld
                     rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
                     cute.copy(ld_atom, self.pds_buffer(tPsP_src, pds), ld_copy.retile(rP))
-                    rP_rc = L.acc_rows_cols(rP)
-                    for r in cutlass.range_constexpr(num_rows):
-                        for c in cutlass.range_constexpr(num_cols):
-                            acc_S_rc[r, c] = rP_rc[r, c].to(Float32) * self.dp_minus_d(
-                                acc_S_rc[r, c], d_row[r], softmax_scale)
-                    rdS = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                    rdS.store(acc_S.load().to(self.dtype))
+                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
                     cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
                     cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
@@ -1010,6 +998,19 @@ class FlashBwdWideSm90(BwdKernelBase):
                         if (r, c - w * cols - h * half_cols) != tuple(ref[i]):
                             raise ValueError(f"dq_slots: thread {w * 128 + t} holds dQ ({r}, {c}) at "
                                              f"{h * n + i}, the part MMA {tuple(ref[i])} (half {h})")
+
+    @cute.jit
+    def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale):
+        """sdp_by_gemm / wg_roles: dS = P (dP - D) in place of dP, P from the 16-bit copy read back
+        from smem (element by element: a whole fp32 copy of P would not fit next to dK^T / dV^T);
+        returned in the input dtype."""
+        dp_rc, p_rc = L.acc_rows_cols(acc_dP), L.acc_rows_cols(rP)
+        for r in cutlass.range_constexpr(cute.size(dp_rc, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(dp_rc, mode=[1])):
+                dp_rc[r, c] = p_rc[r, c].to(Float32) * self.dp_minus_d(dp_rc[r, c], d_row[r], softmax_scale)
+        rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+        rdS.store(acc_dP.load().to(self.dtype))
+        return rdS
 
     def dp_minus_d(self, dp, d, softmax_scale):
         """dP - D, or with scale_in_ds (D arrived times the scale) dP * scale - D: one FFMA."""
