@@ -20,6 +20,8 @@
 #     hdim 256 backward variants (dq_slot_per_wg, sdp_by_gemm, wg_roles) side by side, then the ones
 #     with no failure timed against the dispatch in rounds and per MHz; ready, ~7 min.
 #     s13_roles_tests: wg_roles' GPU tests (not softcap); ~4 min
+#   - s13_splits_tests: tests/test_bwd_gpu.py's own tests of the three variants (-k hdim256: 26 tests,
+#     odd lengths, GQA, windows, 4097 tokens, determinism); ~3 min
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -427,6 +429,11 @@ s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by s
   done
   [ -f "$O/time256.log" ] && { echo "--- time256"; quiet "$O/time256.log" | tail -14; }
   [ -f "$O/rate256.log" ] && { echo "--- rate256"; quiet "$O/rate256.log" | grep -A5 "^backward"; }
+  ;;
+s13_splits_tests)  # session 13: the GPU tests written for the three hdim 256 variants
+  run splits_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k hdim256
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary splits_tests
   ;;
 s13_roles_tests)  # session 13: the hdim 256 backward GPU tests with wg_roles (not softcap, which it excludes)
   B=tests/test_bwd_gpu.py
