@@ -1,27 +1,24 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 12 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 12"); session 13 had no device time. Waiting:
+# docs/benchmarks.md, "GPU runs of session 12"); session 13 had no device time. Waiting, in this order
+# (nvidia-h200-x2, two modes a call through scripts/gpu_two.sh):
 #
-#   - s13_l2: whether the hdim 128 forward's L2 sector count (ours 204M at 8k, FA4 117M; TMA descriptors,
-#     layouts, load order identical, and FA4's launch shape gave 229M: docs/notes/fa4-schedule.md,
-#     session 12) follows the K release time (late_k_release off, FA4's step order); ready, ~3 min
-#   - s13_ablation: issue 4's ablation by rate per MHz of SM clock (hdim 128, 8k, causal and not, each
-#     switch off), since single timings under the causal mask moved as much as the switches (session 7);
-#     ready, ~4 min
-#   - s13_perwg: hdim 256 backward with a dQ slot half per warpgroup and a writer warp each
-#     (BwdConfig.dq_slot_per_wg, session 13, compile-checked only): cases under their own limit (a new
-#     barrier protocol), then timing against the dispatch in rounds and per MHz; ready, ~5 min
-#   - s13_perwg_tests: its GPU tests (every hdim 256 backward test but the deterministic ones, which it
-#     excludes); ready, ~4 min
-#   - s13_sdp: hdim 256 backward with S and dP split by GEMM (BwdConfig.sdp_by_gemm, session 13,
-#     compile-checked only; docs/notes/bwd-hdim256-smem.md): cases, timing in rounds and per MHz, alone
-#     and with dq_slot_per_wg; ready, ~6 min. s13_sdp_tests: its GPU tests (not softcap); ~4 min
-#   - s13_bwd256 (run this first: it covers s13_perwg and s13_sdp): the cases of all three session-13
-#     hdim 256 backward variants (dq_slot_per_wg, sdp_by_gemm, wg_roles) side by side, then the ones
-#     with no failure timed against the dispatch in rounds and per MHz; ready, ~7 min.
-#     s13_roles_tests: wg_roles' GPU tests (not softcap); ~4 min
-#   - s13_splits_tests: tests/test_bwd_gpu.py's own tests of the three variants (-k hdim256: 26 tests,
-#     odd lengths, GQA, windows, 4097 tokens, determinism); ~3 min
+#   1. s13_bwd256 + s13_l2 (~7 min)
+#      - s13_bwd256: the cases of the three session-13 hdim 256 backward variants (dq_slot_per_wg,
+#        sdp_by_gemm, wg_roles; compile-checked only, docs/notes/bwd-hdim256-smem.md) side by side under
+#        their own limits (new barrier protocols: a hang costs that step), then the ones with no failure
+#        timed against the dispatch (2 rounds, 2k / 8k / 16k, causal and not) and per MHz at 8k
+#      - s13_l2: whether the hdim 128 forward's L2 sector count (ours 204M at 8k, FA4 117M; TMA
+#        descriptors, layouts, load order identical, FA4's launch shape gave 229M:
+#        docs/notes/fa4-schedule.md) follows the K release time (late_k_release off, FA4's step order)
+#   2. s13_splits_tests + s13_ablation (~4 min)
+#      - s13_splits_tests: tests/test_bwd_gpu.py's tests of the three variants (-k hdim256: 26 tests,
+#        odd lengths, GQA, windows, 4097 tokens, determinism)
+#      - s13_ablation: issue 4's ablation by rate per MHz of SM clock (hdim 128, 8k, causal and not, each
+#        switch off), since single timings under the causal mask moved as much as the switches (session 7)
+#   3. for a variant that wins: the whole backward suite with it (s13_perwg_tests, s13_sdp_tests,
+#      s13_roles_tests: every hdim 256 test with the override, minus what the variant excludes), then
+#      dispatch it and rerun the backward grid (s8c_bwd). s13_perwg / s13_sdp time one variant alone.
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
