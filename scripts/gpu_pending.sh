@@ -428,7 +428,7 @@ s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by s
   [ -f "$O/rate256.log" ] && { echo "--- rate256"; quiet "$O/rate256.log" | grep -A5 "^backward"; }
   ;;
 s13_splits_tests)  # session 13: the GPU tests written for the three hdim 256 variants
-  run splits_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k hdim256
+  FH_TEST_EXPERIMENTAL=1 run splits_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k hdim256
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary splits_tests
   ;;

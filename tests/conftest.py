@@ -16,6 +16,12 @@ def hopper_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # a variant that has never run on a GPU could hang the whole GPU suite: its tests run only when asked
+    if os.environ.get("FH_TEST_EXPERIMENTAL") != "1":
+        later = pytest.mark.skip(reason="experimental kernel variant: set FH_TEST_EXPERIMENTAL=1")
+        for item in items:
+            if "experimental" in item.keywords:
+                item.add_marker(later)
     if hopper_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA Hopper GPU (sm_90)")
