@@ -16,6 +16,8 @@
 #        odd lengths, GQA, windows, 4097 tokens, determinism)
 #      - s13_ablation: issue 4's ablation by rate per MHz of SM clock (hdim 128, 8k, causal and not, each
 #        switch off), since single timings under the causal mask moved as much as the switches (session 7)
+#   then s13_ncu256 (~5 min): ncu of the dispatch, the variants and FA4 at hdim 256, 8k (tensor pipe,
+#      stall reasons, L2): whether the stalls went where predicted, win or lose
 #   3. for a variant that wins: the whole backward suite with it (s13_perwg_tests, s13_sdp_tests,
 #      s13_roles_tests: every hdim 256 test with the override, minus what the variant excludes), then
 #      dispatch it and rerun the backward grid (s8c_bwd). s13_perwg / s13_sdp time one variant alone.
@@ -426,6 +428,11 @@ s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by s
   done
   [ -f "$O/time256.log" ] && { echo "--- time256"; quiet "$O/time256.log" | tail -14; }
   [ -f "$O/rate256.log" ] && { echo "--- rate256"; quiet "$O/rate256.log" | grep -A5 "^backward"; }
+  ;;
+s13_ncu256)  # session 13: ncu of the hdim 256 backward variants against the dispatch and FA4 (8k, non-causal)
+  HDIM=256 NAMES="dispatch per_wg by_gemm roles fa4_kernel" run ncu256 bash scripts/profile_bwd.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/ncu256.log" | grep -E "==|hmma|barrier|long_score|mio|gmma|gpu__time|lts__throughput" | head -60
   ;;
 s13_splits_tests)  # session 13: the GPU tests written for the three hdim 256 variants
   FH_TEST_EXPERIMENTAL=1 run splits_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k hdim256
