@@ -225,6 +225,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time flashhopper's configurations N times, taking turns")
     ap.add_argument("--case-hdims", default="", help="correctness cases of these hdims only, e.g. 192,256")
+    ap.add_argument("--no-softcap", action="store_true",
+                    help="leave out the softcap cases (for configurations that exclude softcap)")
     ap.add_argument("--bwd-config", action="append", default=[],
                     help="BwdConfig overrides, e.g. tile_m=64,ds_stages=2 or tile_n=80,do_stages=1; "
                          "repeat to compare configurations ('default': none)")
@@ -242,6 +244,8 @@ def run(args, configs=({},)):
     cases = [] if args.no_cases else CASES
     if args.case_hdims:
         cases = [c for c in cases if c[5] in {int(x) for x in args.case_hdims.split(",")}]
+    if getattr(args, "no_softcap", False):
+        cases = [c for c in cases if not c[8]]
     for overrides in configs if cases else ():
         if len(configs) > 1:
             print("cases with", overrides or "default", flush=True)

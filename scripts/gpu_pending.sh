@@ -387,13 +387,14 @@ s13_ablation)  # issue 4's ablation (FA3 Table 2) by rate per MHz: hdim 128, 8k,
   for f in abl_nc abl_c; do echo "--- $f"; quiet "$O/$f.log" | grep -A9 "^forward"; done
   ;;
 s13_perwg)  # session 13: hdim 256 backward with a dQ slot half and a writer warp per warpgroup (dq_slot_per_wg)
-  bg perwg_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_per_wg=True
+  bg perwg_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 \
+    --bwd-config dq_slot_halves=True,dq_slot_per_wg=True
   wait
   if grep -qE "^0 of [0-9]+ cases failed" "$O/perwg_cases.log"; then
     run perwg_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 \
-      --bwd-config default --bwd-config dq_slot_per_wg=True
+      --bwd-config default --bwd-config dq_slot_halves=True,dq_slot_per_wg=True
     run perwg_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
-      --no-matmul --no-peers --fh-config default --fh-config dq_slot_per_wg=True
+      --no-matmul --no-peers --fh-config default --fh-config dq_slot_halves=True,dq_slot_per_wg=True
   fi
   echo "== end at $(($(date +%s) - T0)) s"
   echo "--- perwg_cases"; grep -E "^FAIL|failed|rc=" "$O/perwg_cases.log" | tail -6
@@ -409,13 +410,20 @@ s13_perwg_tests)  # session 13: the hdim 256 backward GPU tests with dq_slot_per
   tests_summary perwg_tests
   ;;
 s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by side, then the clean ones timed
+  # dq_slot_per_wg needs the slot's halves, which the dispatch drops under a local window unless asked
+  declare -A CFG=([dq_slot_per_wg]="dq_slot_halves=True,dq_slot_per_wg=True" [sdp_by_gemm]="sdp_by_gemm=True"
+                  [wg_roles]="wg_roles=True")
   for v in dq_slot_per_wg sdp_by_gemm wg_roles; do
-    bg "cases_$v" 300 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config "$v=True"
+    # sdp_by_gemm and wg_roles exclude softcap: every variant gets the same cases
+    bg "cases_$v" 300 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+      --bwd-config "${CFG[$v]}"
   done
   wait
   V="--bwd-config default"; R="--fh-config default"
   for v in dq_slot_per_wg sdp_by_gemm wg_roles; do
-    if grep -qE "^0 of [0-9]+ cases failed" "$O/cases_$v.log"; then V="$V --bwd-config $v=True"; R="$R --fh-config $v=True"; fi
+    if grep -qE "^0 of [0-9]+ cases failed" "$O/cases_$v.log"; then
+      V="$V --bwd-config ${CFG[$v]}"; R="$R --fh-config ${CFG[$v]}"
+    fi
   done
   if [ "$V" != "--bwd-config default" ]; then
     run time256 python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 $V
@@ -449,12 +457,15 @@ s13_roles_tests)  # session 13: the hdim 256 backward GPU tests with wg_roles (n
   tests_summary roles_tests
   ;;
 s13_sdp)  # session 13: hdim 256 backward with S / dP split by GEMM (sdp_by_gemm), alone and with dq_slot_per_wg
-  bg sdp_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config sdp_by_gemm=True
+  bg sdp_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+    --bwd-config sdp_by_gemm=True
   wait
   if grep -qE "^0 of [0-9]+ cases failed" "$O/sdp_cases.log"; then
-    V="--bwd-config default --bwd-config sdp_by_gemm=True --bwd-config sdp_by_gemm=True,dq_slot_per_wg=True"
+    V="--bwd-config default --bwd-config sdp_by_gemm=True"
+    V="$V --bwd-config sdp_by_gemm=True,dq_slot_halves=True,dq_slot_per_wg=True"
     run sdp_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 $V
-    V="--fh-config default --fh-config sdp_by_gemm=True --fh-config sdp_by_gemm=True,dq_slot_per_wg=True"
+    V="--fh-config default --fh-config sdp_by_gemm=True"
+    V="$V --fh-config sdp_by_gemm=True,dq_slot_halves=True,dq_slot_per_wg=True"
     run sdp_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
       --no-matmul --no-peers $V
   fi
