@@ -294,8 +294,9 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.dq_slot_per_wg):
                 for w in cutlass.range_constexpr(self.num_consumer_wg):
                     if warp_idx == 1 + w:
-                        self.write_dq_own_half(mdQaccum, sdQ, tma_atom_dQ, batch, m_min, num_m, num_steps,
-                                               head_kv * ratio, seqlen_q, w)
+                        self.write_dq_slot(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
+                                           m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left,
+                                           window_right, own=w)
             elif cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
                     writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
@@ -901,10 +902,13 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                      num_steps, seqlen_q, seqlen_k, window_left, window_right):
+                      num_steps, seqlen_q, seqlen_k, window_left, window_right,
+                      own: cutlass.Constexpr[int] = -1):
         """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
         0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
-        the grant and the hand-back are that warpgroup's own barriers."""
+        the grant and the hand-back are that warpgroup's own barriers. With `own` = w
+        (dq_slot_per_wg, producer warp 1 + w) only warpgroup w's pieces, all through slot half w,
+        each once its own previous piece has been read."""
         if cutlass.const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
@@ -917,49 +921,25 @@ class FlashBwdWideSm90(BwdKernelBase):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for c in cutlass.range_constexpr(self.dq_chunks):
-                for w in cutlass.range_constexpr(num_wg):
+                for w in cutlass.range_constexpr(0 if own < 0 else own, num_wg if own < 0 else own + 1):
                     for h in cutlass.range_constexpr(self.dq_halves):
                         # with halves the one before last used this half of the slot (an even count
-                        # of half-turns a step, so half h is always slot half h)
-                        cute.arch.cp_async_bulk_wait_group(self.dq_halves - 1, read=True)
+                        # of half-turns a step, so half h is always slot half h); a warpgroup's own
+                        # half is used by every piece
+                        cute.arch.cp_async_bulk_wait_group(self.dq_halves - 1 if own < 0 else 0, read=True)
                         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
                         cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
                         if cutlass.const_expr(self.dq_halves > 1):
-                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
+                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols),
+                                                    (0, h if own < 0 else own))
                         self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
                                             (c * num_wg + w) * self.dq_halves + h)
                         cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
-            cute.arch.sync_warp()
-        # smem must outlive the last read
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def write_dq_own_half(self, mdQaccum, sdQ, tma_atom_dQ, batch, m_min, num_m, num_steps, head0, seqlen_q,
-                          w: cutlass.Constexpr[int]):
-        """dq_slot_per_wg, producer warp 1 + w: warpgroup w's dQ pieces (chunk c's column half h, in
-        that order) through slot half w, each lent once the previous piece's reduce-add has read it;
-        the grant and the hand-back are warpgroup w's own barriers, as in write_dq_slot."""
-        if cutlass.const_expr(self.cfg.pdl):
-            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
-        wg_threads = 128 + 32
-        num_wg = self.num_consumer_wg
-        sdQ_w = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, w))
-        for step in cutlass.range(num_steps, unroll=1):
-            head = head0 + step // num_m
-            m_block = m_min + step % num_m
-            for c in cutlass.range_constexpr(self.dq_chunks):
-                for h in cutlass.range_constexpr(self.dq_halves):
-                    cute.arch.cp_async_bulk_wait_group(0, read=True)
-                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
-                    cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
-                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_w, head, batch, m_block, seqlen_q,
-                                        (c * num_wg + w) * self.dq_halves + h)
-                    cute.arch.cp_async_bulk_commit_group()
             cute.arch.sync_warp()
         # smem must outlive the last read
         cute.arch.cp_async_bulk_wait_group(0, read=True)
