@@ -83,7 +83,7 @@ _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any 
 _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
 # dkv_early: warpgroup w's own P / dS columns are in smem (its 128 threads), ids 6 .. 6 + W - 1
 _BAR_WG_PDS = 6
-# sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
+# sdp_by_gemm / wg_roles: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
 _BAR_P_FULL = 8
 # wg_roles: warpgroup 1 has read P, warpgroup 0 may write the next (warpgroup 1 arrives, 0 waits)
 _BAR_P_FREE = 13
@@ -98,11 +98,10 @@ class FlashBwdWideSm90(BwdKernelBase):
             raise ValueError(f"FlashBwdWideSm90 takes kv_split='hdim' configs, got {cfg.kv_split!r}")
         super().__init__(cfg)
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
-        self.hdim_per_wg = cfg.hdim // cfg.num_consumer_wg
         self.dq_chunks = cfg.num_dq_chunks
         # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
         self.dq_halves = 2 if cfg.dq_slot_halves else 1
-        # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
+        # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm / wg_roles one (all keys)
         self.sdp_wgs = 1 if cfg.sdp_by_gemm or cfg.wg_roles else cfg.num_consumer_wg
         # warpgroups that split each dQ chunk's columns (wg_roles: warpgroup 1 alone computes dQ)
         self.dq_wgs = cfg.dq_wgs
@@ -161,7 +160,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs = self.num_consumer_wg
         # S = Q K^T, dP = dO V^T: one WGMMA M (the 64 queries); the warpgroups split the keys (N)
-        # (sdp_by_gemm: one warpgroup's MMA over all keys, S on warpgroup 0 and dP on warpgroup 1)
+        # (sdp_by_gemm / wg_roles: one warpgroup's MMA over all keys, S on warpgroup 0, dP on warpgroup 1)
         tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, K_, Float32, atom_layout_mnk=(1, self.sdp_wgs, 1),
             tiler_mn=(64, self.tile_n // self.sdp_wgs))
@@ -353,7 +352,7 @@ class FlashBwdWideSm90(BwdKernelBase):
 
         shape_sdp = (self.tile_m, self.tile_n)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
-        # sdp_by_gemm: one accumulator, S on warpgroup 0 and dP on warpgroup 1
+        # sdp_by_gemm / wg_roles: one accumulator, S on warpgroup 0 and dP on warpgroup 1
         acc_dP = acc_S if self.sdp_wgs == 1 else cute.make_rmem_tensor(
             tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
@@ -407,7 +406,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(sdp_tidx)
         tPsP = st_copy.partition_D(sP)
         tdSsdS = st_copy.partition_D(sdS)
-        # sdp_by_gemm: warpgroup 1 reads P back into the registers that thread of warpgroup 0 held it in
+        # sdp_by_gemm / wg_roles: warpgroup 1 reads P back into the registers that thread of
+        # warpgroup 0 held it in
         ld_atom, tPsP_ld = None, None
         if cutlass.const_expr(self.sdp_wgs == 1):
             ld_atom = cute.make_copy_atom(
