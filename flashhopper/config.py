@@ -535,9 +535,15 @@ class BwdConfig(_KernelConfig):
     def num_dq_chunks(self) -> int:
         if self.dq_chunks:
             return self.dq_chunks
-        if self.wg_roles:  # the fewest chunks whose registers fit next to dK^T (or dV^T)
-            return next((c for c in (1, 2) if self._hdim_fits(c)), 4)
-        return 1 if self._hdim_fits(1) else 2
+        # the fewest chunks whose registers fit, else the most there may be
+        *fewer, most = self._dq_chunk_choices
+        return next((c for c in fewer if self._hdim_fits(c)), most)
+
+    @property
+    def _dq_chunk_choices(self) -> tuple[int, ...]:
+        """kv_split "hdim": dQ chunk counts the wide kernel builds (4 only with wg_roles, whose one
+        warpgroup holds all of dQ's columns)."""
+        return (1, 2, 4) if self.wg_roles else (1, 2)
 
     def _hdim_fits(self, dq_chunks: int) -> bool:
         dkv, sdp, dq = self._hdim_split_regs(dq_chunks)
@@ -730,8 +736,7 @@ class BwdConfig(_KernelConfig):
                              "K of dQ, N of dV^T and dK^T)")
         chunks = self.num_dq_chunks
         # a chunk is whole 64-column atoms of K's 128-byte swizzle (its K^T view is dQ's B operand)
-        allowed = (1, 2, 4) if self.wg_roles else (1, 2)
-        if chunks not in allowed or (chunks > 1 and (self.hdim // chunks) % 64):
+        if chunks not in self._dq_chunk_choices or (chunks > 1 and (self.hdim // chunks) % 64):
             raise ValueError(f"dq_chunks {chunks} must be 1, or 2 (4 with wg_roles) where hdim / chunks is a "
                              "multiple of 64 (whole swizzle atoms of K)")
         # dK^T + dV^T, plus the larger of S + dP and one dQ chunk (never live together), plus
