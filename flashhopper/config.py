@@ -595,6 +595,12 @@ class BwdConfig(_KernelConfig):
         return (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim"
                 and (self.hdim // (self.dq_wgs * self.num_dq_chunks)) % 64 == 0)
 
+    def sdp_by_gemm_fits(self) -> bool:
+        """Whether S and dP can be split by GEMM (sdp_by_gemm): two warpgroups splitting dK^T / dV^T by
+        head dim, dQ in two chunks (hdim 256), no softcap."""
+        return (self.kv_split == "hdim" and self.num_consumer_wg == 2 and self.num_dq_chunks == 2
+                and not (self.softcap or self.dkv_by_keys or self.dkv_early or self.wg_roles))
+
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
         return not (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
@@ -644,11 +650,10 @@ class BwdConfig(_KernelConfig):
                                         and not self.deterministic):
             raise ValueError("dq_slot_per_wg needs dq_slot_halves (one half per warpgroup), two consumer "
                              "warpgroups, and not deterministic (whose dQ turn one writer warp takes)")
-        if self.sdp_by_gemm and not (self.kv_split == "hdim" and self.num_consumer_wg == 2
-                                     and not (self.softcap or self.dkv_by_keys or self.dkv_early)
-                                     and self.num_dq_chunks == 2):
+        if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
-                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap")
+                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, dkv_by_keys, "
+                             "dkv_early or wg_roles")
         if self.wg_roles and not (self.kv_split == "hdim" and self.num_consumer_wg == 2
                                   and not (self.softcap or self.dkv_by_keys or self.dkv_early
                                            or self.sdp_by_gemm or self.dq_slot_per_wg)
@@ -785,8 +790,14 @@ BWD_WIDE_ATOMICS: dict[int, dict] = {
     192: {"num_consumer_wg": 3, "dkv_by_keys": False, "ds_stages": 2, "dq_tma": False, "dq_slots": 0,
           "dq_rows_interleaved": False},
     256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0, "dq_rows_interleaved": False,
-          "dq_slot_halves": False},
+          "dq_slot_halves": False, "sdp_by_gemm": False},
 }
+# Session 14 (s14_pick256, 3 rounds, the whole hdim 256 grid): S and dP split by GEMM between the two
+# warpgroups (BwdConfig.sdp_by_gemm) -0.6..+3.5%, geomean +0.8%, 10 of 12 points up (the two down within
+# 0.6%); +1.8% per MHz of SM clock in sustained streams, -4.3% kernel time under ncu (s13_bwd256,
+# s13_ncu256). Not with softcap, which it excludes. The same sessions' wg_roles and dq_slot_per_wg did
+# not beat it (docs/benchmarks.md "GPU runs of session 14").
+_BWD_SDP_BY_GEMM = frozenset({256})
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
 # measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
 # 128 measured -7..+2% at 64-row steps (on with 80 rows, below). The per-warpgroup dQ hand-off (dq_per_wg)
@@ -870,6 +881,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), **_BWD_WIDE_SWITCHES.get(hdim, {}))
         if local:  # the slot's halves spill under a local window (16 bytes at 256; never timed there)
             wide["dq_slot_halves"] = False
+        if hdim in _BWD_SDP_BY_GEMM and not softcap:
+            wide["sdp_by_gemm"] = True
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
                     tile_m=_BWD_TILE_M.get(hdim, 64),
@@ -887,6 +900,10 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # a transposed or head-major dQ drops them)
         if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
             cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
+        # and S / dP split by GEMM only where its check holds (two warpgroups by head dim, dQ in two
+        # chunks, not dkv_by_keys / dkv_early / wg_roles)
+        if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
+            cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)

@@ -437,6 +437,34 @@ s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by s
   [ -f "$O/time256.log" ] && { echo "--- time256"; quiet "$O/time256.log" | tail -14; }
   [ -f "$O/rate256.log" ] && { echo "--- rate256"; quiet "$O/rate256.log" | grep -A5 "^backward"; }
   ;;
+s14_pick256)  # session 14: sdp_by_gemm and wg_roles against the dispatch on the whole hdim 256 grid, then their tests
+  run pick256 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 \
+    --seqlens 512,1024,2048,4096,8192,16384 --bwd-config default --bwd-config sdp_by_gemm=True \
+    --bwd-config wg_roles=True
+  FH_TEST_EXPERIMENTAL=1 run splits_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py \
+    -k "hdim256 and not per_wg"
+  B=tests/test_bwd_gpu.py
+  for v in sdp_by_gemm wg_roles; do
+    FH_TEST_BWD_OVERRIDES=$v=true run "tests_$v" python3 -m pytest -q -rf --tb=short \
+      -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 \
+      $B::test_backward_packed_qkv $B::test_backward_lpt $B::test_deterministic_is_bitwise_reproducible \
+      $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
+  done
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/pick256.log" ] && { echo "--- pick256"; quiet "$O/pick256.log" | tail -16; }
+  tests_summary splits_tests tests_sdp_by_gemm tests_wg_roles
+  ;;
+s14_bgrid)  # session 14: the backward grid with sdp_by_gemm dispatched at hdim 256 (2 rounds)
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -8; }
+  ;;
+s14_verify)  # session 14: every hdim 256 backward GPU test on the new dispatch (sdp_by_gemm), then the API tests
+  run verify256 python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "256"
+  run api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary verify256 api
+  ;;
 s13_ncu256)  # session 13: ncu of the hdim 256 backward variants against the dispatch and FA4 (8k, non-causal)
   HDIM=256 NAMES="dispatch per_wg by_gemm roles fa4_kernel" run ncu256 bash scripts/profile_bwd.sh
   echo "== end at $(($(date +%s) - T0)) s"
