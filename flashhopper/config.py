@@ -459,14 +459,6 @@ class BwdConfig(_KernelConfig):
     # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
     # slot's grant). Same smem; twice the hand-offs, each half as long.
     dq_slot_halves: bool = False
-    # with dq_slot_halves and two consumer warpgroups: warpgroup w keeps slot half w for itself (each
-    # dQ chunk's two column halves go out one after the other through it) and has a writer warp of
-    # its own (producer warp 1 + w), so neither warpgroup waits for the other's turn. Session 12:
-    # the halves gained 1-2% of the 3-8% predicted from the grant's stall samples, the rest of a
-    # grant's wait being the other warpgroup's turn. Here each piece waits for the reduce-add of its
-    # own warpgroup's previous piece instead. Same smem. Not with deterministic (one writer takes the
-    # dQ turn).
-    dq_slot_per_wg: bool = False
     # kv_split "hdim" at hdim 256 (two warpgroups, dQ in two chunks): S = Q K^T and dP = dO V^T split
     # by GEMM instead of by keys: warpgroup 0 computes S and P over all tile_n keys, warpgroup 1 dP
     # and, with P read back from smem (bf16), dS. Each S / dP WGMMA then has N = tile_n (80) instead
@@ -475,15 +467,6 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # kv_split "hdim" at hdim 256: the two warpgroups split the step by role instead of by keys or
-    # head dim. Warpgroup 0: S = Q K^T over all keys, P, dV^T += dO^T P over all head-dim rows.
-    # Warpgroup 1: dP = dO V^T, dS = P (dP - D) with P read back from smem, dK^T += Q^T dS, and all
-    # of dQ = dS K in dQ chunks of 64 columns through the smem slot (it alone uses it, so the slot
-    # never waits for the other warpgroup's turn). The warpgroups meet only where P changes hands
-    # (P full / P free), never on an all-consumer barrier, so warpgroup 0 can run a step ahead.
-    # Same registers (one 160-register dK^T or dV^T accumulator each instead of half of both), same
-    # smem. dS from the rounded P, as sdp_by_gemm. Not with softcap.
-    wg_roles: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -516,34 +499,20 @@ class BwdConfig(_KernelConfig):
     def num_do_stages(self) -> int:
         return self.do_stages or self.num_stages
 
-    @property
-    def dq_wgs(self) -> int:
-        """kv_split "hdim": warpgroups that split each dQ chunk's columns (one with wg_roles)."""
-        return 1 if self.wg_roles else self.num_consumer_wg
-
     def _hdim_split_regs(self, dq_chunks: int) -> tuple[int, int, int]:
         """fp32 accumulator registers per consumer thread for kv_split "hdim": (dK^T + dV^T,
-        S + dP, one dQ chunk). With wg_roles: one of dK^T / dV^T over the whole head dim, one of S /
-        dP over all keys: the same counts."""
+        S + dP, one dQ chunk)."""
         wg = self.num_consumer_wg
         dkv = 2 * (self.hdim // wg) * self.tile_n // WARPGROUP_THREADS
         sdp = 2 * self.tile_m * (self.tile_n // wg) // WARPGROUP_THREADS
-        dq = self.tile_m * (self.hdim // self.dq_wgs) // dq_chunks // WARPGROUP_THREADS
+        dq = self.tile_m * (self.hdim // wg) // dq_chunks // WARPGROUP_THREADS
         return dkv, sdp, dq
 
     @property
     def num_dq_chunks(self) -> int:
         if self.dq_chunks:
             return self.dq_chunks
-        # the fewest chunks whose registers fit, else the most there may be
-        *fewer, most = self._dq_chunk_choices
-        return next((c for c in fewer if self._hdim_fits(c)), most)
-
-    @property
-    def _dq_chunk_choices(self) -> tuple[int, ...]:
-        """kv_split "hdim": dQ chunk counts the wide kernel builds (4 only with wg_roles, whose one
-        warpgroup holds all of dQ's columns)."""
-        return (1, 2, 4) if self.wg_roles else (1, 2)
+        return 1 if self._hdim_fits(1) else 2
 
     def _hdim_fits(self, dq_chunks: int) -> bool:
         dkv, sdp, dq = self._hdim_split_regs(dq_chunks)
@@ -584,7 +553,7 @@ class BwdConfig(_KernelConfig):
         ds = self.tile_n * self.tile_m * 2 * (2 if self.kv_split == "hdim" else 1) * self.ds_stages
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" or self.dq_tma else 0
         if self.dq_tma and self.dq_slots:
-            dq //= self.dq_wgs * self.num_dq_chunks
+            dq //= self.num_consumer_wg * self.num_dq_chunks
         if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
@@ -593,13 +562,13 @@ class BwdConfig(_KernelConfig):
         """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
         64-column parts."""
         return (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim"
-                and (self.hdim // (self.dq_wgs * self.num_dq_chunks)) % 64 == 0)
+                and (self.hdim // (self.num_consumer_wg * self.num_dq_chunks)) % 64 == 0)
 
     def sdp_by_gemm_fits(self) -> bool:
         """Whether S and dP can be split by GEMM (sdp_by_gemm): two warpgroups splitting dK^T / dV^T by
         head dim, dQ in two chunks (hdim 256), no softcap."""
         return (self.kv_split == "hdim" and self.num_consumer_wg == 2 and self.num_dq_chunks == 2
-                and not (self.softcap or self.dkv_by_keys or self.dkv_early or self.wg_roles))
+                and not (self.softcap or self.dkv_by_keys or self.dkv_early))
 
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
@@ -646,21 +615,10 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
-        if self.dq_slot_per_wg and not (self.dq_slot_halves and self.num_consumer_wg == 2
-                                        and not self.deterministic):
-            raise ValueError("dq_slot_per_wg needs dq_slot_halves (one half per warpgroup), two consumer "
-                             "warpgroups, and not deterministic (whose dQ turn one writer warp takes)")
         if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
-                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, dkv_by_keys, "
-                             "dkv_early or wg_roles")
-        if self.wg_roles and not (self.kv_split == "hdim" and self.num_consumer_wg == 2
-                                  and not (self.softcap or self.dkv_by_keys or self.dkv_early
-                                           or self.sdp_by_gemm or self.dq_slot_per_wg)
-                                  and self.dq_tma and self.dq_slots == 1 and self.ds_stages == 1):
-            raise ValueError("wg_roles needs kv_split 'hdim' with two consumer warpgroups (not dkv_by_keys, "
-                             "dkv_early, sdp_by_gemm or dq_slot_per_wg), dQ through one smem slot (dq_tma, "
-                             "dq_slots=1), one P / dS buffer pair (ds_stages=1), and no softcap")
+                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
+                             "dkv_by_keys or dkv_early")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
@@ -741,9 +699,9 @@ class BwdConfig(_KernelConfig):
                              "K of dQ, N of dV^T and dK^T)")
         chunks = self.num_dq_chunks
         # a chunk is whole 64-column atoms of K's 128-byte swizzle (its K^T view is dQ's B operand)
-        if chunks not in self._dq_chunk_choices or (chunks > 1 and (self.hdim // chunks) % 64):
-            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 (4 with wg_roles) where hdim / chunks is a "
-                             "multiple of 64 (whole swizzle atoms of K)")
+        if chunks not in (1, 2) or (chunks > 1 and (self.hdim // chunks) % 64):
+            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 where hdim / 2 is a multiple of 64 "
+                             "(whole swizzle atoms of K)")
         # dK^T + dV^T, plus the larger of S + dP and one dQ chunk (never live together), plus
         # _BWD_HDIM_REG_SLACK for addresses, row statistics, loop state and temporaries
         dkv, sdp, dq = self._hdim_split_regs(chunks)
@@ -796,7 +754,7 @@ BWD_WIDE_ATOMICS: dict[int, dict] = {
 # warpgroups (BwdConfig.sdp_by_gemm) -0.6..+3.5%, geomean +0.8%, 10 of 12 points up (the two down within
 # 0.6%); +1.8% per MHz of SM clock in sustained streams, -4.3% kernel time under ncu (s13_bwd256,
 # s13_ncu256). Not with softcap, which it excludes. The same sessions' wg_roles and dq_slot_per_wg did
-# not beat it (docs/benchmarks.md "GPU runs of session 14").
+# not beat it and were removed (docs/benchmarks.md "GPU runs of session 14").
 _BWD_SDP_BY_GEMM = frozenset({256})
 # Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
 # measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
@@ -901,7 +859,7 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
             cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
         # and S / dP split by GEMM only where its check holds (two warpgroups by head dim, dQ in two
-        # chunks, not dkv_by_keys / dkv_early / wg_roles)
+        # chunks, not dkv_by_keys / dkv_early)
         if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
             cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
         # and the slot's halves only with one slot of whole 64-column parts

@@ -1,26 +1,12 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 12 ran every queued mode (results in
-# docs/benchmarks.md, "GPU runs of session 12"); session 13 had no device time. Waiting, in this order
-# (nvidia-h200-x2, two modes a call through scripts/gpu_two.sh):
+# GPU work by mode, one device call of <= 10 minutes each. Session 14 ran s13_bwd256, s13_ncu256,
+# s13_ablation, s14_pick256, s14_bgrid, s14_verify and s14_close (docs/benchmarks.md, "GPU runs of
+# session 14"). Waiting:
 #
-#   1. s13_bwd256 + s13_l2 (~7 min)
-#      - s13_bwd256: the cases of the three session-13 hdim 256 backward variants (dq_slot_per_wg,
-#        sdp_by_gemm, wg_roles; compile-checked only, docs/notes/bwd-hdim256-smem.md) side by side under
-#        their own limits (new barrier protocols: a hang costs that step), then the ones with no failure
-#        timed against the dispatch (2 rounds, 2k / 8k / 16k, causal and not) and per MHz at 8k
-#      - s13_l2: whether the hdim 128 forward's L2 sector count (ours 204M at 8k, FA4 117M; TMA
-#        descriptors, layouts, load order identical, FA4's launch shape gave 229M:
-#        docs/notes/fa4-schedule.md) follows the K release time (late_k_release off, FA4's step order)
-#   2. s13_splits_tests + s13_ablation (~4 min)
-#      - s13_splits_tests: tests/test_bwd_gpu.py's tests of the three variants (-k hdim256: 26 tests,
-#        odd lengths, GQA, windows, 4097 tokens, determinism)
-#      - s13_ablation: issue 4's ablation by rate per MHz of SM clock (hdim 128, 8k, causal and not, each
-#        switch off), since single timings under the causal mask moved as much as the switches (session 7)
-#   then s13_ncu256 (~5 min): ncu of the dispatch, the variants and FA4 at hdim 256, 8k (tensor pipe,
-#      stall reasons, L2): whether the stalls went where predicted, win or lose
-#   3. for a variant that wins: the whole backward suite with it (s13_perwg_tests, s13_sdp_tests,
-#      s13_roles_tests: every hdim 256 test with the override, minus what the variant excludes), then
-#      dispatch it and rerun the backward grid (s8c_bwd). s13_perwg / s13_sdp time one variant alone.
+#   - s13_l2 (~5 min, if s14_close did not reach it): whether the hdim 128 forward's L2 sector count
+#     (ours 204M at 8k, FA4 117M; TMA descriptors, layouts, load order identical, FA4's launch shape
+#     gave 229M: docs/notes/fa4-schedule.md) follows the K release time (late_k_release off, FA4's
+#     step order)
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -386,30 +372,8 @@ s13_ablation)  # issue 4's ablation (FA3 Table 2) by rate per MHz: hdim 128, 8k,
   echo "== end at $(($(date +%s) - T0)) s"
   for f in abl_nc abl_c; do echo "--- $f"; quiet "$O/$f.log" | grep -A9 "^forward"; done
   ;;
-s13_perwg)  # session 13: hdim 256 backward with a dQ slot half and a writer warp per warpgroup (dq_slot_per_wg)
-  bg perwg_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 \
-    --bwd-config dq_slot_halves=True,dq_slot_per_wg=True
-  wait
-  if grep -qE "^0 of [0-9]+ cases failed" "$O/perwg_cases.log"; then
-    run perwg_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 \
-      --bwd-config default --bwd-config dq_slot_halves=True,dq_slot_per_wg=True
-    run perwg_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
-      --no-matmul --no-peers --fh-config default --fh-config dq_slot_halves=True,dq_slot_per_wg=True
-  fi
-  echo "== end at $(($(date +%s) - T0)) s"
-  echo "--- perwg_cases"; grep -E "^FAIL|failed|rc=" "$O/perwg_cases.log" | tail -6
-  [ -f "$O/perwg_time.log" ] && { echo "--- perwg_time"; quiet "$O/perwg_time.log" | tail -9; }
-  [ -f "$O/perwg_rate.log" ] && { echo "--- perwg_rate"; quiet "$O/perwg_rate.log" | grep -A3 "^backward"; }
-  ;;
-s13_perwg_tests)  # session 13: the hdim 256 backward GPU tests with dq_slot_per_wg (not the deterministic ones)
-  B=tests/test_bwd_gpu.py
-  FH_TEST_BWD_OVERRIDES=dq_slot_halves=true,dq_slot_per_wg=true run perwg_tests python3 -m pytest -q -rf \
-    --tb=short -k "256 and not 128" $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
-    $B::test_backward_lpt $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
-  echo "== end at $(($(date +%s) - T0)) s"
-  tests_summary perwg_tests
-  ;;
-s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by side, then the clean ones timed
+s13_bwd256)  # (needs commit 2cd3768: dq_slot_per_wg and wg_roles were removed after it)
+  # session 13: the three hdim 256 backward variants: cases side by side, then the clean ones timed
   # dq_slot_per_wg needs the slot's halves, which the dispatch drops under a local window unless asked
   declare -A CFG=([dq_slot_per_wg]="dq_slot_halves=True,dq_slot_per_wg=True" [sdp_by_gemm]="sdp_by_gemm=True"
                   [wg_roles]="wg_roles=True")
@@ -437,7 +401,8 @@ s13_bwd256)  # session 13: the three hdim 256 backward variants: cases side by s
   [ -f "$O/time256.log" ] && { echo "--- time256"; quiet "$O/time256.log" | tail -14; }
   [ -f "$O/rate256.log" ] && { echo "--- rate256"; quiet "$O/rate256.log" | grep -A5 "^backward"; }
   ;;
-s14_pick256)  # session 14: sdp_by_gemm and wg_roles against the dispatch on the whole hdim 256 grid, then their tests
+s14_pick256)  # (needs commit 2cd3768: wg_roles was removed after it)
+  # session 14: sdp_by_gemm and wg_roles against the dispatch on the whole hdim 256 grid, then their tests
   run pick256 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 \
     --seqlens 512,1024,2048,4096,8192,16384 --bwd-config default --bwd-config sdp_by_gemm=True \
     --bwd-config wg_roles=True
@@ -465,51 +430,19 @@ s14_verify)  # session 14: every hdim 256 backward GPU test on the new dispatch 
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary verify256 api
   ;;
-s13_ncu256)  # session 13: ncu of the hdim 256 backward variants against the dispatch and FA4 (8k, non-causal)
+s14_close)  # session 14, last: the hdim 256 split-by-keys tests (softcap's kernel, no longer dispatched
+  # without softcap) after the variants' removal, then s13_l2 in what is left
+  run bykeys python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "hdim256_split_by_keys or (256 and 10.0)"
+  L2=1 NAMES="dispatch early_k fa4step fa4" run l2 bash scripts/profile_fwd_peers.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary bykeys
+  [ -f "$O/l2.log" ] && { echo "--- l2"; quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time" | head -40; }
+  ;;
+s13_ncu256)  # (needs commit 2cd3768 for per_wg / roles: removed after it)
+  # session 13: ncu of the hdim 256 backward variants against the dispatch and FA4 (8k, non-causal)
   HDIM=256 NAMES="dispatch per_wg by_gemm roles fa4_kernel" run ncu256 bash scripts/profile_bwd.sh
   echo "== end at $(($(date +%s) - T0)) s"
   quiet "$O/ncu256.log" | grep -E "==|hmma|barrier|long_score|mio|gmma|gpu__time|lts__throughput" | head -60
-  ;;
-s13_splits_tests)  # session 13: the GPU tests written for the three hdim 256 variants
-  FH_TEST_EXPERIMENTAL=1 run splits_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k hdim256
-  echo "== end at $(($(date +%s) - T0)) s"
-  tests_summary splits_tests
-  ;;
-s13_roles_tests)  # session 13: the hdim 256 backward GPU tests with wg_roles (not softcap, which it excludes)
-  B=tests/test_bwd_gpu.py
-  FH_TEST_BWD_OVERRIDES=wg_roles=true run roles_tests python3 -m pytest -q -rf --tb=short \
-    -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 \
-    $B::test_backward_packed_qkv $B::test_backward_lpt $B::test_deterministic_is_bitwise_reproducible \
-    $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
-  echo "== end at $(($(date +%s) - T0)) s"
-  tests_summary roles_tests
-  ;;
-s13_sdp)  # session 13: hdim 256 backward with S / dP split by GEMM (sdp_by_gemm), alone and with dq_slot_per_wg
-  bg sdp_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
-    --bwd-config sdp_by_gemm=True
-  wait
-  if grep -qE "^0 of [0-9]+ cases failed" "$O/sdp_cases.log"; then
-    V="--bwd-config default --bwd-config sdp_by_gemm=True"
-    V="$V --bwd-config sdp_by_gemm=True,dq_slot_halves=True,dq_slot_per_wg=True"
-    run sdp_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192,16384 $V
-    V="--fh-config default --fh-config sdp_by_gemm=True"
-    V="$V --fh-config sdp_by_gemm=True,dq_slot_halves=True,dq_slot_per_wg=True"
-    run sdp_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
-      --no-matmul --no-peers $V
-  fi
-  echo "== end at $(($(date +%s) - T0)) s"
-  echo "--- sdp_cases"; grep -E "^FAIL|failed|rc=" "$O/sdp_cases.log" | tail -6
-  [ -f "$O/sdp_time.log" ] && { echo "--- sdp_time"; quiet "$O/sdp_time.log" | tail -12; }
-  [ -f "$O/sdp_rate.log" ] && { echo "--- sdp_rate"; quiet "$O/sdp_rate.log" | grep -A4 "^backward"; }
-  ;;
-s13_sdp_tests)  # session 13: the hdim 256 backward GPU tests with sdp_by_gemm (not softcap, which it excludes)
-  B=tests/test_bwd_gpu.py
-  FH_TEST_BWD_OVERRIDES=sdp_by_gemm=true run sdp_tests python3 -m pytest -q -rf --tb=short \
-    -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 $B::test_backward_packed_qkv \
-    $B::test_backward_lpt $B::test_deterministic_is_bitwise_reproducible \
-    $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
-  echo "== end at $(($(date +%s) - T0)) s"
-  tests_summary sdp_tests
   ;;
 s12_halves)  # session 12: hdim 256 backward with the dQ slot lent in column halves (dq_slot_halves)
   bg halves_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --bwd-config dq_slot_halves=True

@@ -25,10 +25,9 @@ declare -A VARIANTS=(
   [fa4_step_slot]="--set num_consumer_wg=2 --set dkv_by_keys=true --set ds_stages=1 --set dq_tma=true
     --set dq_slots=1 --set pds_swizzle_per_wg=true --set dkv_early=true --set scale_in_ds=true"
   [fa4_kernel]="--fa4"
-  # session 13's hdim 256 variants (docs/notes/bwd-hdim256-smem.md)
-  [per_wg]="--set dq_slot_per_wg=true"
-  [by_gemm]="--set sdp_by_gemm=true"
-  [roles]="--set wg_roles=true"
+  # hdim 256: S / dP split by GEMM is the dispatch since session 14; the split by keys before it
+  # (session 13's per_wg / roles variants were removed after commit 2cd3768)
+  [by_keys]="--set sdp_by_gemm=false"
 )
 for name in ${NAMES:-dispatch fa4_tile_dq_tma fa4_step_slot fa4_kernel}; do
   tag="bwd_hdim${HDIM}_${SEQLEN}_${name}"

@@ -899,35 +899,19 @@ def test_dq_slot_halves_compiles_with_twice_the_hand_offs(mask):
     assert report["sass"]["BAR"] > off["sass"]["BAR"]
 
 
-def test_dq_slot_per_wg_needs_halves_two_warpgroups_and_no_deterministic():
-    # default off everywhere (not timed yet); one slot half per warpgroup, one writer warp each
-    assert not any(bwd_config("bf16", d).dq_slot_per_wg for d in (64, 96, 128, 192, 256))
-    assert bwd_config("bf16", 256, dq_slot_per_wg=True).smem_bytes() == bwd_config("bf16", 256).smem_bytes()
-    for hdim, fields in ((256, {"dq_slot_halves": False}), (192, {}), (128, {}),
-                         (256, {"causal": True, "deterministic": True})):
-        with pytest.raises(ValueError, match="dq_slot_per_wg needs dq_slot_halves"):
-            bwd_config("bf16", hdim, **{**fields, "dq_slot_per_wg": True})
-
-
-@pytest.mark.parametrize("mask", ["none", "causal", "local"])
-def test_dq_slot_per_wg_compiles_with_a_writer_warp_per_warpgroup(mask):
-    # under a local window the halves are dropped by the dispatch (they spill there alone): ask for both
-    fields = {"dq_slot_per_wg": True, **({"dq_slot_halves": True} if mask == "local" else {})}
-    cfg = bwd_config("bf16", 256, **MASKS[mask], **fields)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **MASKS[mask], **fields)
-    _check_wide_report(report, cfg, mask)
-    # each writer warp unrolls its warpgroup's 4 pieces a step (2 chunks x 2 halves): 8 boxes in all,
-    # as the one writer of the shared slot
-    assert report["sass"]["UTMAREDG"] == 8
-
-
-def test_sdp_by_gemm_needs_hdim_256s_split_and_no_softcap():
-    # default off (not timed yet); the same smem and accumulator registers as the split by keys
-    assert not any(bwd_config("bf16", d).sdp_by_gemm for d in (64, 96, 128, 192, 256))
-    assert bwd_config("bf16", 256, sdp_by_gemm=True).smem_bytes() == bwd_config("bf16", 256).smem_bytes()
+def test_sdp_by_gemm_is_dispatched_at_256_without_softcap():
+    # dispatched at hdim 256 in every mask but softcap (session 14); the same smem and accumulator
+    # registers as the split by keys, which softcap keeps
+    assert not any(bwd_config("bf16", d).sdp_by_gemm for d in (64, 96, 128, 192))
+    for kw in ({}, {"causal": True}, {"local": True}, {"causal": True, "deterministic": True}):
+        assert bwd_config("bf16", 256, **kw).sdp_by_gemm and bwd_config("fp16", 256, **kw).sdp_by_gemm
+    assert not bwd_config("bf16", 256, softcap=True).sdp_by_gemm
+    assert bwd_config("bf16", 256).smem_bytes() == bwd_config("bf16", 256, sdp_by_gemm=False).smem_bytes()
     for hdim, fields in ((256, {"softcap": True}), (192, {}), (128, {})):
         with pytest.raises(ValueError, match="sdp_by_gemm needs kv_split 'hdim'"):
             bwd_config("bf16", hdim, **{**fields, "sdp_by_gemm": True})
+    # an override it cannot go with drops it unless it is asked for too
+    assert not bwd_config("bf16", 256, dkv_by_keys=True, dq_chunks=2).sdp_by_gemm
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
@@ -938,37 +922,3 @@ def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
-
-
-def test_wg_roles_needs_hdim_256s_slot_and_no_softcap():
-    # default off (not timed yet); dQ on warpgroup 1 alone, in 4 chunks through the same 16 KiB slot
-    assert not any(bwd_config("bf16", d).wg_roles for d in (64, 96, 128, 192, 256))
-    cfg = bwd_config("bf16", 256, wg_roles=True)
-    assert (cfg.num_dq_chunks, cfg.dq_wgs) == (4, 1) and cfg.dq_slot_halves
-    assert cfg.smem_bytes() == bwd_config("bf16", 256).smem_bytes()
-    for hdim, fields in ((256, {"softcap": True}), (128, {}), (256, BWD_WIDE_ATOMICS[256])):
-        with pytest.raises(ValueError, match="wg_roles needs kv_split 'hdim'"):
-            bwd_config("bf16", hdim, **{**fields, "wg_roles": True})
-    # 192's 96-column dQ chunks and sdp_by_gemm are turned down by their own checks first
-    for hdim, fields in ((192, {}), (256, {"sdp_by_gemm": True})):
-        with pytest.raises(ValueError, match="dq_chunks 2 must be|sdp_by_gemm needs"):
-            bwd_config("bf16", hdim, **{**fields, "wg_roles": True})
-
-
-@pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic", "fp16"])
-def test_wg_roles_compiles_with_each_gemm_on_one_warpgroup(mask):
-    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}, "fp16": {}}[mask]
-    dtype = "fp16" if mask == "fp16" else "bf16"
-    cfg = bwd_config(dtype, 256, wg_roles=True, **masks)
-    report = inspect_kernel("bwd", dtype=dtype, hdim=256, wg_roles=True, **masks)
-    sass = report["sass"]
-    # S and dP (hdim / 16 k-blocks each), dV^T and dK^T over all 4 head-dim M tiles (4 k-blocks each),
-    # dQ in 4 chunks of tile_n / 16 k-blocks: one copy of each, in its warpgroup's branch
-    assert sass["HGMMA"] == 2 * (cfg.hdim // 16) + 2 * 4 * (cfg.hdim // 64) + 4 * cfg.tile_n // 16
-    assert sass["HGMMA_WAITS"] <= 8, "ptxas serialized the WGMMAs"
-    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
-    assert report["smem_bytes"] == cfg.smem_bytes()
-    assert sass["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128  # warpgroup 0's whole S tile
-    # the writer's reduce-adds: 4 chunks x 2 halves, one 32-column box each
-    assert sass["UTMAREDG"] == 8
-    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]

@@ -667,36 +667,11 @@ def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
         assert torch.equal(a, b)
 
 
-# hdim 256's other splits of the step (session 13; default off until timed): a dQ slot half per
-# warpgroup, S / dP split by GEMM, and the step split by role. None takes softcap but the first.
-# Marked experimental (FH_TEST_EXPERIMENTAL=1 runs them) until they have run on a GPU once.
-HDIM256_SPLITS = {"per_wg": {"dq_slot_per_wg": True}, "by_gemm": {"sdp_by_gemm": True},
-                  "roles": {"wg_roles": True}}
-
-
-@pytest.mark.experimental
-@pytest.mark.parametrize("split", list(HDIM256_SPLITS))
+# hdim 256 splits S / dP by GEMM (sdp_by_gemm, dispatched since session 14) except under softcap,
+# which keeps the split by keys: that kernel without softcap too, as the dispatch before session 14
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window", [
-    (2, 300, 517, 4, 2, False, (-1, -1)), (2, 517, 300, 2, 2, True, (-1, -1)),
-    (1, 1000, 1000, 3, 1, True, (-1, -1)), (1, 700, 700, 2, 2, False, (100, 20)),
-    (1, 1, 17, 2, 2, False, (-1, -1)), (3, 17, 17, 4, 2, True, (-1, -1)),
-    (1, 4097, 4097, 2, 2, True, (-1, -1))])
-def test_backward_hdim256_splits(split, b, sq, sk, hq, hk, causal, window):
-    # under a local window the dispatch drops the slot's halves, which dq_slot_per_wg needs
-    fields = {**HDIM256_SPLITS[split], **({"dq_slot_halves": True} if split == "per_wg" else {})}
-    with runtime.bwd_config_overrides(**fields):
+    (2, 300, 517, 4, 2, False, (-1, -1)), (1, 1000, 1000, 3, 1, True, (-1, -1)),
+    (1, 700, 700, 2, 2, False, (100, 20)), (1, 1, 17, 2, 2, False, (-1, -1))])
+def test_backward_hdim256_split_by_keys(b, sq, sk, hq, hk, causal, window):
+    with runtime.bwd_config_overrides(sdp_by_gemm=False):
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window)
-
-
-@pytest.mark.experimental
-@pytest.mark.parametrize("split", ["by_gemm", "roles"])
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (300, 40))])
-def test_deterministic_hdim256_splits_are_bitwise_reproducible(split, causal, window):
-    with runtime.bwd_config_overrides(**HDIM256_SPLITS[split]):
-        _check_deterministic(256, causal, window)
-
-
-@pytest.mark.experimental
-def test_backward_hdim256_per_wg_softcap():
-    with runtime.bwd_config_overrides(dq_slot_per_wg=True):
-        run_case(1, 333, 333, 2, 2, 256, softcap=10.0)

@@ -49,15 +49,14 @@ The whole tile fits only beside FA4's smaller tiles; with dq_slots=1 only one pa
 the writer lends it to the warpgroups in part order, which fits the dispatched tiles with one P / dS
 pair, and with dq_rows_interleaved the stores into it are free of bank conflicts. That combination is
 dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); at 256 the
-slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%; with dq_slot_per_wg,
-not yet timed, each warpgroup keeps one half and a writer warp of its own); the atomics kernel
+slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%); the atomics kernel
 stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
 shared-memory budget.
 
-Two other splits of the step at hdim 256, default off and not yet timed (session 13): sdp_by_gemm
-(S on warpgroup 0, dP and dS on warpgroup 1, each over all keys; then dV^T / dK^T / dQ split by head
-dim as above) and wg_roles (warpgroup 0: S, P, dV^T; warpgroup 1: dP, dS, dK^T and all of dQ; the
-two meet only where P changes hands).
+At hdim 256 without softcap the step's S and dP are split by GEMM (sdp_by_gemm, dispatched in
+session 14: +0.8% on the grid, +1.8% per MHz): S on warpgroup 0, dP and dS on warpgroup 1, each over
+all keys; then dV^T / dK^T / dQ split by head dim as above. Two other splits tried with it
+(dq_slot_per_wg, wg_roles) did not beat it and were removed (docs/notes/bwd-hdim256-smem.md).
 """
 
 from __future__ import annotations
@@ -83,10 +82,8 @@ _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any 
 _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
 # dkv_early: warpgroup w's own P / dS columns are in smem (its 128 threads), ids 6 .. 6 + W - 1
 _BAR_WG_PDS = 6
-# sdp_by_gemm / wg_roles: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
+# sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
 _BAR_P_FULL = 8
-# wg_roles: warpgroup 1 has read P, warpgroup 0 may write the next (warpgroup 1 arrives, 0 waits)
-_BAR_P_FREE = 13
 # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
 # id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
 _BAR_DQ_WG = 9
@@ -101,10 +98,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         self.dq_chunks = cfg.num_dq_chunks
         # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
         self.dq_halves = 2 if cfg.dq_slot_halves else 1
-        # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm / wg_roles one (all keys)
-        self.sdp_wgs = 1 if cfg.sdp_by_gemm or cfg.wg_roles else cfg.num_consumer_wg
-        # warpgroups that split each dQ chunk's columns (wg_roles: warpgroup 1 alone computes dQ)
-        self.dq_wgs = cfg.dq_wgs
+        # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
+        self.sdp_wgs = 1 if cfg.sdp_by_gemm else cfg.num_consumer_wg
 
     def pds_smem_layout(self):
         """(queries, keys, ds_stages) layout of the P and dS tiles, keys contiguous.
@@ -160,7 +155,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         wgs = self.num_consumer_wg
         # S = Q K^T, dP = dO V^T: one WGMMA M (the 64 queries); the warpgroups split the keys (N)
-        # (sdp_by_gemm / wg_roles: one warpgroup's MMA over all keys, S on warpgroup 0, dP on warpgroup 1)
+        # (sdp_by_gemm: one warpgroup's MMA over all keys, S on warpgroup 0, dP on warpgroup 1)
         tiled_mma_sdp = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, K_, Float32, atom_layout_mnk=(1, self.sdp_wgs, 1),
             tiler_mn=(64, self.tile_n // self.sdp_wgs))
@@ -171,15 +166,13 @@ class FlashBwdWideSm90(BwdKernelBase):
         dkv_atoms, dkv_tiler = (wgs, 1, 1), (64, self.tile_n)
         if cutlass.const_expr(self.cfg.dkv_by_keys):
             dkv_atoms, dkv_tiler = (1, wgs, 1), (64, self.keys_per_wg)
-        if cutlass.const_expr(self.cfg.wg_roles):  # one warpgroup's MMA over all head-dim rows
-            dkv_atoms = (1, 1, 1)
         tiled_mma_dkv = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=dkv_atoms, tiler_mn=dkv_tiler)
         # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
         # per chunk of hdim / dq_chunks columns, split across the warpgroups
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, self.dq_wgs, 1),
-            tiler_mn=(self.tile_m, self.hdim // self.dq_wgs // self.dq_chunks))
+            self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
+            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
@@ -290,13 +283,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
                              pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
-            if cutlass.const_expr(self.cfg.dq_slot_per_wg):
-                for w in cutlass.range_constexpr(self.num_consumer_wg):
-                    if warp_idx == 1 + w:
-                        self.write_dq_slot(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
-                                           m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left,
-                                           window_right, own=w)
-            elif cutlass.const_expr(self.cfg.dq_tma):
+            if cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
                     writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
                     writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
@@ -321,11 +308,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         # smem descriptors depend only on the warpgroup; register partitions on the thread
         sdp_tidx = tidx % 128 if self.sdp_wgs == 1 else tidx
         wg_sdp = tiled_mma_sdp.get_slice(0 if self.sdp_wgs == 1 else wg * 128)
-        # wg_roles: each warpgroup runs a one-warpgroup dK^T / dV^T and dQ MMA
-        wg_dkv = tiled_mma_dkv.get_slice(0 if self.cfg.wg_roles else wg * 128)
-        wg_dq = tiled_mma_dq.get_slice(0 if self.cfg.wg_roles else wg * 128)
+        wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
+        wg_dq = tiled_mma_dq.get_slice(wg * 128)
         thr_sdp = tiled_mma_sdp.get_slice(sdp_tidx)
-        thr_dq = tiled_mma_dq.get_slice(tidx % 128 if self.cfg.wg_roles else tidx)
+        thr_dq = tiled_mma_dq.get_slice(tidx)
 
         # S = Q K^T, dP = dO V^T: A = Q / dO (stage), B = this warpgroup's rows of K / V
         tSrQ = wg_sdp.make_fragment_A(wg_sdp.partition_A(sQ))
@@ -352,13 +338,11 @@ class FlashBwdWideSm90(BwdKernelBase):
 
         shape_sdp = (self.tile_m, self.tile_n)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
-        # sdp_by_gemm / wg_roles: one accumulator, S on warpgroup 0 and dP on warpgroup 1
+        # sdp_by_gemm: one accumulator, S on warpgroup 0 and dP on warpgroup 1
         acc_dP = acc_S if self.sdp_wgs == 1 else cute.make_rmem_tensor(
             tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
-        # wg_roles: one accumulator, dV^T on warpgroup 0 and dK^T on warpgroup 1
-        acc_dK = acc_dV if self.cfg.wg_roles else cute.make_rmem_tensor(
-            tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
+        acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
         acc_dQ = cute.make_rmem_tensor(tiled_mma_dq.partition_shape_C((self.tile_m, dq_cols)), Float32)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_dP_rc = L.acc_rows_cols(acc_dP)
@@ -406,7 +390,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(sdp_tidx)
         tPsP = st_copy.partition_D(sP)
         tdSsdS = st_copy.partition_D(sdS)
-        # sdp_by_gemm / wg_roles: warpgroup 1 reads P back into the registers that thread of
+        # sdp_by_gemm: warpgroup 1 reads P back into the registers that thread of
         # warpgroup 0 held it in
         ld_atom, tPsP_ld = None, None
         if cutlass.const_expr(self.sdp_wgs == 1):
@@ -434,78 +418,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             pipe_q.consumer_wait(state)
-            if cutlass.const_expr(self.cfg.wg_roles):
-                if wg == 0:
-                    # S = Q K^T, P, dV^T += dO^T P
-                    issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
-                    # the key bounds shifted by the thread's column offset (compared against thread
-                    # 0's compile-time columns); no D here: this warpgroup has not waited for dO
-                    col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
-                    lse, _, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
-                                                     seqlen_k, diag, window_left, window_right, num_rows,
-                                                     with_d=False, col_offset=col_offset)
-                    warpgroup.wait_group(0)
-                    for r in cutlass.range_constexpr(num_rows):
-                        for c in cutlass.range_constexpr(num_cols):
-                            acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord0_rc[r, c][1], lse[r], lo[r],
-                                                       hi[r], scale_log2)
-                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                    rP.store(acc_S.load().to(self.dtype))
-                    if step > 0:  # warpgroup 1 has read the previous P (this warpgroup's dV^T waited)
-                        cute.arch.barrier(barrier_id=_BAR_P_FREE, number_of_threads=self.num_consumer_threads)
-                    cute.copy(st_atom, st_copy.retile(rP), tPsP)
-                    # generic-proxy smem writes, read next by WGMMA (async proxy) and by ldmatrix
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=_BAR_P_FULL,
-                                             number_of_threads=self.num_consumer_threads)
-                    cute.arch.barrier(barrier_id=_BAR_WG_PDS, number_of_threads=128)
-                    pipe_do.consumer_wait(do_state)
-                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP,
-                          zero_init=False)
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
-                    pipe_do.consumer_release(do_state)
-                else:
-                    # dP = dO V^T, dS = P (dP - D), dK^T += Q^T dS, dQ = dS K
-                    pipe_do.consumer_wait(do_state)
-                    issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
-                    d_row = cute.make_rmem_tensor(num_rows, Float32)
-                    for r in cutlass.range_constexpr(num_rows):
-                        d_row[r] = sD[coord_rc[r, 0][0], do_state.index]
-                    warpgroup.wait_group(0)
-                    pipe_do.consumer_release(do_state)
-                    cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.num_consumer_threads)
-                    ld_copy, tPsP_src = tPsP_ld
-                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                    cute.copy(ld_atom, tPsP_src, ld_copy.retile(rP))
-                    if step < num_steps - 1:  # the last P is never overwritten: no hand-back to match
-                        cute.arch.barrier_arrive(barrier_id=_BAR_P_FREE,
-                                                 number_of_threads=self.num_consumer_threads)
-                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
-                    # this warpgroup's own GEMMs of the previous step were the last to read sdS
-                    cute.copy(st_atom, st_copy.retile(rdS), tdSsdS)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=_BAR_WG_PDS + 1, number_of_threads=128)
-                    # dQ chunk 0 out under dK^T, the others one after the other (warpgroup 0's GEMMs
-                    # fill the tensor pipe meanwhile)
-                    issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[0], zero_init=True)
-                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS, zero_init=False)
-                    warpgroup.wait_group(1)
-                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, 0, mdQaccum, mdQsem,
-                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale)
-                    for c in cutlass.range_constexpr(1, self.dq_chunks):
-                        issue(tiled_mma_dq, acc_dQ, tQrdS, tQrK[c], zero_init=True)
-                        warpgroup.wait_group(0)
-                        if cutlass.const_expr(c == 1):
-                            pipe_q.consumer_release(state)  # dK^T has read Q
-                        self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, c, 0, mdQaccum, mdQsem,
-                                     m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
-                                     window_right, tidx, softmax_scale)
-                    if cutlass.const_expr(self.dq_chunks == 1):
-                        warpgroup.wait_group(0)
-                        pipe_q.consumer_release(state)
-            elif cutlass.const_expr(self.cfg.sdp_by_gemm):
+            if cutlass.const_expr(self.cfg.sdp_by_gemm):
                 pipe_do.consumer_wait(do_state)
                 if wg == 0:
                     issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
@@ -673,12 +586,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.ds_stages == 2):
                 pds = pds ^ 1
 
-        if cutlass.const_expr(self.cfg.wg_roles):
-            self.epilogue_roles(acc_dV, wg, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                                n_block, head_kv, batch, softmax_scale)
-        else:
-            self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                          n_block, head_kv, batch, softmax_scale)
+        self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                      n_block, head_kv, batch, softmax_scale)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
@@ -707,39 +616,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
 
-    @cute.jit
-    def epilogue_roles(self, acc, wg, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                       n_block, head_kv, batch, softmax_scale):
-        """wg_roles: warpgroup 0's dV^T into V's buffer, warpgroup 1's dK^T (with the softmax scale)
-        into K's, each over all head-dim rows; then the TMA stores as in `epilogue`."""
-        rdKV = cute.make_rmem_tensor_like(acc, self.dtype)
-        if cutlass.const_expr(self.cfg.scale_in_ds):
-            rdKV.store(acc.load().to(self.dtype))  # dS carried the scale
-        else:
-            if wg == 0:
-                rdKV.store(acc.load().to(self.dtype))
-            else:
-                rdKV.store((acc.load() * softmax_scale).to(self.dtype))
-        # both warpgroups' GEMMs are done reading K and V
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        st_t_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        # the thread's index in its warpgroup from %laneid: with tidx % 128 the addresses were
-        # computed (shared with the mainloop's) before the loop and held, or spilled, through it
-        t128 = (cute.arch.make_warp_uniform(cute.arch.warp_idx()) % 4) * 32 + cute.arch.lane_idx()
-        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(t128)
-        if wg == 0:
-            cute.copy(st_t_atom, st_t_copy.retile(rdKV), st_t_copy.partition_D(L.transpose_view(sV)))
-        else:
-            cute.copy(st_t_atom, st_t_copy.retile(rdKV), st_t_copy.partition_D(L.transpose_view(sK)))
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
-
     @property
     def num_dq_parts(self) -> int:
         """dq_tma: TMA reduce-adds per step, one per (warpgroup, dQ chunk)."""
-        return self.dq_wgs * self.dq_chunks
+        return self.num_consumer_wg * self.dq_chunks
 
     @property
     def dq_part_cols(self) -> int:
@@ -803,19 +683,11 @@ class FlashBwdWideSm90(BwdKernelBase):
                 n = cute.size(rdQ_half)
                 for i in cutlass.range_constexpr(n):
                     rdQ_half[i] = acc_dQ[h * n + i]
-                if cutlass.const_expr(self.cfg.dq_slot_per_wg):
-                    # every half through this warpgroup's own slot half (a uniform branch: the two
-                    # destinations are both static addresses)
-                    if wg == 0:
-                        cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[0])
-                    else:
-                        cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[1])
-                else:
-                    cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[h])
+                cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[h])
             if cutlass.const_expr(last or self.cfg.dq_slots):
                 # generic-proxy smem writes, read next by the TMA unit (async proxy)
                 cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.dq_wgs + wg,
+                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
                                          number_of_threads=128 + 32)
 
     @cute.jit
@@ -902,18 +774,15 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                      num_steps, seqlen_q, seqlen_k, window_left, window_right,
-                      own: cutlass.Constexpr[int] = -1):
+                      num_steps, seqlen_q, seqlen_k, window_left, window_right):
         """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
         0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
-        the grant and the hand-back are that warpgroup's own barriers. With `own` = w
-        (dq_slot_per_wg, producer warp 1 + w) only warpgroup w's pieces, all through slot half w,
-        each once its own previous piece has been read."""
+        the grant and the hand-back are that warpgroup's own barriers."""
         if cutlass.const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
-        num_wg = self.dq_wgs
+        num_wg = self.num_consumer_wg
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
@@ -921,12 +790,11 @@ class FlashBwdWideSm90(BwdKernelBase):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for c in cutlass.range_constexpr(self.dq_chunks):
-                for w in cutlass.range_constexpr(0 if own < 0 else own, num_wg if own < 0 else own + 1):
+                for w in cutlass.range_constexpr(num_wg):
                     for h in cutlass.range_constexpr(self.dq_halves):
                         # with halves the one before last used this half of the slot (an even count
-                        # of half-turns a step, so half h is always slot half h); a warpgroup's own
-                        # half is used by every piece
-                        cute.arch.cp_async_bulk_wait_group(self.dq_halves - 1 if own < 0 else 0, read=True)
+                        # of half-turns a step, so half h is always slot half h)
+                        cute.arch.cp_async_bulk_wait_group(self.dq_halves - 1, read=True)
                         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
                         cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
@@ -934,7 +802,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                         sdQ_h = sdQ
                         if cutlass.const_expr(self.dq_halves > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols),
-                                                    (0, h if own < 0 else own))
+                                                    (0, h))
                         self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
                                             (c * num_wg + w) * self.dq_halves + h)
                         cute.arch.cp_async_bulk_commit_group()
@@ -965,7 +833,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         cols, half_cols = self.dq_part_cols, self.dq_slot_cols
         chunk = cute.make_identity_tensor((self.tile_m, self.hdim // self.dq_chunks))
         one = cute.make_identity_tensor((self.tile_m, half_cols))
-        for w in range(self.dq_wgs):
+        for w in range(self.num_consumer_wg):
             for t in (0, 5, 31, 32, 77, 127):
                 mine = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
                 ref = tiled_mma_dq_part.get_slice(t).partition_C(one)
@@ -981,7 +849,7 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale):
-        """sdp_by_gemm / wg_roles: dS = P (dP - D) in place of dP, P from the 16-bit copy read back
+        """sdp_by_gemm: dS = P (dP - D) in place of dP, P from the 16-bit copy read back
         from smem (element by element: a whole fp32 copy of P would not fit next to dK^T / dV^T);
         returned in the input dtype."""
         dp_rc, p_rc = L.acc_rows_cols(acc_dP), L.acc_rows_cols(rP)
