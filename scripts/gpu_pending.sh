@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 14 ran s13_bwd256, s13_ncu256,
-# s13_ablation, s14_pick256, s14_bgrid, s14_verify and s14_close (docs/benchmarks.md, "GPU runs of
-# session 14"). Waiting:
-#
-#   - s13_l2 (~5 min, if s14_close did not reach it): whether the hdim 128 forward's L2 sector count
-#     (ours 204M at 8k, FA4 117M; TMA descriptors, layouts, load order identical, FA4's launch shape
-#     gave 229M: docs/notes/fa4-schedule.md) follows the K release time (late_k_release off, FA4's
-#     step order)
+# s13_ablation, s14_pick256, s14_bgrid, s14_verify and s14_close (with s13_l2's profile); results in
+# docs/benchmarks.md, "GPU runs of session 14". Nothing is waiting: every queued mode has run.
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -437,6 +432,20 @@ s14_close)  # session 14, last: the hdim 256 split-by-keys tests (softcap's kern
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary bykeys
   [ -f "$O/l2.log" ] && { echo "--- l2"; quiet "$O/l2.log" | grep -E "==|srcunit|gpu__time" | head -40; }
+  ;;
+s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds, and the slot's halves under a
+  # local window (they spilled there without sdp_by_gemm, not with it): cases, then scale_in_ds timed
+  bg cases_sids 150 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config scale_in_ds=True
+  bg cases_halves 150 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+    --bwd-config dq_slot_halves=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/cases_sids.log"; then
+    run sids_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 2048,8192 \
+      --bwd-config default --bwd-config scale_in_ds=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
+  [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
 s13_ncu256)  # (needs commit 2cd3768 for per_wg / roles: removed after it)
   # session 13: ncu of the hdim 256 backward variants against the dispatch and FA4 (8k, non-causal)
