@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 14 ran s13_bwd256, s13_ncu256,
-# s13_ablation, s14_pick256, s14_bgrid, s14_verify and s14_close (with s13_l2's profile); results in
+# s13_ablation, s14_pick256, s14_bgrid, s14_verify, s14_close (with s13_l2's profile) and s14_extra; results in
 # docs/benchmarks.md, "GPU runs of session 14". Nothing is waiting: every queued mode has run.
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
