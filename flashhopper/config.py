@@ -467,6 +467,11 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
+    # with sdp_by_gemm: warpgroup 1 issues dP only once warpgroup 0 has issued S (a named barrier), so
+    # the tensor pipe runs S first and warpgroup 0's exp2s start after one GEMM's time instead of two;
+    # dP then runs under them. Warpgroup 1 waits at "P full" for those exp2s: ncu (session 14) put the
+    # variant's barrier stalls at 7.25 per issued instruction against the split by keys' 5.47.
+    sdp_s_first: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -619,6 +624,8 @@ class BwdConfig(_KernelConfig):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
+        if self.sdp_s_first and not self.sdp_by_gemm:
+            raise ValueError("sdp_s_first orders sdp_by_gemm's S before its dP: it needs sdp_by_gemm")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 14 ran s13_bwd256, s13_ncu256,
-# s13_ablation, s14_pick256, s14_bgrid, s14_verify, s14_close (with s13_l2's profile) and s14_extra; results in
-# docs/benchmarks.md, "GPU runs of session 14". Nothing is waiting: every queued mode has run.
+# s13_ablation, s14_pick256, s14_bgrid, s14_verify, s14_close (with s13_l2's profile) and s14_extra;
+# results in docs/benchmarks.md, "GPU runs of session 14". Waiting (one H200, ~6 min):
+#
+#   - s15_sfirst: hdim 256 backward with sdp_s_first (warpgroup 1 issues dP only once warpgroup 0 has
+#     issued S; compile-checked only, docs/notes/bwd-hdim256-smem.md "Session 14"): its cases, its
+#     experimental GPU tests, then timing against the dispatch (3 rounds, 2k / 8k / 16k, causal and
+#     not) and per MHz at 8k. Predicted +3..+10% (the tensor pipe idles while warpgroup 1 waits for
+#     P). If it wins: dispatch (config._BWD_WIDE_SWITCHES[256] or beside _BWD_SDP_BY_GEMM), drop its
+#     experimental marks, run `pytest tests/test_bwd_gpu.py -k 256` and the backward grid (s14_bgrid).
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -446,6 +453,23 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   echo "== end at $(($(date +%s) - T0)) s"
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
+  ;;
+s15_sfirst)  # hdim 256 backward with S issued before dP (sdp_s_first): cases, tests, timing, rate per MHz
+  bg sfirst_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+    --bwd-config sdp_s_first=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/sfirst_cases.log"; then
+    FH_TEST_EXPERIMENTAL=1 run sfirst_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k sdp_s_first
+    run sfirst_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 2048,8192,16384 \
+      --bwd-config default --bwd-config sdp_s_first=True
+    run sfirst_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
+      --no-matmul --no-peers --fh-config default --fh-config sdp_s_first=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- sfirst_cases"; grep -E "^FAIL|failed|rc=" "$O/sfirst_cases.log" | tail -4
+  tests_summary sfirst_tests
+  [ -f "$O/sfirst_time.log" ] && { echo "--- sfirst_time"; quiet "$O/sfirst_time.log" | tail -9; }
+  [ -f "$O/sfirst_rate.log" ] && { echo "--- sfirst_rate"; quiet "$O/sfirst_rate.log" | grep -A3 "^backward"; }
   ;;
 s13_ncu256)  # (needs commit 2cd3768 for per_wg / roles: removed after it)
   # session 13: ncu of the hdim 256 backward variants against the dispatch and FA4 (8k, non-causal)

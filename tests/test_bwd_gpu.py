@@ -675,3 +675,24 @@ def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
 def test_backward_hdim256_split_by_keys(b, sq, sk, hq, hk, causal, window):
     with runtime.bwd_config_overrides(sdp_by_gemm=False):
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window)
+
+
+# sdp_s_first (session 14, default off until timed): warpgroup 1 issues dP only after warpgroup 0
+# has issued S. A new barrier protocol: experimental until it has run on a GPU once.
+@pytest.mark.experimental
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window", [
+    (2, 300, 517, 4, 2, False, (-1, -1)), (2, 517, 300, 2, 2, True, (-1, -1)),
+    (1, 1000, 1000, 3, 1, True, (-1, -1)), (1, 700, 700, 2, 2, False, (100, 20)),
+    (1, 1, 17, 2, 2, False, (-1, -1)), (3, 17, 17, 4, 2, True, (-1, -1)),
+    (1, 4097, 4097, 2, 2, True, (-1, -1))])
+def test_backward_hdim256_sdp_s_first(b, sq, sk, hq, hk, causal, window):
+    with runtime.bwd_config_overrides(sdp_s_first=True):
+        run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window)
+
+
+@pytest.mark.experimental
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (300, 40))])
+def test_deterministic_hdim256_sdp_s_first_is_bitwise_reproducible(causal, window):
+    with runtime.bwd_config_overrides(sdp_s_first=True):
+        _check_deterministic(256, causal, window)
+

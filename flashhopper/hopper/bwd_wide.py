@@ -84,6 +84,9 @@ _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block 
 _BAR_WG_PDS = 6
 # sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
 _BAR_P_FULL = 8
+# sdp_s_first: warpgroup 0 has issued S, warpgroup 1 may issue dP (0 arrives, 1 waits); 9 .. 12 are
+# the dQ parts' barriers at two warpgroups, which sdp_by_gemm always has
+_BAR_S_ISSUED = 13
 # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
 # id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
 _BAR_DQ_WG = 9
@@ -422,7 +425,14 @@ class FlashBwdWideSm90(BwdKernelBase):
                 pipe_do.consumer_wait(do_state)
                 if wg == 0:
                     issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                    if cutlass.const_expr(self.cfg.sdp_s_first):
+                        cute.arch.barrier_arrive(barrier_id=_BAR_S_ISSUED,
+                                                 number_of_threads=self.num_consumer_threads)
                 else:
+                    if cutlass.const_expr(self.cfg.sdp_s_first):
+                        # S ahead of dP in the tensor pipe: the P this warpgroup waits for comes sooner
+                        cute.arch.barrier(barrier_id=_BAR_S_ISSUED,
+                                          number_of_threads=self.num_consumer_threads)
                     issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
                 lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
                                                      seqlen_k, diag, window_left, window_right, num_rows)
