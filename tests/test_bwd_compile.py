@@ -914,23 +914,16 @@ def test_sdp_by_gemm_is_dispatched_at_256_without_softcap():
     assert not bwd_config("bf16", 256, dkv_by_keys=True, dq_chunks=2).sdp_by_gemm
 
 
+@pytest.mark.parametrize("fields", [{"sdp_by_gemm": True}, {"sdp_s_first": True}], ids=["by_gemm", "s_first"])
 @pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
-def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
+def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask, fields):
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
-    cfg = bwd_config("bf16", 256, sdp_by_gemm=True, **masks)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=256, sdp_by_gemm=True, **masks)
+    cfg = bwd_config("bf16", 256, **fields, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **fields, **masks)
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
-
-
-@pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
-def test_sdp_s_first_orders_s_before_dp_with_one_barrier_pair(mask):
-    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
-    cfg = bwd_config("bf16", 256, sdp_s_first=True, **masks)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=256, sdp_s_first=True, **masks)
-    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
-    if mask == "none":  # warpgroup 0's arrive after S, warpgroup 1's sync before dP
+    if cfg.sdp_s_first and mask == "none":  # warpgroup 0's arrive after S, warpgroup 1's sync before dP
         base = inspect_kernel("bwd", dtype="bf16", hdim=256)
         assert report["sass"]["BAR"] == base["sass"]["BAR"] + 2
         assert report["sass"]["HGMMA"] == base["sass"]["HGMMA"]

@@ -309,8 +309,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
         # smem descriptors depend only on the warpgroup; register partitions on the thread
-        sdp_tidx = tidx % 128 if self.sdp_wgs == 1 else tidx
-        wg_sdp = tiled_mma_sdp.get_slice(0 if self.sdp_wgs == 1 else wg * 128)
+        sdp_tidx = tidx % 128 if self.cfg.sdp_by_gemm else tidx
+        wg_sdp = tiled_mma_sdp.get_slice(0 if self.cfg.sdp_by_gemm else wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
         wg_dq = tiled_mma_dq.get_slice(wg * 128)
         thr_sdp = tiled_mma_sdp.get_slice(sdp_tidx)
@@ -342,7 +342,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         shape_sdp = (self.tile_m, self.tile_n)
         acc_S = cute.make_rmem_tensor(tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         # sdp_by_gemm: one accumulator, S on warpgroup 0 and dP on warpgroup 1
-        acc_dP = acc_S if self.sdp_wgs == 1 else cute.make_rmem_tensor(
+        acc_dP = acc_S if self.cfg.sdp_by_gemm else cute.make_rmem_tensor(
             tiled_mma_sdp.partition_shape_C(shape_sdp), Float32)
         acc_dV = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
         acc_dK = cute.make_rmem_tensor(tiled_mma_dkv.partition_shape_C((self.hdim, self.tile_n)), Float32)
@@ -352,7 +352,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         # (query, key) of each S / dP register, within the tile
         coord_rc = L.acc_rows_cols(thr_sdp.partition_C(cute.make_identity_tensor(shape_sdp)))
         coord0_rc = None
-        if cutlass.const_expr(self.sdp_wgs == 1):
+        if cutlass.const_expr(self.cfg.sdp_by_gemm):
             coord0_rc = L.acc_rows_cols(tiled_mma_sdp.get_slice(0).partition_C(
                 cute.make_identity_tensor(shape_sdp)))
         dq_coords = [thr_dq.partition_C(cute.make_identity_tensor((self.tile_m, self.hdim)))]
@@ -393,10 +393,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_sdp).get_slice(sdp_tidx)
         tPsP = st_copy.partition_D(sP)
         tdSsdS = st_copy.partition_D(sdS)
-        # sdp_by_gemm: warpgroup 1 reads P back into the registers that thread of
-        # warpgroup 0 held it in
+        # sdp_by_gemm: warpgroup 1 reads P back into the registers that thread of warpgroup 0 held it in
         ld_atom, tPsP_ld = None, None
-        if cutlass.const_expr(self.sdp_wgs == 1):
+        if cutlass.const_expr(self.cfg.sdp_by_gemm):
             ld_atom = cute.make_copy_atom(
                 cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
             ld_copy = cute.make_tiled_copy_C(ld_atom, tiled_mma_sdp).get_slice(sdp_tidx)
@@ -702,12 +701,10 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def row_limits(self, coord_rc, sLSE, sD, state, do_state, m_block, n_block, seqlen_k, diag, window_left,
-                   window_right, num_rows: cutlass.Constexpr[int], with_d: cutlass.Constexpr[bool] = True,
-                   col_offset=None):
+                   window_right, num_rows: cutlass.Constexpr[int]):
         """A thread's S registers cover two query rows: their LSE and D, read once, and the visible
         key range [lo, hi) per row (offsets from this key block's start). The rows arrived with Q /
-        dO; padded rows hold +inf / 0, so no bounds test. With `col_offset` the bounds are shifted by
-        it (for comparing thread 0's columns)."""
+        dO; padded rows hold +inf / 0, so no bounds test."""
         lse = cute.make_rmem_tensor(num_rows, Float32)
         d_row = cute.make_rmem_tensor(num_rows, Float32)
         lo = cute.make_rmem_tensor(num_rows, Int32)
@@ -716,18 +713,13 @@ class FlashBwdWideSm90(BwdKernelBase):
             q_in_block = coord_rc[r, 0][0]
             q = m_block * self.tile_m + q_in_block
             lse[r] = sLSE[q_in_block, state.index]
-            if cutlass.const_expr(with_d):
-                d_row[r] = sD[q_in_block, do_state.index]
+            d_row[r] = sD[q_in_block, do_state.index]
             hi[r] = seqlen_k - n_block * self.tile_n
             lo[r] = Int32(0)
             if cutlass.const_expr(self.has_right):
                 hi[r] = cutlass.min(hi[r], q + diag + window_right + 1 - n_block * self.tile_n)
             if cutlass.const_expr(self.has_left):
                 lo[r] = q + diag - window_left - n_block * self.tile_n
-            if cutlass.const_expr(col_offset is not None):
-                hi[r] = hi[r] - col_offset
-                if cutlass.const_expr(self.has_left):
-                    lo[r] = lo[r] - col_offset
         return lse, d_row, lo, hi
 
     @cute.jit
@@ -811,8 +803,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
                         if cutlass.const_expr(self.dq_halves > 1):
-                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols),
-                                                    (0, h))
+                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
                         self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
                                             (c * num_wg + w) * self.dq_halves + h)
                         cute.arch.cp_async_bulk_commit_group()
@@ -859,9 +850,9 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale):
-        """sdp_by_gemm: dS = P (dP - D) in place of dP, P from the 16-bit copy read back
-        from smem (element by element: a whole fp32 copy of P would not fit next to dK^T / dV^T);
-        returned in the input dtype."""
+        """sdp_by_gemm: dS = P (dP - D) in place of dP, P from the 16-bit copy read back from smem
+        (element by element: a whole fp32 copy of P would not fit next to dK^T / dV^T); returned in
+        the input dtype."""
         dp_rc, p_rc = L.acc_rows_cols(acc_dP), L.acc_rows_cols(rP)
         for r in cutlass.range_constexpr(cute.size(dp_rc, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(dp_rc, mode=[1])):
