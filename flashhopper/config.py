@@ -467,11 +467,13 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # with sdp_by_gemm: warpgroup 1 issues dP only once warpgroup 0 has issued S (a named barrier), so
-    # the tensor pipe runs S first and warpgroup 0's exp2s start after one GEMM's time instead of two;
-    # dP then runs under them. Warpgroup 1 waits at "P full" for those exp2s: ncu (session 14) put the
-    # variant's barrier stalls at 7.25 per issued instruction against the split by keys' 5.47.
-    sdp_s_first: bool = False
+    # Without a mask, every CTA walks the query blocks from the first, so the CTAs of one head that
+    # run at the same time (the launch order puts key blocks fastest) add their dQ tiles into the
+    # same rows of the accumulator at the same time. With stagger_m, key block n starts n query
+    # blocks in and wraps around. Only without causal / local masks (their walks are ordered around
+    # the diagonal), not deterministic (its turns follow the ascending order) and not with
+    # fused_dq_cast (its converters follow the walk).
+    stagger_m: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -575,6 +577,10 @@ class BwdConfig(_KernelConfig):
         return (self.kv_split == "hdim" and self.num_consumer_wg == 2 and self.num_dq_chunks == 2
                 and not (self.softcap or self.dkv_by_keys or self.dkv_early))
 
+    def stagger_fits(self) -> bool:
+        """Whether the walk over query blocks may start anywhere (stagger_m)."""
+        return not (self.causal or self.local or self.deterministic or self.fused_dq_cast)
+
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
         return not (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
@@ -624,8 +630,9 @@ class BwdConfig(_KernelConfig):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
-        if self.sdp_s_first and not self.sdp_by_gemm:
-            raise ValueError("sdp_s_first orders sdp_by_gemm's S before its dP: it needs sdp_by_gemm")
+        if self.stagger_m and not self.stagger_fits():
+            raise ValueError("stagger_m needs no causal / local mask, deterministic=False and no "
+                             "fused_dq_cast (each orders the walk over query blocks itself)")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
@@ -874,5 +881,9 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)
+        # and the staggered walk only where the walk's order is free (asked for or not: it changes
+        # no result, so an override for a whole test suite applies where it can)
+        if cfg.stagger_m and not cfg.stagger_fits():
+            cfg = dataclasses.replace(cfg, stagger_m=False)
     cfg.check()
     return cfg

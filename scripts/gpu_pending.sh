@@ -454,6 +454,20 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
+s15_stagger)  # backward without a mask, each key block's walk over query blocks staggered (stagger_m):
+  # its GPU tests, then timing against the dispatch at every grid hdim (3 rounds) and per MHz at hdim 128 16k
+  run stagger_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k stagger_m
+  if grep -qE "[0-9]+ passed" "$O/stagger_tests.log" && ! grep -qE "[0-9]+ failed" "$O/stagger_tests.log"; then
+    run stagger_time python3 scripts/bwd_check.py --no-cases --rounds 3 --causal no --hdims 64,128,256 \
+      --seqlens 2048,8192,16384 --bwd-config default --bwd-config stagger_m=True
+    run stagger_rate python3 scripts/clock_study.py --bwd --hdim 128 --seqlen 16384 --rounds 2 --seconds 1.0 \
+      --no-matmul --no-peers --fh-config default --fh-config stagger_m=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary stagger_tests
+  [ -f "$O/stagger_time.log" ] && { echo "--- stagger_time"; quiet "$O/stagger_time.log" | tail -12; }
+  [ -f "$O/stagger_rate.log" ] && { echo "--- stagger_rate"; quiet "$O/stagger_rate.log" | grep -A3 "^backward"; }
+  ;;
 s15_sfirst)  # hdim 256 backward with S issued before dP (sdp_s_first): cases, tests, timing, rate per MHz
   bg sfirst_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
     --bwd-config sdp_s_first=True

@@ -28,7 +28,6 @@ declare -A VARIANTS=(
   # hdim 256: S / dP split by GEMM is the dispatch since session 14; the split by keys before it
   # (session 13's per_wg / roles variants were removed after commit 2cd3768)
   [by_keys]="--set sdp_by_gemm=false"
-  [s_first]="--set sdp_s_first=true"
 )
 for name in ${NAMES:-dispatch fa4_tile_dq_tma fa4_step_slot fa4_kernel}; do
   tag="bwd_hdim${HDIM}_${SEQLEN}_${name}"

@@ -914,24 +914,35 @@ def test_sdp_by_gemm_is_dispatched_at_256_without_softcap():
     assert not bwd_config("bf16", 256, dkv_by_keys=True, dq_chunks=2).sdp_by_gemm
 
 
-@pytest.mark.parametrize("fields", [{"sdp_by_gemm": True}, {"sdp_s_first": True}], ids=["by_gemm", "s_first"])
 @pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
-def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask, fields):
+def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
+    fields = {"sdp_by_gemm": True}
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
     cfg = bwd_config("bf16", 256, **fields, **masks)
     report = inspect_kernel("bwd", dtype="bf16", hdim=256, **fields, **masks)
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
-    if cfg.sdp_s_first and mask == "none":  # warpgroup 0's arrive after S, warpgroup 1's sync before dP
-        base = inspect_kernel("bwd", dtype="bf16", hdim=256)
-        assert report["sass"]["BAR"] == base["sass"]["BAR"] + 2
-        assert report["sass"]["HGMMA"] == base["sass"]["HGMMA"]
 
 
-def test_sdp_s_first_needs_sdp_by_gemm():
-    assert not any(bwd_config("bf16", d).sdp_s_first for d in (64, 96, 128, 192, 256))  # not timed yet
-    for hdim, fields in ((256, {"softcap": True}), (256, {"sdp_by_gemm": False}), (128, {})):
-        with pytest.raises(ValueError, match="sdp_s_first orders"):
-            bwd_config("bf16", hdim, **{**fields, "sdp_s_first": True})
 
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_stagger_m_compiles_the_same_step(hdim):
+    """stagger_m only moves where each CTA's walk over query blocks starts: the step is the
+    dispatched one (same WGMMAs and waits, no spills); masks, deterministic mode and the fused dQ
+    cast keep their own order (the override is dropped there)."""
+    cfg = bwd_config("bf16", hdim, stagger_m=True)
+    assert cfg.stagger_m and not bwd_config("bf16", hdim).stagger_m
+    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, stagger_m=True)
+    base = inspect_kernel("bwd", dtype="bf16", hdim=hdim)
+    if cfg.kv_split == "keys":
+        _check_keys_report(report, cfg, "none")
+    else:
+        _check_wide_report(report, cfg, "none")
+    for key in ("HGMMA", "HGMMA_WAITS", "BAR", "UTMALDG", "UTMAREDG"):
+        assert report["sass"][key] == base["sass"][key], key
+    fused = ({"fused_dq_cast": True},) if cfg.kv_split == "keys" else ()
+    for kw in ({"causal": True}, {"local": True}, {"deterministic": True}, *fused):
+        assert not bwd_config("bf16", hdim, stagger_m=True, **kw).stagger_m
+    with pytest.raises(ValueError, match="stagger_m needs no causal"):
+        dataclasses.replace(bwd_config("bf16", hdim, causal=True), stagger_m=True).check()

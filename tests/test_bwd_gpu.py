@@ -677,22 +677,14 @@ def test_backward_hdim256_split_by_keys(b, sq, sk, hq, hk, causal, window):
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window)
 
 
-# sdp_s_first (session 14, default off until timed): warpgroup 1 issues dP only after warpgroup 0
-# has issued S. A new barrier protocol: experimental until it has run on a GPU once.
-@pytest.mark.experimental
-@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window", [
-    (2, 300, 517, 4, 2, False, (-1, -1)), (2, 517, 300, 2, 2, True, (-1, -1)),
-    (1, 1000, 1000, 3, 1, True, (-1, -1)), (1, 700, 700, 2, 2, False, (100, 20)),
-    (1, 1, 17, 2, 2, False, (-1, -1)), (3, 17, 17, 4, 2, True, (-1, -1)),
-    (1, 4097, 4097, 2, 2, True, (-1, -1))])
-def test_backward_hdim256_sdp_s_first(b, sq, sk, hq, hk, causal, window):
-    with runtime.bwd_config_overrides(sdp_s_first=True):
-        run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window)
 
-
-@pytest.mark.experimental
-@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (300, 40))])
-def test_deterministic_hdim256_sdp_s_first_is_bitwise_reproducible(causal, window):
-    with runtime.bwd_config_overrides(sdp_s_first=True):
-        _check_deterministic(256, causal, window)
-
+# stagger_m: each key block's walk over query blocks starts at its own query block and wraps around.
+# Shapes with many query blocks per key block (the wrap), GQA (the wrap per query head of the group),
+# odd lengths (the partial last query block reached mid-walk), softcap; masks keep their own order.
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,softcap", [
+    (2, 1000, 300, 4, 2, 0.0), (1, 4097, 517, 2, 1, 0.0), (2, 300, 517, 4, 2, 0.0),
+    (1, 1, 17, 2, 2, 0.0), (1, 777, 777, 2, 2, 10.0)])
+def test_backward_stagger_m(d, b, sq, sk, hq, hk, softcap):
+    with runtime.bwd_config_overrides(stagger_m=True):
+        run_case(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=softcap)

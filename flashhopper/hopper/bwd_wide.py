@@ -84,9 +84,6 @@ _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block 
 _BAR_WG_PDS = 6
 # sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
 _BAR_P_FULL = 8
-# sdp_s_first: warpgroup 0 has issued S, warpgroup 1 may issue dP (0 arrives, 1 waits); 9 .. 12 are
-# the dQ parts' barriers at two warpgroups, which sdp_by_gemm always has
-_BAR_S_ISSUED = 13
 # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
 # id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
 _BAR_DQ_WG = 9
@@ -418,20 +415,13 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.do_stages == self.num_stages):
                 do_state = state
             head = head_kv * ratio + step // num_m
-            m_block = m_min + step % num_m
+            m_block = self.step_m_block(step, m_min, num_m, n_block)
             pipe_q.consumer_wait(state)
             if cutlass.const_expr(self.cfg.sdp_by_gemm):
                 pipe_do.consumer_wait(do_state)
                 if wg == 0:
                     issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
-                    if cutlass.const_expr(self.cfg.sdp_s_first):
-                        cute.arch.barrier_arrive(barrier_id=_BAR_S_ISSUED,
-                                                 number_of_threads=self.num_consumer_threads)
                 else:
-                    if cutlass.const_expr(self.cfg.sdp_s_first):
-                        # S ahead of dP in the tensor pipe: the P this warpgroup waits for comes sooner
-                        cute.arch.barrier(barrier_id=_BAR_S_ISSUED,
-                                          number_of_threads=self.num_consumer_threads)
                     issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
                 lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
                                                      seqlen_k, diag, window_left, window_right, num_rows)
@@ -752,7 +742,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_wg = self.num_consumer_wg
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
-            m_block = m_min + step % num_m
+            m_block = self.step_m_block(step, m_min, num_m, n_block)
             for w in cutlass.range_constexpr(num_wg):
                 cute.arch.cp_async_bulk_wait_group(num_wg - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
@@ -787,7 +777,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_wg = self.num_consumer_wg
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
-            m_block = m_min + step % num_m
+            m_block = self.step_m_block(step, m_min, num_m, n_block)
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
