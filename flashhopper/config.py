@@ -459,6 +459,13 @@ class BwdConfig(_KernelConfig):
     # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
     # slot's grant). Same smem; twice the hand-offs, each half as long.
     dq_slot_halves: bool = False
+    # with dq_slot_halves: the slot as a ring of this many half-size boxes (0: the two halves), so
+    # that more of the writer's reduce-adds read smem at once while the warpgroups store the next
+    # halves; each box is used again dq_slot_ring half-turns later. Session 15 on the H200: hdim 256
+    # with no dQ reduce-add at all ran 13-16% faster, with a plain TMA store in its place 1-4%, and
+    # the slot's grant held ~22% of the warps' stall samples: the hand-offs are latency-bound, not
+    # bound by the reduction. 3 boxes take 8 KiB more smem at hdim 256 (227,136 B).
+    dq_slot_ring: int = 0
     # kv_split "hdim" at hdim 256 (two warpgroups, dQ in two chunks): S = Q K^T and dP = dO V^T split
     # by GEMM instead of by keys: warpgroup 0 computes S and P over all tile_n keys, warpgroup 1 dP
     # and, with P read back from smem (bf16), dS. Each S / dP WGMMA then has N = tile_n (80) instead
@@ -467,13 +474,6 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # Without a mask, every CTA walks the query blocks from the first, so the CTAs of one head that
-    # run at the same time (the launch order puts key blocks fastest) add their dQ tiles into the
-    # same rows of the accumulator at the same time. With stagger_m, key block n starts n query
-    # blocks in and wraps around. Only without causal / local masks (their walks are ordered around
-    # the diagonal), not deterministic (its turns follow the ascending order) and not with
-    # fused_dq_cast (its converters follow the walk).
-    stagger_m: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -561,6 +561,8 @@ class BwdConfig(_KernelConfig):
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" or self.dq_tma else 0
         if self.dq_tma and self.dq_slots:
             dq //= self.num_consumer_wg * self.num_dq_chunks
+            if self.dq_slot_ring:  # ring boxes of half a part each
+                dq = dq // 2 * self.dq_slot_ring
         if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
@@ -576,10 +578,6 @@ class BwdConfig(_KernelConfig):
         head dim, dQ in two chunks (hdim 256), no softcap."""
         return (self.kv_split == "hdim" and self.num_consumer_wg == 2 and self.num_dq_chunks == 2
                 and not (self.softcap or self.dkv_by_keys or self.dkv_early))
-
-    def stagger_fits(self) -> bool:
-        """Whether the walk over query blocks may start anywhere (stagger_m)."""
-        return not (self.causal or self.local or self.deterministic or self.fused_dq_cast)
 
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
@@ -626,13 +624,13 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
+        if self.dq_slot_ring and (self.dq_slot_ring < 3 or not self.dq_slot_halves):
+            raise ValueError(f"dq_slot_ring {self.dq_slot_ring}: 0 (the slot's two halves) or >= 3 half-size "
+                             "boxes, and only with dq_slot_halves")
         if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
-        if self.stagger_m and not self.stagger_fits():
-            raise ValueError("stagger_m needs no causal / local mask, deterministic=False and no "
-                             "fused_dq_cast (each orders the walk over query blocks itself)")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
@@ -751,10 +749,13 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # Session 12 (s12_halves, 2 rounds, 2k / 8k, causal and not): the part lent in two column halves at 256
 # (BwdConfig.dq_slot_halves) +0.9..+1.8%, 4 of 4 points (192's parts are not whole 64 columns); not
 # under a local window, where that kernel spills (bwd_config drops it).
+# Session 15 (s15_ring, 3 rounds, 2k / 8k / 16k, causal and not): those halves as a ring of three boxes
+# (BwdConfig.dq_slot_ring) +1.3..+4.2% at 256, 6 of 6 points.
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
     192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
           "dq_rows_interleaved": True},
-    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1, "dq_rows_interleaved": True, "dq_slot_halves": True},
+    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1, "dq_rows_interleaved": True, "dq_slot_halves": True,
+          "dq_slot_ring": 3},
 }
 # The wide kernel as dispatched before that (dQ by atomics, two P / dS pairs; 192 as 3 warpgroups of
 # 64 head-dim rows): the base its earlier candidates were measured on, kept for the tests and scripts
@@ -854,7 +855,7 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # the slot's halves spilled 16 bytes under a local window before sdp_by_gemm (not with it:
         # session 14, cases passed) and were never timed there
         if local:
-            wide["dq_slot_halves"] = False
+            wide.update(dq_slot_halves=False, dq_slot_ring=0)
         if hdim in _BWD_SDP_BY_GEMM and not softcap:
             wide["sdp_by_gemm"] = True
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
@@ -881,9 +882,9 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)
-        # and the staggered walk only where the walk's order is free (asked for or not: it changes
-        # no result, so an override for a whole test suite applies where it can)
-        if cfg.stagger_m and not cfg.stagger_fits():
-            cfg = dataclasses.replace(cfg, stagger_m=False)
+        # and the slot's ring only where it goes round in halves (asked for or not: not under a local
+        # window, where the dispatch keeps the slot whole)
+        if cfg.dq_slot_ring and not cfg.dq_slot_halves:
+            cfg = dataclasses.replace(cfg, dq_slot_ring=0)
     cfg.check()
     return cfg

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 14 ran s13_bwd256, s13_ncu256,
-# s13_ablation, s14_pick256, s14_bgrid, s14_verify, s14_close (with s13_l2's profile) and s14_extra;
-# results in docs/benchmarks.md, "GPU runs of session 14". Waiting (one H200, ~6 min):
+# GPU work by mode, one device call of <= 10 minutes each. Session 15 ran s15_sfirst, s15_stagger,
+# s15_peers, s12_fgrid (again), s15_stalls, s15_ring and s15_verify; results in docs/benchmarks.md,
+# "GPU runs of session 15". Waiting (one H200, ~7 min):
 #
-#   - s15_sfirst: hdim 256 backward with sdp_s_first (warpgroup 1 issues dP only once warpgroup 0 has
-#     issued S; compile-checked only, docs/notes/bwd-hdim256-smem.md "Session 14"): its cases, its
-#     experimental GPU tests, then timing against the dispatch (3 rounds, 2k / 8k / 16k, causal and
-#     not) and per MHz at 8k. Predicted +3..+10% (the tensor pipe idles while warpgroup 1 waits for
-#     P). If it wins: dispatch (config._BWD_WIDE_SWITCHES[256] or beside _BWD_SDP_BY_GEMM), drop its
-#     experimental marks, run `pytest tests/test_bwd_gpu.py -k 256` and the backward grid (s14_bgrid).
+#   - s16_bgrid: the backward grid of session 15's dispatch (hdim 256's dQ slot as a ring of three
+#     boxes, dq_slot_ring=3; timed only at 2k / 8k / 16k so far, +1.3..+4.2%), 2 rounds, then the ring
+#     against the two halves per MHz at hdim 256 8k. Copy bwd_grid.json to benchmarks/, redraw
+#     docs/bwd_grid.png (flashhopper.bench.plot.plot_file(json, png), no GPU needed), and update
+#     docs/benchmarks.md.
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -453,6 +452,53 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   echo "== end at $(($(date +%s) - T0)) s"
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
+  ;;
+s16_bgrid)  # the backward grid of session 15's dispatch (2 rounds); the ring against the halves per MHz
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  run ring_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \
+    --no-matmul --no-peers --fh-config dq_slot_ring=0 --fh-config default
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | grep -E "^ *(64|128|256) |geomean|matmul" | tail -40; }
+  [ -f "$O/ring_rate.log" ] && { echo "--- ring_rate"; quiet "$O/ring_rate.log" | grep -E "^round|^fh"; }
+  ;;
+s15_ring)  # hdim 256 backward with the dQ slot as a ring of three half-size boxes (dq_slot_ring=3): cases,
+  # timing against the dispatch (3 rounds), then the hdim 256 GPU tests with the override
+  bg ring_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config dq_slot_ring=3
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/ring_cases.log"; then
+    run ring_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 2048,8192,16384 \
+      --bwd-config default --bwd-config dq_slot_ring=3
+    B=tests/test_bwd_gpu.py
+    FH_TEST_BWD_OVERRIDES=dq_slot_ring=3 run ring_tests python3 -m pytest -q -rf --tb=short \
+      -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 \
+      $B::test_backward_packed_qkv $B::test_deterministic_is_bitwise_reproducible \
+      $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- ring_cases"; grep -E "^FAIL|failed|rc=" "$O/ring_cases.log" | tail -4
+  [ -f "$O/ring_time.log" ] && { echo "--- ring_time"; quiet "$O/ring_time.log" | tail -9; }
+  tests_summary ring_tests
+  ;;
+s15_verify)  # the new hdim 256 dispatch (dq_slot_ring=3): every hdim 256 backward GPU test
+  run verify256 python3 -m pytest -q -rf --tb=short -x tests/test_bwd_gpu.py -k 256
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary verify256
+  ;;
+s15_stalls)  # where the warps wait, per SASS instruction and named barrier id (ncu source counters, one
+  # launch, 8k, non-causal): the hdim 256 backward (which of "P full" 8, "P / dS full" 3, "P / dS free" 2
+  # and the dQ slot's grants 9-12 hold its barrier stalls), the hdim 128 one and FA4's hdim 128
+  TARGETS="bwd:256 bwd:128 bwd:128:fa4" SEQLEN=8192 run stalls bash scripts/profile_conflicts.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in "$O"/*.stalls.txt; do echo "--- $f"; head -24 "$f"; done
+  ;;
+s15_peers)  # a second sample of the backward grid (2 rounds) on this session's machine; then hdim 128 without
+  # a mask, ours against the peers in sustained 1 s streams with the SM clock read (2k, 8k)
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  run rate128_2k python3 scripts/clock_study.py --bwd --hdim 128 --seqlen 2048 --rounds 2 --seconds 1.0 --no-matmul
+  run rate128_8k python3 scripts/clock_study.py --bwd --hdim 128 --seqlen 8192 --rounds 2 --seconds 1.0 --no-matmul
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | grep -E "^ *(64|128|256) |geomean|matmul" | tail -40; }
+  for f in rate128_2k rate128_8k; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | grep -A6 "^backward"; }; done
   ;;
 s15_stagger)  # backward without a mask, each key block's walk over query blocks staggered (stagger_m):
   # its GPU tests, then timing against the dispatch at every grid hdim (3 rounds) and per MHz at hdim 128 16k

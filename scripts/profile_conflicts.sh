@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Which SASS instructions of a kernel cause shared-memory bank conflicts: ncu's SourceCounters section
-# (excess shared wavefronts per instruction), imported back as the source page in CSV. Session 10: all
-# 85M bank conflicts of the hdim 192 backward (FA4: 4.6M) were the dQ STS.64 (docs/benchmarks.md).
+# Which SASS instructions of a kernel cause shared-memory bank conflicts, and where its warps stall:
+# ncu's SourceCounters section (excess shared wavefronts and stall samples per instruction), imported
+# back as the source page in CSV. Session 10: all 85M bank conflicts of the hdim 192 backward (FA4:
+# 4.6M) were the dQ STS.64 (docs/benchmarks.md). Session 15: stall samples by barrier id.
 # On the GPU machine after `source .device/setup.sh`; never changes clocks. Each entry of TARGETS is
 # DIRECTION:HDIM[:fa4][:causal], e.g.
 #   TARGETS="bwd:192 bwd:128" SEQLEN=2048 bash scripts/profile_conflicts.sh        (the default)
@@ -30,4 +31,5 @@ for target in ${TARGETS:-bwd:192 bwd:128}; do
   rm -f "$OUT_DIR/$tag.ncu-rep"  # large; the CSV has what is read here
   echo "== $tag: $(wc -l < "$OUT_DIR/$tag.csv") source rows"
   python3 scripts/top_conflicts.py "$OUT_DIR/$tag.csv" | tee "$OUT_DIR/$tag.top.txt"
+  python3 scripts/top_stalls.py "$OUT_DIR/$tag.csv" | tee "$OUT_DIR/$tag.stalls.txt"
 done

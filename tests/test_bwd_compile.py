@@ -679,8 +679,11 @@ def test_backward_wide_dq_slot_compiles(hdim, mask):
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **masks)
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     assert report["sass"]["UTMAREDG"] > 0
-    # one part: 64 x 96 fp32 at 192 (2 warpgroups, one chunk), 64 x 64 at 256 (2 x 2 chunks)
+    # one part: 64 x 96 fp32 at 192 (2 warpgroups, one chunk), 64 x 64 at 256 (2 x 2 chunks), there
+    # as a ring of three half-part boxes except under a local window (dq_slot_ring)
     part = 64 * (96 if hdim == 192 else 64) * 4
+    if cfg.dq_slot_ring:
+        part = part // 2 * cfg.dq_slot_ring
     assert cfg.smem_bytes() - bwd_config("bf16", hdim, **_DQ_SLOT[hdim], **masks).smem_bytes() == part
 
 
@@ -884,9 +887,45 @@ def test_dq_slot_halves_is_dispatched_at_256_and_dropped_by_overrides_it_does_no
             bwd_config("bf16", hdim, **{**fields, "dq_slot_halves": True})
 
 
+def test_dq_slot_ring_is_dispatched_at_256_where_the_slot_has_halves():
+    # hdim 256 passes its dQ halves through a ring of three 8 KiB boxes; not under a local window
+    # (no halves there), not at 192 (no halves)
+    assert [bwd_config("bf16", d).dq_slot_ring for d in (64, 96, 128, 192, 256)] == [0, 0, 0, 0, 3]
+    for dtype, kw in (("bf16", {"causal": True}), ("bf16", {"causal": True, "deterministic": True}),
+                      ("bf16", {"softcap": True}), ("fp16", {})):
+        assert bwd_config(dtype, 256, **kw).dq_slot_ring == 3
+    assert bwd_config("bf16", 256, local=True).dq_slot_ring == 0
+    # an override that takes the halves away takes the ring too
+    assert bwd_config("bf16", 256, dq_slot_halves=False).dq_slot_ring == 0
+    ring, halves = bwd_config("bf16", 256), bwd_config("bf16", 256, dq_slot_ring=0)
+    assert ring.smem_bytes() - halves.smem_bytes() == 64 * 32 * 4 == 8192
+    assert ring.smem_bytes() == 227136 <= SMEM_CAPACITY
+    for ring_len in (1, 2):
+        with pytest.raises(ValueError, match="dq_slot_ring"):
+            dataclasses.replace(ring, dq_slot_ring=ring_len).check()
+    with pytest.raises(ValueError, match="only with dq_slot_halves"):
+        dataclasses.replace(bwd_config("bf16", 192), dq_slot_ring=3).check()
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "deterministic", "softcap"])
+def test_dq_slot_ring_compiles_the_same_step(mask):
+    """The ring changes only which smem box each half-turn uses (a runtime offset on both sides) and
+    how many of the writer's reduce-adds may still be reading (2 instead of 1): the same WGMMAs,
+    barriers and reduce-add boxes, no spills."""
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", 256, **masks)
+    assert cfg.dq_slot_ring == 3
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **masks)
+    halves = inspect_kernel("bwd", dtype="bf16", hdim=256, dq_slot_ring=0, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    for key in ("HGMMA", "HGMMA_WAITS", "BAR", "UTMAREDG", "UTMALDG"):
+        assert report["sass"][key] == halves["sass"][key], key
+
+
 @pytest.mark.parametrize("mask", ["none", "deterministic"])
 def test_dq_slot_halves_compiles_with_twice_the_hand_offs(mask):
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    masks = {**masks, "dq_slot_ring": 0}  # the two halves alone (the dispatch makes them a ring of three)
     on = bwd_config("bf16", 256, **masks)
     assert on.dq_slot_halves and on.smem_bytes() == bwd_config("bf16", 256, dq_slot_halves=False,
                                                               **masks).smem_bytes()
@@ -923,26 +962,3 @@ def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
-
-
-
-@pytest.mark.parametrize("hdim", [64, 128, 256])
-def test_stagger_m_compiles_the_same_step(hdim):
-    """stagger_m only moves where each CTA's walk over query blocks starts: the step is the
-    dispatched one (same WGMMAs and waits, no spills); masks, deterministic mode and the fused dQ
-    cast keep their own order (the override is dropped there)."""
-    cfg = bwd_config("bf16", hdim, stagger_m=True)
-    assert cfg.stagger_m and not bwd_config("bf16", hdim).stagger_m
-    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, stagger_m=True)
-    base = inspect_kernel("bwd", dtype="bf16", hdim=hdim)
-    if cfg.kv_split == "keys":
-        _check_keys_report(report, cfg, "none")
-    else:
-        _check_wide_report(report, cfg, "none")
-    for key in ("HGMMA", "HGMMA_WAITS", "BAR", "UTMALDG", "UTMAREDG"):
-        assert report["sass"][key] == base["sass"][key], key
-    fused = ({"fused_dq_cast": True},) if cfg.kv_split == "keys" else ()
-    for kw in ({"causal": True}, {"local": True}, {"deterministic": True}, *fused):
-        assert not bwd_config("bf16", hdim, stagger_m=True, **kw).stagger_m
-    with pytest.raises(ValueError, match="stagger_m needs no causal"):
-        dataclasses.replace(bwd_config("bf16", hdim, causal=True), stagger_m=True).check()

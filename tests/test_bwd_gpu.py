@@ -675,16 +675,3 @@ def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
 def test_backward_hdim256_split_by_keys(b, sq, sk, hq, hk, causal, window):
     with runtime.bwd_config_overrides(sdp_by_gemm=False):
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window)
-
-
-
-# stagger_m: each key block's walk over query blocks starts at its own query block and wraps around.
-# Shapes with many query blocks per key block (the wrap), GQA (the wrap per query head of the group),
-# odd lengths (the partial last query block reached mid-walk), softcap; masks keep their own order.
-@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
-@pytest.mark.parametrize("b,sq,sk,hq,hk,softcap", [
-    (2, 1000, 300, 4, 2, 0.0), (1, 4097, 517, 2, 1, 0.0), (2, 300, 517, 4, 2, 0.0),
-    (1, 1, 17, 2, 2, 0.0), (1, 777, 777, 2, 2, 10.0)])
-def test_backward_stagger_m(d, b, sq, sk, hq, hk, softcap):
-    with runtime.bwd_config_overrides(stagger_m=True):
-        run_case(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=softcap)

@@ -371,12 +371,15 @@ def test_wide_backward_two_pds_buffers_fit():
 
 def test_wide_backward_dq_slot_dispatch_fits():
     # the dispatch since session 10: one fp32 dQ part (tile_m x hdim / (warpgroups x chunks)) in the
-    # smem of the second P / dS pair
+    # smem of the second P / dS pair; at 256 since session 15 a ring of three half-part boxes (not
+    # under a local window, which keeps the part whole)
     for hdim, part in ((192, 64 * 96 * 4), (256, 64 * 64 * 4)):
         for mask in MASKS:
             cfg = config.bwd_config("bf16", hdim, **mask)
             plain = config.bwd_config("bf16", hdim, **mask, dq_tma=False, dq_slots=0)
-            assert cfg.smem_bytes() - plain.smem_bytes() == part
+            ring = part // 2 * 3 if cfg.dq_slot_ring else part
+            assert cfg.dq_slot_ring == (3 if hdim == 256 and not mask.get("local") else 0)
+            assert cfg.smem_bytes() - plain.smem_bytes() == ring
             assert cfg.smem_bytes() <= SMEM_CAPACITY
             # and the part is why one pair: two would not fit next to it
             pair = 2 * cfg.tile_m * cfg.tile_n * 2

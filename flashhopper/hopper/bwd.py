@@ -304,7 +304,7 @@ class FlashBwdSm90(BwdKernelBase):
         dq_threads = self.num_consumer_threads + 32
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
-            m_block = self.step_m_block(step, m_min, num_m, n_block)
+            m_block = m_min + step % num_m
             cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
             cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
             # the whole warp runs the copy (it elects its issuing lane itself: calling it from one
@@ -343,7 +343,7 @@ class FlashBwdSm90(BwdKernelBase):
         prev_head, prev_m = Int32(0), Int32(0)
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
-            m_block = self.step_m_block(step, m_min, num_m, n_block)
+            m_block = m_min + step % num_m
             # part w of the previous step has been read (one bulk group per part, oldest first):
             # warpgroup w may write its next part
             for w in cutlass.range_constexpr(num_wg):
@@ -649,7 +649,7 @@ class FlashBwdSm90(BwdKernelBase):
                                    diag=diag, seqlen_k=seqlen_k, window_left=window_left,
                                    window_right=window_right, scale_log2=scale_log2)
             for step in cutlass.range(num_steps, unroll=1):
-                m_block = self.step_m_block(step, m_min, num_m, n_block)
+                m_block = m_min + step % num_m
                 run_step(step, m_block, state, legacy_probs)
                 state.advance()
         else:
@@ -682,7 +682,7 @@ class FlashBwdSm90(BwdKernelBase):
             # without a right bound only the ragged last key block is masked, every step of it
             ragged = (n_block + 1) * self.tile_n > seqlen_k
             for step in cutlass.range(num_steps, unroll=1):
-                m_block = self.step_m_block(step, m_min, num_m, n_block)
+                m_block = m_min + step % num_m
                 masked = ragged
                 if cutlass.const_expr(self.has_right):
                     masked = m_block < m_right

@@ -113,16 +113,6 @@ class BwdKernelBase:
         return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps
 
     @cute.jit
-    def step_m_block(self, step, m_min, num_m, n_block):
-        """Query block of `step` (query blocks fastest, then the query heads of the group). With
-        BwdConfig.stagger_m key block n starts its walk n query blocks in and wraps around, so the
-        CTAs of one head that run together add their dQ tiles into different rows."""
-        pos = step % num_m
-        if cutlass.const_expr(self.cfg.stagger_m):
-            pos = (step + n_block) % num_m
-        return m_min + pos
-
-    @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
         """[m_min, m_max): query blocks with at least one query that sees a key of this block.
 
@@ -171,7 +161,7 @@ class BwdKernelBase:
             if cutlass.const_expr(self.do_stages == self.num_stages):
                 do_state = state
             head = head_kv * ratio + step // num_m
-            m_block = self.step_m_block(step, m_min, num_m, n_block)
+            m_block = m_min + step % num_m
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
             gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),

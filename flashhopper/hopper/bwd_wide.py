@@ -49,7 +49,8 @@ The whole tile fits only beside FA4's smaller tiles; with dq_slots=1 only one pa
 the writer lends it to the warpgroups in part order, which fits the dispatched tiles with one P / dS
 pair, and with dq_rows_interleaved the stores into it are free of bank conflicts. That combination is
 dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); at 256 the
-slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%); the atomics kernel
+slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%), since session 15 through
+a ring of three half-size boxes (dq_slot_ring: +1..+4%); the atomics kernel
 stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
 shared-memory budget.
 
@@ -98,6 +99,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         self.dq_chunks = cfg.num_dq_chunks
         # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
         self.dq_halves = 2 if cfg.dq_slot_halves else 1
+        # dq_slot_ring: boxes of the slot's ring (the halves, or more of them); half-turn k of the
+        # kernel (k counts every warpgroup's halves of every chunk of every step) uses box k % ring
+        self.dq_ring = cfg.dq_slot_ring or self.dq_halves
         # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
         self.sdp_wgs = 1 if cfg.sdp_by_gemm else cfg.num_consumer_wg
 
@@ -191,6 +195,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_dq_parts)
         if cutlass.const_expr(self.cfg.dq_slots):
             sdQ_layout = self.dq_part_layout(sdQ_layout)
+            if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                # the ring's boxes side by side, each whole 128-byte swizzle atoms of fp32
+                sdQ_layout = L.smem_layout_row_major(Float32, self.tile_m, self.dq_slot_cols * self.dq_ring)
         # dq_slots: one warpgroup's dQ MMA over one part (with dq_slot_halves one half of a part), to
         # partition the slot by thread % 128
         tiled_mma_dq_part = None
@@ -368,10 +375,13 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # every part goes through the one slot: this thread's place in it is where the
                 # same thread of warpgroup 0 would write part 0 (check_part_mma)
                 dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq_part).get_slice(tidx % 128)
-                # dq_slot_halves: [half 0, half 1] of the slot, the same for every chunk
+                # dq_slot_halves: [half 0, half 1] of the slot, the same for every chunk; with a
+                # longer ring the box is picked per half-turn (stage_dq), from the slot itself
                 halves = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h)))
                           for h in range(self.dq_halves)]
                 tdQsdQ = [halves] * self.dq_chunks
+                if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                    tdQsdQ = [[sdQ] * self.dq_halves] * self.dq_chunks
                 if cutlass.const_expr(self.dq_halves > 1):
                     # the registers one half goes out from, in the half MMA's fragment shape
                     rdQ_half = cute.make_rmem_tensor(
@@ -415,7 +425,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.do_stages == self.num_stages):
                 do_state = state
             head = head_kv * ratio + step // num_m
-            m_block = self.step_m_block(step, m_min, num_m, n_block)
+            m_block = m_min + step % num_m
             pipe_q.consumer_wait(state)
             if cutlass.const_expr(self.cfg.sdp_by_gemm):
                 pipe_do.consumer_wait(do_state)
@@ -467,13 +477,13 @@ class FlashBwdWideSm90(BwdKernelBase):
                 pipe_do.consumer_release(do_state)
                 self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem, m_block,
                              n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
-                             softmax_scale)
+                             softmax_scale, step)
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
                 issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s, zero_init=False)
                 warpgroup.wait_group(1)
                 self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem, m_block,
                              n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
-                             softmax_scale)
+                             softmax_scale, step)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
@@ -548,7 +558,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                     warpgroup.wait_group(1)
                     self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
                                  m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale)
+                                 tidx, softmax_scale, step)
                     issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
                     issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                           zero_init=False)
@@ -557,7 +567,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                     pipe_do.consumer_release(do_state)
                     self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem,
                                  m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale)
+                                 tidx, softmax_scale, step)
                     warpgroup.wait_group(0)
                     pipe_q.consumer_release(state)
                 else:
@@ -567,7 +577,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                     warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
                     self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
                                  m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale)
+                                 tidx, softmax_scale, step)
                     if cutlass.const_expr(self.do_stages == 1):
                         # one dO stage: hand it back as soon as dV^T has read it (usually done under
                         # the atomics already), so the next block's dO loads under dK^T, not after it
@@ -663,26 +673,39 @@ class FlashBwdWideSm90(BwdKernelBase):
             fields["sdQ"] = align[mem[Float32, cute.cosize(sdQ_layout)], 1024]
         return smem_struct(fields)
 
+    def ring_box(self, step, c: int, wg, h: int):
+        """dq_slot_ring: the slot's box of half-turn (step, chunk c, warpgroup wg, half h); the
+        writer hands the boxes out in this order."""
+        per_step = self.dq_chunks * self.num_consumer_wg * self.dq_halves
+        return (step * per_step + (c * self.num_consumer_wg + wg) * self.dq_halves + h) % self.dq_ring
+
     @cute.jit
     def stage_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ_c, wg, softmax_scale,
-                 first: cutlass.Constexpr[bool], last: cutlass.Constexpr[bool]):
+                 first: cutlass.Constexpr[bool], last: cutlass.Constexpr[bool], step,
+                 c: cutlass.Constexpr[int]):
         """dq_tma: this warpgroup's dQ chunk into its part of the smem tile, once the writer has
         read the previous step's (first chunk); hand the part over after the last chunk. With
         dq_slots every chunk waits for the slot's grant and hands it back, with dq_slot_halves
-        one column half at a time (`tdQsdQ_c`: the destination of each half)."""
+        one column half at a time (`tdQsdQ_c`: the destination of each half, or with a longer
+        ring the slot, whose box `ring_box` picks)."""
         for h in cutlass.range_constexpr(self.dq_halves):
+            dst = tdQsdQ_c[h]
+            if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                box = self.ring_box(step, c, wg, h)
+                dst = dq_copy.partition_D(
+                    cute.local_tile(tdQsdQ_c[h], (self.tile_m, self.dq_slot_cols), (0, box)))
             if cutlass.const_expr(first or self.cfg.dq_slots):
                 cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
             if cutlass.const_expr(h == 0 and not self.cfg.scale_in_ds):
                 acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
             if cutlass.const_expr(self.dq_halves == 1):
-                cute.copy(dq_copy, dq_copy.retile(acc_dQ), tdQsdQ_c[0])
+                cute.copy(dq_copy, dq_copy.retile(acc_dQ), dst)
             else:
                 # the half's values are a contiguous run of the chunk's fragment (check_part_mma)
                 n = cute.size(rdQ_half)
                 for i in cutlass.range_constexpr(n):
                     rdQ_half[i] = acc_dQ[h * n + i]
-                cute.copy(dq_copy, dq_copy.retile(rdQ_half), tdQsdQ_c[h])
+                cute.copy(dq_copy, dq_copy.retile(rdQ_half), dst)
             if cutlass.const_expr(last or self.cfg.dq_slots):
                 # generic-proxy smem writes, read next by the TMA unit (async proxy)
                 cute.arch.fence_view_async_shared()
@@ -715,12 +738,13 @@ class FlashBwdWideSm90(BwdKernelBase):
     @cute.jit
     def emit_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, c: cutlass.Constexpr[int], wg, mdQaccum,
                 mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
-                softmax_scale):
+                softmax_scale, step):
         """dQ chunk c out, through the smem slot (dq_tma) or by atomics (deterministic: the dQ turn
         taken before the first chunk and passed after the last)."""
         last = c == self.dq_chunks - 1
         if cutlass.const_expr(self.cfg.dq_tma):
-            self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[c], wg, softmax_scale, first=c == 0, last=last)
+            self.stage_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ[c], wg, softmax_scale, first=c == 0, last=last,
+                          step=step, c=c)
         else:
             if cutlass.const_expr(self.cfg.deterministic and c == 0):
                 self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
@@ -742,7 +766,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_wg = self.num_consumer_wg
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
-            m_block = self.step_m_block(step, m_min, num_m, n_block)
+            m_block = m_min + step % num_m
             for w in cutlass.range_constexpr(num_wg):
                 cute.arch.cp_async_bulk_wait_group(num_wg - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
@@ -777,7 +801,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_wg = self.num_consumer_wg
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
-            m_block = self.step_m_block(step, m_min, num_m, n_block)
+            m_block = m_min + step % num_m
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
@@ -785,14 +809,18 @@ class FlashBwdWideSm90(BwdKernelBase):
                 for w in cutlass.range_constexpr(num_wg):
                     for h in cutlass.range_constexpr(self.dq_halves):
                         # with halves the one before last used this half of the slot (an even count
-                        # of half-turns a step, so half h is always slot half h)
-                        cute.arch.cp_async_bulk_wait_group(self.dq_halves - 1, read=True)
+                        # of half-turns a step, so half h is always slot half h); with a ring of R
+                        # boxes the half-turn R back used this box
+                        cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
                         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
                         cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
-                        if cutlass.const_expr(self.dq_halves > 1):
+                        if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                            box = self.ring_box(step, c, w, h)
+                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
+                        elif cutlass.const_expr(self.dq_halves > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
                         self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
                                             (c * num_wg + w) * self.dq_halves + h)
