@@ -463,7 +463,7 @@ class BwdConfig(_KernelConfig):
     # that more of the writer's reduce-adds read smem at once while the warpgroups store the next
     # halves; each box is used again dq_slot_ring half-turns later. Session 15 on the H200: hdim 256
     # with no dQ reduce-add at all ran 13-16% faster, with a plain TMA store in its place 1-4%, and
-    # the slot's grant held ~22% of the warps' stall samples: the hand-offs are latency-bound, not
+    # the slot's grants held ~24% of the warps' stall samples: the hand-offs are latency-bound, not
     # bound by the reduction. 3 boxes take 8 KiB more smem at hdim 256 (227,136 B).
     dq_slot_ring: int = 0
     # kv_split "hdim" at hdim 256 (two warpgroups, dQ in two chunks): S = Q K^T and dP = dO V^T split

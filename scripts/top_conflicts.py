@@ -1,27 +1,14 @@
 """Print the SASS instructions with the most excess shared-memory wavefronts from an ncu source
 page exported as CSV (scripts/profile_conflicts.sh): totals of the shared-wavefront columns, then
 the instructions sorted by "L1 Wavefronts Shared Excessive"."""
-import csv
 import sys
 
-rows = list(csv.reader(open(sys.argv[1], newline="")))
-header_at = next((i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r)), None)
-if header_at is None:
-    print("no header found; first lines:", rows[:3])
-    sys.exit(0)
-header, body = rows[header_at], rows[header_at + 1:]
+from ncu_source import load, num
+
+header, body = load(sys.argv[1])
 src = header.index("Source")
 cols = [i for i, c in enumerate(header) if "Wavefronts Shared" in c or "Conflicts Shared" in c]
 excess = next((i for i in cols if "Excessive" in header[i]), None)
-
-
-def num(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
-
-
 sums = [i for i in cols if "N-Way" not in header[i]]
 print("totals:", {header[i]: sum(num(r[i]) for r in body if len(r) > i) for i in sums})
 if excess is not None:

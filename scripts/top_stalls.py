@@ -3,17 +3,13 @@
 instruction (each named barrier id on its own, mbarrier waits, WGMMA waits, ...), then the
 instructions with the most samples. Session 15: which of the hdim 256 backward's barriers hold the
 "barrier" stall samples that ncu's kernel-wide counters cannot place."""
-import csv
 import re
 import sys
 from collections import defaultdict
 
-rows = list(csv.reader(open(sys.argv[1], newline="")))
-header_at = next((i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r)), None)
-if header_at is None:
-    print("no header found; first lines:", rows[:3])
-    sys.exit(0)
-header, body = rows[header_at], rows[header_at + 1:]
+from ncu_source import load, num
+
+header, body = load(sys.argv[1])
 src = header.index("Source")
 cols = [i for i, c in enumerate(header) if "Stall Sampling" in c]
 print("stall columns:", [header[i] for i in cols])
@@ -21,13 +17,6 @@ if not cols:
     print("header:", header)
     sys.exit(0)
 main = next((i for i in cols if "All" in header[i]), cols[0])
-
-
-def num(text):
-    try:
-        return float(text.replace(",", ""))
-    except ValueError:
-        return 0.0
 
 
 def kind(sass: str) -> str:
