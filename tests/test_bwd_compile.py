@@ -955,10 +955,9 @@ def test_sdp_by_gemm_is_dispatched_at_256_without_softcap():
 
 @pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
 def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
-    fields = {"sdp_by_gemm": True}
     masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
-    cfg = bwd_config("bf16", 256, **fields, **masks)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=256, **fields, **masks)
+    cfg = bwd_config("bf16", 256, sdp_by_gemm=True, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, sdp_by_gemm=True, **masks)
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
