@@ -459,6 +459,11 @@ class BwdConfig(_KernelConfig):
     # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
     # slot's grant). Same smem; twice the hand-offs, each half as long.
     dq_slot_halves: bool = False
+    # with dq_slots 1 and parts of a multiple of 32 columns that are no multiple of 64 (hdim 192's 96):
+    # the slot lent in this many column boxes of whole 128-byte swizzle atoms of fp32 (0: whole), as
+    # dq_slot_halves does with two; the writer's next grant waits for the reduce-add of the box
+    # `boxes` turns back, so boxes - 1 reduce-adds read smem while a warpgroup stores. Same smem.
+    dq_slot_boxes: int = 0
     # with dq_slot_halves: the slot as a ring of this many half-size boxes (0: the two halves), so
     # that more of the writer's reduce-adds read smem at once while the warpgroups store the next
     # halves; each box is used again dq_slot_ring half-turns later. Session 15 on the H200: hdim 256
@@ -567,6 +572,19 @@ class BwdConfig(_KernelConfig):
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
+    @property
+    def num_dq_slot_boxes(self) -> int:
+        """Column boxes the dQ slot goes round in: 2 with dq_slot_halves, dq_slot_boxes, or 1."""
+        return 2 if self.dq_slot_halves else self.dq_slot_boxes or 1
+
+    def dq_boxes_fit(self, boxes: int) -> bool:
+        """Whether the dQ slot can be lent in `boxes` column boxes (dq_slot_boxes): one slot, each box
+        whole 32-column (128-byte) swizzle atoms of fp32."""
+        if not (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim") or boxes < 2:
+            return False
+        cols = self.hdim // (self.num_consumer_wg * self.num_dq_chunks)
+        return cols % boxes == 0 and (cols // boxes) % 32 == 0
+
     def dq_halves_fit(self) -> bool:
         """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
         64-column parts."""
@@ -624,6 +642,9 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
+        if self.dq_slot_boxes and (self.dq_slot_halves or not self.dq_boxes_fit(self.dq_slot_boxes)):
+            raise ValueError(f"dq_slot_boxes {self.dq_slot_boxes} needs dq_slots=1 (kv_split 'hdim', dq_tma), "
+                             "no dq_slot_halves, and dQ parts that many whole 32-column boxes")
         if self.dq_slot_ring and (self.dq_slot_ring < 3 or not self.dq_slot_halves):
             raise ValueError(f"dq_slot_ring {self.dq_slot_ring}: 0 (the slot's two halves) or >= 3 half-size "
                              "boxes, and only with dq_slot_halves")
@@ -882,6 +903,10 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)
+        # and the slot's boxes only where the parts hold them whole
+        if (cfg.dq_slot_boxes and "dq_slot_boxes" not in overrides
+                and (cfg.dq_slot_halves or not cfg.dq_boxes_fit(cfg.dq_slot_boxes))):
+            cfg = dataclasses.replace(cfg, dq_slot_boxes=0)
         # and the slot's ring only where it goes round in halves (asked for or not: not under a local
         # window, where the dispatch keeps the slot whole)
         if cfg.dq_slot_ring and not cfg.dq_slot_halves:

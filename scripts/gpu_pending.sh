@@ -3,6 +3,9 @@
 # s15_peers, s12_fgrid (again), s15_stalls, s15_ring and s15_verify; results in docs/benchmarks.md,
 # "GPU runs of session 15". Waiting (one H200, ~7 min):
 #
+#   - s16_boxes192: hdim 192's dQ slot (one 96-column part, 24 KiB) lent in three 32-column boxes
+#     (dq_slot_boxes=3, same smem), so that two reduce-adds read smem while a warpgroup stores, as the
+#     hdim 256 ring does: cases, timing against the dispatch, every hdim 192 GPU test with it (~5 min).
 #   - s16_bgrid: the backward grid of session 15's dispatch (hdim 256's dQ slot as a ring of three
 #     boxes, dq_slot_ring=3; timed only at 2k / 8k / 16k so far, +1.3..+4.2%), 2 rounds, then the ring
 #     against the two halves per MHz at hdim 256 8k. Copy bwd_grid.json to benchmarks/, redraw
@@ -452,6 +455,21 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   echo "== end at $(($(date +%s) - T0)) s"
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
+  ;;
+s16_boxes192)  # hdim 192 backward with the dQ slot in three 32-column boxes (dq_slot_boxes=3): cases,
+  # timing against the dispatch (3 rounds, 2k / 8k / 16k, with the peers), then every hdim 192 GPU test
+  bg boxes_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 192 --bwd-config dq_slot_boxes=3
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/boxes_cases.log"; then
+    run boxes_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 192 --seqlens 2048,8192,16384 \
+      --bwd-config default --bwd-config dq_slot_boxes=3
+    FH_TEST_BWD_OVERRIDES=dq_slot_boxes=3 run boxes_tests python3 -m pytest -q -rf --tb=short \
+      tests/test_bwd_gpu.py -k 192
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- boxes_cases"; grep -E "^FAIL|failed|rc=" "$O/boxes_cases.log" | tail -4
+  [ -f "$O/boxes_time.log" ] && { echo "--- boxes_time"; quiet "$O/boxes_time.log" | tail -9; }
+  tests_summary boxes_tests
   ;;
 s16_bgrid)  # the backward grid of session 15's dispatch (2 rounds); the ring against the halves per MHz
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"

@@ -97,11 +97,12 @@ class FlashBwdWideSm90(BwdKernelBase):
         super().__init__(cfg)
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.dq_chunks = cfg.num_dq_chunks
-        # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
-        self.dq_halves = 2 if cfg.dq_slot_halves else 1
+        # dq_slot_halves / dq_slot_boxes: the slot goes round in column boxes (the writer's TMA box
+        # is one of them): two halves, or hdim 192's three thirds
+        self.dq_boxes = cfg.num_dq_slot_boxes
         # dq_slot_ring: boxes of the slot's ring (the halves, or more of them); half-turn k of the
-        # kernel (k counts every warpgroup's halves of every chunk of every step) uses box k % ring
-        self.dq_ring = cfg.dq_slot_ring or self.dq_halves
+        # kernel (k counts every warpgroup's boxes of every chunk of every step) uses box k % ring
+        self.dq_ring = cfg.dq_slot_ring or self.dq_boxes
         # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
         self.sdp_wgs = 1 if cfg.sdp_by_gemm else cfg.num_consumer_wg
 
@@ -195,10 +196,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_dq_parts)
         if cutlass.const_expr(self.cfg.dq_slots):
             sdQ_layout = self.dq_part_layout(sdQ_layout)
-            if cutlass.const_expr(self.dq_ring > self.dq_halves):
+            if cutlass.const_expr(self.dq_ring > self.dq_boxes):
                 # the ring's boxes side by side, each whole 128-byte swizzle atoms of fp32
                 sdQ_layout = L.smem_layout_row_major(Float32, self.tile_m, self.dq_slot_cols * self.dq_ring)
-        # dq_slots: one warpgroup's dQ MMA over one part (with dq_slot_halves one half of a part), to
+        # dq_slots: one warpgroup's dQ MMA over one part (with dq_slot_halves / boxes one box), to
         # partition the slot by thread % 128
         tiled_mma_dq_part = None
         if cutlass.const_expr(self.cfg.dq_slots):
@@ -375,15 +376,15 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # every part goes through the one slot: this thread's place in it is where the
                 # same thread of warpgroup 0 would write part 0 (check_part_mma)
                 dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq_part).get_slice(tidx % 128)
-                # dq_slot_halves: [half 0, half 1] of the slot, the same for every chunk; with a
-                # longer ring the box is picked per half-turn (stage_dq), from the slot itself
+                # dq_slot_halves / boxes: [box 0, box 1, ..] of the slot, the same for every chunk; with
+                # a longer ring the box is picked per half-turn (stage_dq), from the slot itself
                 halves = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h)))
-                          for h in range(self.dq_halves)]
+                          for h in range(self.dq_boxes)]
                 tdQsdQ = [halves] * self.dq_chunks
-                if cutlass.const_expr(self.dq_ring > self.dq_halves):
-                    tdQsdQ = [[sdQ] * self.dq_halves] * self.dq_chunks
-                if cutlass.const_expr(self.dq_halves > 1):
-                    # the registers one half goes out from, in the half MMA's fragment shape
+                if cutlass.const_expr(self.dq_ring > self.dq_boxes):
+                    tdQsdQ = [[sdQ] * self.dq_boxes] * self.dq_chunks
+                if cutlass.const_expr(self.dq_boxes > 1):
+                    # the registers one box goes out from, in the box MMA's fragment shape
                     rdQ_half = cute.make_rmem_tensor(
                         tiled_mma_dq_part.partition_shape_C((self.tile_m, self.dq_slot_cols)), Float32)
             else:
@@ -639,8 +640,9 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @property
     def dq_slot_cols(self) -> int:
-        """dq_tma: head-dim columns of one writer TMA box: a part, or with dq_slot_halves half of one."""
-        return self.dq_part_cols // self.dq_halves
+        """dq_tma: head-dim columns of one writer TMA box: a part, or with dq_slot_halves / boxes one
+        of its column boxes."""
+        return self.dq_part_cols // self.dq_boxes
 
     def dq_part_layout(self, sdQ_layout, cols=None):
         """Part 0 (`cols` columns: a part by default) of the smem dQ tile, the TMA atom's smem side;
@@ -676,8 +678,8 @@ class FlashBwdWideSm90(BwdKernelBase):
     def ring_box(self, step, c: int, wg, h: int):
         """dq_slot_ring: the slot's box of half-turn (step, chunk c, warpgroup wg, half h); the
         writer hands the boxes out in this order."""
-        per_step = self.dq_chunks * self.num_consumer_wg * self.dq_halves
-        return (step * per_step + (c * self.num_consumer_wg + wg) * self.dq_halves + h) % self.dq_ring
+        per_step = self.dq_chunks * self.num_consumer_wg * self.dq_boxes
+        return (step * per_step + (c * self.num_consumer_wg + wg) * self.dq_boxes + h) % self.dq_ring
 
     @cute.jit
     def stage_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ_c, wg, softmax_scale,
@@ -686,11 +688,11 @@ class FlashBwdWideSm90(BwdKernelBase):
         """dq_tma: this warpgroup's dQ chunk into its part of the smem tile, once the writer has
         read the previous step's (first chunk); hand the part over after the last chunk. With
         dq_slots every chunk waits for the slot's grant and hands it back, with dq_slot_halves
-        one column half at a time (`tdQsdQ_c`: the destination of each half, or with a longer
+        (boxes) one column half (box) at a time (`tdQsdQ_c`: the destination of each half, or with a longer
         ring the slot, whose box `ring_box` picks)."""
-        for h in cutlass.range_constexpr(self.dq_halves):
+        for h in cutlass.range_constexpr(self.dq_boxes):
             dst = tdQsdQ_c[h]
-            if cutlass.const_expr(self.dq_ring > self.dq_halves):
+            if cutlass.const_expr(self.dq_ring > self.dq_boxes):
                 box = self.ring_box(step, c, wg, h)
                 dst = dq_copy.partition_D(
                     cute.local_tile(tdQsdQ_c[h], (self.tile_m, self.dq_slot_cols), (0, box)))
@@ -698,10 +700,10 @@ class FlashBwdWideSm90(BwdKernelBase):
                 cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
             if cutlass.const_expr(h == 0 and not self.cfg.scale_in_ds):
                 acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
-            if cutlass.const_expr(self.dq_halves == 1):
+            if cutlass.const_expr(self.dq_boxes == 1):
                 cute.copy(dq_copy, dq_copy.retile(acc_dQ), dst)
             else:
-                # the half's values are a contiguous run of the chunk's fragment (check_part_mma)
+                # the box's values are a contiguous run of the chunk's fragment (check_part_mma)
                 n = cute.size(rdQ_half)
                 for i in cutlass.range_constexpr(n):
                     rdQ_half[i] = acc_dQ[h * n + i]
@@ -807,23 +809,23 @@ class FlashBwdWideSm90(BwdKernelBase):
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for c in cutlass.range_constexpr(self.dq_chunks):
                 for w in cutlass.range_constexpr(num_wg):
-                    for h in cutlass.range_constexpr(self.dq_halves):
-                        # with halves the one before last used this half of the slot (an even count
-                        # of half-turns a step, so half h is always slot half h); with a ring of R
-                        # boxes the half-turn R back used this box
+                    for h in cutlass.range_constexpr(self.dq_boxes):
+                        # with B boxes (halves: 2) the turn B back used this box of the slot (a
+                        # multiple of B turns a step, so box h is always slot box h); with a ring of
+                        # R boxes the half-turn R back used this box
                         cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
                         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
                         cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
-                        if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                        if cutlass.const_expr(self.dq_ring > self.dq_boxes):
                             box = self.ring_box(step, c, w, h)
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
-                        elif cutlass.const_expr(self.dq_halves > 1):
+                        elif cutlass.const_expr(self.dq_boxes > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
                         self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
-                                            (c * num_wg + w) * self.dq_halves + h)
+                                            (c * num_wg + w) * self.dq_boxes + h)
                         cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
@@ -835,7 +837,7 @@ class FlashBwdWideSm90(BwdKernelBase):
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,
                        p: cutlass.Constexpr[int]):
         """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ box p (a part, or with
-        dq_slot_halves half of one, counted along the head dim) of query block m_block (rows past
+        dq_slot_halves / boxes one box of one, counted along the head dim) of query block m_block (rows past
         seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into the accumulator's
         padding rows). The whole warp runs the copy (it elects its issuing lane itself)."""
         mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
@@ -847,8 +849,8 @@ class FlashBwdWideSm90(BwdKernelBase):
     def check_part_mma(self, tiled_mma_dq, tiled_mma_dq_part):
         """dq_slots: thread t of warpgroup w holds, in its part of the dQ chunk, the elements thread t
         of the one-warpgroup part MMA holds, in the same register order (checked at trace time on
-        a few threads: the slot is partitioned by thread % 128). With dq_slot_halves the part MMA
-        covers half a part, and half h must be the h-th contiguous run of the chunk's fragment."""
+        a few threads: the slot is partitioned by thread % 128). With dq_slot_halves (boxes) the part
+        MMA covers one box, and box h must be the h-th contiguous run of the chunk's fragment."""
         cols, half_cols = self.dq_part_cols, self.dq_slot_cols
         chunk = cute.make_identity_tensor((self.tile_m, self.hdim // self.dq_chunks))
         one = cute.make_identity_tensor((self.tile_m, half_cols))
@@ -857,9 +859,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                 mine = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
                 ref = tiled_mma_dq_part.get_slice(t).partition_C(one)
                 n = cute.size(ref)
-                if cute.size(mine) != n * self.dq_halves:
+                if cute.size(mine) != n * self.dq_boxes:
                     raise ValueError("dq_slots: the part MMA's fragment differs in size")
-                for h in range(self.dq_halves):
+                for h in range(self.dq_boxes):
                     for i in range(n):
                         r, c = mine[h * n + i]
                         if (r, c - w * cols - h * half_cols) != tuple(ref[i]):
