@@ -464,6 +464,7 @@ class BwdConfig(_KernelConfig):
     # dq_slot_halves does with two; the writer's next grant waits for the reduce-add of the box
     # `boxes` turns back, so boxes - 1 reduce-adds read smem while a warpgroup stores. Same smem.
     dq_slot_boxes: int = 0
+    diag_dq_bulk: bool = False  # DIAG (temporary): 1-D bulk reduce-adds into a permuted accumulator
     # with dq_slot_halves: the slot as a ring of this many half-size boxes (0: the two halves), so
     # that more of the writer's reduce-adds read smem at once while the warpgroups store the next
     # halves; each box is used again dq_slot_ring half-turns later. Session 15 on the H200: hdim 256
@@ -479,6 +480,11 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
+    # with sdp_by_gemm: dQ = dS K with dS from registers (RS WGMMA) instead of smem: warpgroup 1 formed
+    # dS and keeps it, warpgroup 0 reads it once (ldmatrix) for both dQ chunks. The step is bound by
+    # smem bandwidth (docs/notes/bwd-hdim256-smem.md): an SS 64 x 64 x 16 WGMMA reads 4 KiB in 16
+    # tensor cycles (2x what smem gives), RS 2 KiB; -30 KiB (-240 wavefronts) of the step's ~4,700.
+    dq_rs: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -648,6 +654,8 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_ring and (self.dq_slot_ring < 3 or not self.dq_slot_halves):
             raise ValueError(f"dq_slot_ring {self.dq_slot_ring}: 0 (the slot's two halves) or >= 3 half-size "
                              "boxes, and only with dq_slot_halves")
+        if self.dq_rs and not self.sdp_by_gemm:
+            raise ValueError("dq_rs needs sdp_by_gemm (warpgroup 1 holds all of dS; hdim 256 without softcap)")
         if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
@@ -900,6 +908,9 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # chunks, not dkv_by_keys / dkv_early)
         if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
             cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
+        # and dS from registers only with it (asked for or not: softcap has no sdp_by_gemm)
+        if cfg.dq_rs and not cfg.sdp_by_gemm:
+            cfg = dataclasses.replace(cfg, dq_rs=False)
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)

@@ -471,6 +471,13 @@ s16_boxes192)  # hdim 192 backward with the dQ slot in three 32-column boxes (dq
   [ -f "$O/boxes_time.log" ] && { echo "--- boxes_time"; quiet "$O/boxes_time.log" | tail -9; }
   tests_summary boxes_tests
   ;;
+s16_bulk)  # DIAG (wrong dQ, timing only): the writer's dQ boxes as 1-D bulk reduce-adds (UBLKRED, FA4's
+  # instruction at 192) into a permuted accumulator in place of the TMA tensor reduce-adds
+  run bulk_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 192,256 --seqlens 2048,8192,16384 \
+    --bwd-config default --bwd-config diag_dq_bulk=True
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bulk_time.log" ] && { echo "--- bulk_time"; quiet "$O/bulk_time.log" | tail -14; }
+  ;;
 s16_bgrid)  # the backward grid of session 15's dispatch (2 rounds); the ring against the halves per MHz
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
   run ring_rate python3 scripts/clock_study.py --bwd --hdim 256 --seqlen 8192 --rounds 2 --seconds 1.0 \

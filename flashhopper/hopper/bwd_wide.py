@@ -65,6 +65,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir.dialects import llvm
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -74,7 +75,7 @@ from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
 from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
-from flashhopper.hopper.mma import issue_gemm
+from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 
 # Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
 _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
@@ -175,9 +176,11 @@ class FlashBwdWideSm90(BwdKernelBase):
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=dkv_atoms, tiler_mn=dkv_tiler)
         # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
         # per chunk of hdim / dq_chunks columns, split across the warpgroups
+        # (dq_rs: A = dS from registers, the S / dP accumulator's layout read as an A operand)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
-            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks))
+            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks),
+            a_source=warpgroup.OperandSource.RMEM if self.cfg.dq_rs else warpgroup.OperandSource.SMEM)
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
@@ -235,7 +238,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQsem, tma_dK, tma_dV,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQaccum if self.cfg.diag_dq_bulk else mdQsem,
+            tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
             tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
@@ -335,7 +339,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         # dQ = dS K: A = dS (queries, keys), B = K^T (hdim, keys): this warpgroup's head-dim columns
         # (dq_chunks 2: chunk c is head-dim columns [c * hdim / 2, (c + 1) * hdim / 2), of which
         # warpgroup w adds the w-th hdim / (2 W))
-        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
+        tQrdS = None
+        if cutlass.const_expr(not self.cfg.dq_rs):
+            tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
         dq_cols = self.hdim // self.dq_chunks
         sKt = L.transpose_view(sK)
         if cutlass.const_expr(self.dq_chunks > 1):
@@ -408,6 +414,13 @@ class FlashBwdWideSm90(BwdKernelBase):
                 cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
             ld_copy = cute.make_tiled_copy_C(ld_atom, tiled_mma_sdp).get_slice(sdp_tidx)
             tPsP_ld = (ld_copy, ld_copy.partition_S(sP))
+        # dq_rs: dS as dQ's A operand, 8-element k-block conversions (mma.acc_to_operand_a), and the
+        # same registers in the accumulator's layout for stmatrix (warpgroup 1) / ldmatrix (warpgroup 0)
+        tdQrdS, rdS_c, tdSsdS_ld = None, None, None
+        if cutlass.const_expr(self.cfg.dq_rs):
+            tdQrdS = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
+            rdS_c = cute.make_tensor(tdQrdS.iterator, acc_S.layout)
+            tdSsdS_ld = tPsP_ld[0].partition_S(sdS)
         # ds_stages 2: step i writes P / dS buffer i % 2 (the last mode of every view above)
         pds = Int32(0)
 
@@ -468,10 +481,14 @@ class FlashBwdWideSm90(BwdKernelBase):
                     ld_copy, tPsP_src = tPsP_ld
                     rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
                     cute.copy(ld_atom, self.pds_buffer(tPsP_src, pds), ld_copy.retile(rP))
-                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
+                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale, tdQrdS, rdS_c)
                     cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
                     cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                if cutlass.const_expr(self.cfg.dq_rs):
+                    tQrdS_s = tdQrdS
+                    if wg == 0:  # dS once from smem, for both chunks
+                        cute.copy(ld_atom, self.pds_buffer(tdSsdS_ld, pds), tPsP_ld[0].retile(rdS_c))
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
                 warpgroup.wait_group(0)
                 # dV^T has read dO (and dP long before)
@@ -824,14 +841,37 @@ class FlashBwdWideSm90(BwdKernelBase):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
                         elif cutlass.const_expr(self.dq_boxes > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
-                        self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
-                                            (c * num_wg + w) * self.dq_boxes + h)
+                        if cutlass.const_expr(self.cfg.diag_dq_bulk):
+                            box_i = 0
+                            if cutlass.const_expr(self.dq_ring > self.dq_boxes):
+                                box_i = self.ring_box(step, c, w, h)
+                            elif cutlass.const_expr(self.dq_boxes > 1):
+                                box_i = h
+                            self.diag_bulk(mdQsem, sdQ, box_i, head, batch, m_block,
+                                           (c * num_wg + w) * self.dq_boxes + h)
+                        else:
+                            self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
+                                                (c * num_wg + w) * self.dq_boxes + h)
                         cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
         # smem must outlive the last read
         cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def diag_bulk(self, mraw, sdQ, box, head, batch, m_block, p: cutlass.Constexpr[int]):
+        nbytes = self.tile_m * self.dq_slot_cols * 4
+        nbox = self.hdim // self.dq_slot_cols
+        num_m = mraw.shape[1] // self.tile_m
+        chunk = ((batch * num_m + m_block) * mraw.shape[2] + head) * nbox + p
+        g = mraw.iterator.toint() + cutlass.Int64(chunk) * nbytes
+        s = sdQ.iterator.toint() + Int32(box) * nbytes
+        if cute.arch.lane_idx() == 0:
+            llvm.inline_asm(
+                None, [cutlass.Int64(g).ir_value(), Int32(s).ir_value()],
+                f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
+                "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
 
     @cute.jit
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,
@@ -869,7 +909,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                                              f"{h * n + i}, the part MMA {tuple(ref[i])} (half {h})")
 
     @cute.jit
-    def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale):
+    def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale, tdQrdS=None, rdS_c=None):
         """sdp_by_gemm: dS = P (dP - D) in place of dP, P from the 16-bit copy read back from smem
         (element by element: a whole fp32 copy of P would not fit next to dK^T / dV^T); returned in
         the input dtype."""
@@ -877,6 +917,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         for r in cutlass.range_constexpr(cute.size(dp_rc, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(dp_rc, mode=[1])):
                 dp_rc[r, c] = p_rc[r, c].to(Float32) * self.dp_minus_d(dp_rc[r, c], d_row[r], softmax_scale)
+        if cutlass.const_expr(self.cfg.dq_rs):  # into dQ's A fragment, returned in the C layout
+            acc_to_operand_a(acc_dP, tdQrdS)
+            return rdS_c
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
         return rdS
