@@ -459,12 +459,6 @@ class BwdConfig(_KernelConfig):
     # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
     # slot's grant). Same smem; twice the hand-offs, each half as long.
     dq_slot_halves: bool = False
-    # with dq_slots 1 and parts of a multiple of 32 columns that are no multiple of 64 (hdim 192's 96):
-    # the slot lent in this many column boxes of whole 128-byte swizzle atoms of fp32 (0: whole), as
-    # dq_slot_halves does with two; the writer's next grant waits for the reduce-add of the box
-    # `boxes` turns back, so boxes - 1 reduce-adds read smem while a warpgroup stores. Same smem.
-    dq_slot_boxes: int = 0
-    diag_dq_bulk: bool = False  # DIAG (temporary): 1-D bulk reduce-adds into a permuted accumulator
     # with dq_slot_halves: the slot as a ring of this many half-size boxes (0: the two halves), so
     # that more of the writer's reduce-adds read smem at once while the warpgroups store the next
     # halves; each box is used again dq_slot_ring half-turns later. Session 15 on the H200: hdim 256
@@ -480,11 +474,6 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # with sdp_by_gemm: dQ = dS K with dS from registers (RS WGMMA) instead of smem: warpgroup 1 formed
-    # dS and keeps it, warpgroup 0 reads it once (ldmatrix) for both dQ chunks. The step is bound by
-    # smem bandwidth (docs/notes/bwd-hdim256-smem.md): an SS 64 x 64 x 16 WGMMA reads 4 KiB in 16
-    # tensor cycles (2x what smem gives), RS 2 KiB; -30 KiB (-240 wavefronts) of the step's ~4,700.
-    dq_rs: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -578,19 +567,6 @@ class BwdConfig(_KernelConfig):
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
-    @property
-    def num_dq_slot_boxes(self) -> int:
-        """Column boxes the dQ slot goes round in: 2 with dq_slot_halves, dq_slot_boxes, or 1."""
-        return 2 if self.dq_slot_halves else self.dq_slot_boxes or 1
-
-    def dq_boxes_fit(self, boxes: int) -> bool:
-        """Whether the dQ slot can be lent in `boxes` column boxes (dq_slot_boxes): one slot, each box
-        whole 32-column (128-byte) swizzle atoms of fp32."""
-        if not (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim") or boxes < 2:
-            return False
-        cols = self.hdim // (self.num_consumer_wg * self.num_dq_chunks)
-        return cols % boxes == 0 and (cols // boxes) % 32 == 0
-
     def dq_halves_fit(self) -> bool:
         """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
         64-column parts."""
@@ -648,14 +624,9 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
-        if self.dq_slot_boxes and (self.dq_slot_halves or not self.dq_boxes_fit(self.dq_slot_boxes)):
-            raise ValueError(f"dq_slot_boxes {self.dq_slot_boxes} needs dq_slots=1 (kv_split 'hdim', dq_tma), "
-                             "no dq_slot_halves, and dQ parts that many whole 32-column boxes")
         if self.dq_slot_ring and (self.dq_slot_ring < 3 or not self.dq_slot_halves):
             raise ValueError(f"dq_slot_ring {self.dq_slot_ring}: 0 (the slot's two halves) or >= 3 half-size "
                              "boxes, and only with dq_slot_halves")
-        if self.dq_rs and not self.sdp_by_gemm:
-            raise ValueError("dq_rs needs sdp_by_gemm (warpgroup 1 holds all of dS; hdim 256 without softcap)")
         if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
@@ -779,7 +750,8 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # (BwdConfig.dq_slot_halves) +0.9..+1.8%, 4 of 4 points (192's parts are not whole 64 columns); not
 # under a local window, where that kernel spills (bwd_config drops it).
 # Session 15 (s15_ring, 3 rounds, 2k / 8k / 16k, causal and not): those halves as a ring of three boxes
-# (BwdConfig.dq_slot_ring) +1.3..+4.2% at 256, 6 of 6 points.
+# (BwdConfig.dq_slot_ring) +1.3..+4.2% at 256, 6 of 6 points. Session 16: hdim 192's part in three
+# 32-column boxes -0.8..-3.1% (6 of 6 down; it lives in commit 01a3d80).
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
     192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
           "dq_rows_interleaved": True},
@@ -830,8 +802,11 @@ _BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": 
 
 # Longest-first launch (BwdConfig.lpt) per call: hdim 128 causal from 2k to 4k tokens, +2.0 / +2.7% there
 # (3 rounds, session 8, docs/benchmarks.md); at 512 -2..-5%, without a mask -1..-3% (the CTAs that
-# run together then no longer share Q and dO in L2), at hdim 64 / 256 +-1%; 8k and longer not timed.
-_BWD_LPT_CAUSAL = {128: (2048, 4096)}
+# run together then no longer share Q and dO in L2), at hdim 64 / 256 +-1%. Session 16 (s16_lpt, 3
+# rounds, and s16_lpt2, 5 rounds, causal): hdim 128 at 8k +5.4 / +3.2%, at 16k -0.9 / -0.3%; hdim 256
+# at 1k +2.5 / +2.0%, 2k +1.9 / +2.1%, 4k -0.1%, 8k -0.8 / +0.2%; hdim 64 at 2k-8k +1.1..+1.7% (within
+# about twice the 1% spread of a control point, not taken).
+_BWD_LPT_CAUSAL = {128: (2048, 8192), 256: (1024, 2048)}
 
 
 def bwd_lpt(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic: bool) -> bool:
@@ -908,16 +883,9 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # chunks, not dkv_by_keys / dkv_early)
         if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
             cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
-        # and dS from registers only with it (asked for or not: softcap has no sdp_by_gemm)
-        if cfg.dq_rs and not cfg.sdp_by_gemm:
-            cfg = dataclasses.replace(cfg, dq_rs=False)
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)
-        # and the slot's boxes only where the parts hold them whole
-        if (cfg.dq_slot_boxes and "dq_slot_boxes" not in overrides
-                and (cfg.dq_slot_halves or not cfg.dq_boxes_fit(cfg.dq_slot_boxes))):
-            cfg = dataclasses.replace(cfg, dq_slot_boxes=0)
         # and the slot's ring only where it goes round in halves (asked for or not: not under a local
         # window, where the dispatch keeps the slot whole)
         if cfg.dq_slot_ring and not cfg.dq_slot_halves:

@@ -1,16 +1,7 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 15 ran s15_sfirst, s15_stagger,
-# s15_peers, s12_fgrid (again), s15_stalls, s15_ring and s15_verify; results in docs/benchmarks.md,
-# "GPU runs of session 15". Waiting (one H200, ~7 min):
+# GPU work by mode, one device call of <= 10 minutes each. Session 16 ran s16_boxes192, s16_bgrid and
+# s16_bulk; results in docs/benchmarks.md, "GPU runs of session 16". Nothing is waiting.
 #
-#   - s16_boxes192: hdim 192's dQ slot (one 96-column part, 24 KiB) lent in three 32-column boxes
-#     (dq_slot_boxes=3, same smem), so that two reduce-adds read smem while a warpgroup stores, as the
-#     hdim 256 ring does: cases, timing against the dispatch, every hdim 192 GPU test with it (~5 min).
-#   - s16_bgrid: the backward grid of session 15's dispatch (hdim 256's dQ slot as a ring of three
-#     boxes, dq_slot_ring=3; timed only at 2k / 8k / 16k so far, +1.3..+4.2%), 2 rounds, then the ring
-#     against the two halves per MHz at hdim 256 8k. Copy bwd_grid.json to benchmarks/, redraw
-#     docs/bwd_grid.png (flashhopper.bench.plot.plot_file(json, png), no GPU needed), and update
-#     docs/benchmarks.md.
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
 #
@@ -456,7 +447,42 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
-s16_boxes192)  # hdim 192 backward with the dQ slot in three 32-column boxes (dq_slot_boxes=3): cases,
+s16_lpt)  # causal backward launched longest first at 1k-16k (BwdConfig.lpt; dispatched only at hdim 128 2k-4k),
+  # sections of the default 24 MiB and of 96 MiB (s16_order: +3.5% at hdim 256 causal 8k with 96 MiB)
+  run lpt_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 1024,2048,4096,8192,16384 \
+    --causal yes --bwd-config default --bwd-config lpt=True --bwd-config lpt=True,lpt_l2_kib=98304
+  run lpt_time2 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128 --seqlens 8192,16384 \
+    --causal yes --bwd-config default --bwd-config lpt=True --bwd-config lpt=True,lpt_l2_kib=98304
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in lpt_time lpt_time2; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -8; }; done
+  ;;
+s16_verify)  # the new lpt dispatch (hdim 128 causal to 8k, 256 causal 1k-2k): its GPU tests, then the grid
+  run lpt_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "lpt"
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary lpt_tests
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | grep -E "^ *(64|128|256) |geomean|matmul" | tail -40; }
+  ;;
+s16_lpt2)  # s16_lpt again, 5 rounds, where it gained: longest first at hdim 128 causal 8k (+5.4%), 256 causal
+  # 1k / 2k (+2.5 / +1.9%), 64 causal 8k (+1.7%); hdim 128 causal 4k is a control (lpt is its dispatch)
+  run lpt_a python3 scripts/bwd_check.py --no-cases --rounds 5 --hdims 128 --seqlens 4096,8192,16384 \
+    --causal yes --bwd-config default --bwd-config lpt=True
+  run lpt_b python3 scripts/bwd_check.py --no-cases --rounds 5 --hdims 64,256 --seqlens 1024,2048,8192 \
+    --causal yes --bwd-config default --bwd-config lpt=True
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in lpt_a lpt_b; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -8; }; done
+  ;;
+s16_order)  # the backward's launch order at 8k / 16k: key block fastest (the dispatch: ~one head's CTAs
+  # resident, all adding into the same dQ rows in lockstep) against lpt's sections of 4 and 16 (head,
+  # batch) pairs with key block slowest (the resident CTAs spread over those heads): is dQ's reduce-add
+  # contention or Q / dO sharing in L2 what hdim 128 loses at 16k (0.93 of FA4)?
+  run order_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 64,128,256 --seqlens 8192,16384 \
+    --bwd-config default --bwd-config lpt=True,lpt_l2_kib=98304 --bwd-config lpt=True,lpt_l2_kib=393216
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/order_time.log" ] && { echo "--- order_time"; quiet "$O/order_time.log" | tail -16; }
+  ;;
+s16_boxes192)  # (needs 01a3d80's dq_slot_boxes, measured and removed) hdim 192 backward with the dQ slot in
+  # three 32-column boxes (dq_slot_boxes=3): cases,
   # timing against the dispatch (3 rounds, 2k / 8k / 16k, with the peers), then every hdim 192 GPU test
   bg boxes_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 192 --bwd-config dq_slot_boxes=3
   wait
@@ -471,7 +497,7 @@ s16_boxes192)  # hdim 192 backward with the dQ slot in three 32-column boxes (dq
   [ -f "$O/boxes_time.log" ] && { echo "--- boxes_time"; quiet "$O/boxes_time.log" | tail -9; }
   tests_summary boxes_tests
   ;;
-s16_bulk)  # DIAG (wrong dQ, timing only): the writer's dQ boxes as 1-D bulk reduce-adds (UBLKRED, FA4's
+s16_bulk)  # (needs 4fad727's diag_dq_bulk, not kept) DIAG (wrong dQ, timing only): the writer's dQ boxes as 1-D bulk reduce-adds (UBLKRED, FA4's
   # instruction at 192) into a permuted accumulator in place of the TMA tensor reduce-adds
   run bulk_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 192,256 --seqlens 2048,8192,16384 \
     --bwd-config default --bwd-config diag_dq_bulk=True

@@ -335,6 +335,16 @@ def test_backward_short_causal_dispatch(dtype, b, sq, sk, hq, hk):
     run_case(b, sq, sk, hq, hk, 128, dtype=dtype, causal=True)
 
 
+@pytest.mark.parametrize("d,b,sq,sk,hq,hk", [(256, 1, 1024, 1024, 2, 1), (256, 2, 2000, 1500, 4, 2),
+                                              (256, 1, 1100, 2048, 2, 2), (128, 1, 5000, 5000, 2, 1),
+                                              (128, 1, 4097, 8192, 2, 2)])
+def test_backward_lpt_causal_dispatch(d, b, sq, sk, hq, hk):
+    """Causal hdim 256 at 1k-2k tokens and hdim 128 at 2k-8k launch longest first (config.bwd_per_call):
+    the dispatched path itself, with ragged ends, GQA and seqlen_q != seqlen_k."""
+    assert config.bwd_per_call(d, sq, sk, True, False) == {"lpt": True}
+    run_case(b, sq, sk, hq, hk, d, causal=True)
+
+
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 def test_backward_fp16(d):
     run_case(2, 333, 333, 2, 1, d, dtype=torch.float16, causal=True)

@@ -65,7 +65,6 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass._mlir.dialects import llvm
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -75,7 +74,7 @@ from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
 from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
-from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
+from flashhopper.hopper.mma import issue_gemm
 
 # Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
 _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
@@ -98,12 +97,11 @@ class FlashBwdWideSm90(BwdKernelBase):
         super().__init__(cfg)
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.dq_chunks = cfg.num_dq_chunks
-        # dq_slot_halves / dq_slot_boxes: the slot goes round in column boxes (the writer's TMA box
-        # is one of them): two halves, or hdim 192's three thirds
-        self.dq_boxes = cfg.num_dq_slot_boxes
+        # dq_slot_halves: the slot goes round in column halves (the writer's TMA box is one half)
+        self.dq_halves = 2 if cfg.dq_slot_halves else 1
         # dq_slot_ring: boxes of the slot's ring (the halves, or more of them); half-turn k of the
-        # kernel (k counts every warpgroup's boxes of every chunk of every step) uses box k % ring
-        self.dq_ring = cfg.dq_slot_ring or self.dq_boxes
+        # kernel (k counts every warpgroup's halves of every chunk of every step) uses box k % ring
+        self.dq_ring = cfg.dq_slot_ring or self.dq_halves
         # warpgroups of the S / dP MMA: all (each its keys), or with sdp_by_gemm one (all keys)
         self.sdp_wgs = 1 if cfg.sdp_by_gemm else cfg.num_consumer_wg
 
@@ -176,11 +174,9 @@ class FlashBwdWideSm90(BwdKernelBase):
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=dkv_atoms, tiler_mn=dkv_tiler)
         # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
         # per chunk of hdim / dq_chunks columns, split across the warpgroups
-        # (dq_rs: A = dS from registers, the S / dP accumulator's layout read as an A operand)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
-            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks),
-            a_source=warpgroup.OperandSource.RMEM if self.cfg.dq_rs else warpgroup.OperandSource.SMEM)
+            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
@@ -199,10 +195,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         sdQ_layout = k_smem_layout(Float32, self.tile_m, self.hdim, self.num_dq_parts)
         if cutlass.const_expr(self.cfg.dq_slots):
             sdQ_layout = self.dq_part_layout(sdQ_layout)
-            if cutlass.const_expr(self.dq_ring > self.dq_boxes):
+            if cutlass.const_expr(self.dq_ring > self.dq_halves):
                 # the ring's boxes side by side, each whole 128-byte swizzle atoms of fp32
                 sdQ_layout = L.smem_layout_row_major(Float32, self.tile_m, self.dq_slot_cols * self.dq_ring)
-        # dq_slots: one warpgroup's dQ MMA over one part (with dq_slot_halves / boxes one box), to
+        # dq_slots: one warpgroup's dQ MMA over one part (with dq_slot_halves one half of a part), to
         # partition the slot by thread % 128
         tiled_mma_dq_part = None
         if cutlass.const_expr(self.cfg.dq_slots):
@@ -238,8 +234,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
         grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
-            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQaccum if self.cfg.diag_dq_bulk else mdQsem,
-            tma_dK, tma_dV,
+            tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQsem, tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
             tma_atom_dK, tma_atom_dV,
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
@@ -339,9 +334,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         # dQ = dS K: A = dS (queries, keys), B = K^T (hdim, keys): this warpgroup's head-dim columns
         # (dq_chunks 2: chunk c is head-dim columns [c * hdim / 2, (c + 1) * hdim / 2), of which
         # warpgroup w adds the w-th hdim / (2 W))
-        tQrdS = None
-        if cutlass.const_expr(not self.cfg.dq_rs):
-            tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
         dq_cols = self.hdim // self.dq_chunks
         sKt = L.transpose_view(sK)
         if cutlass.const_expr(self.dq_chunks > 1):
@@ -382,15 +375,15 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # every part goes through the one slot: this thread's place in it is where the
                 # same thread of warpgroup 0 would write part 0 (check_part_mma)
                 dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq_part).get_slice(tidx % 128)
-                # dq_slot_halves / boxes: [box 0, box 1, ..] of the slot, the same for every chunk; with
-                # a longer ring the box is picked per half-turn (stage_dq), from the slot itself
+                # dq_slot_halves: [half 0, half 1] of the slot, the same for every chunk; with a
+                # longer ring the box is picked per half-turn (stage_dq), from the slot itself
                 halves = [dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h)))
-                          for h in range(self.dq_boxes)]
+                          for h in range(self.dq_halves)]
                 tdQsdQ = [halves] * self.dq_chunks
-                if cutlass.const_expr(self.dq_ring > self.dq_boxes):
-                    tdQsdQ = [[sdQ] * self.dq_boxes] * self.dq_chunks
-                if cutlass.const_expr(self.dq_boxes > 1):
-                    # the registers one box goes out from, in the box MMA's fragment shape
+                if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                    tdQsdQ = [[sdQ] * self.dq_halves] * self.dq_chunks
+                if cutlass.const_expr(self.dq_halves > 1):
+                    # the registers one half goes out from, in the half MMA's fragment shape
                     rdQ_half = cute.make_rmem_tensor(
                         tiled_mma_dq_part.partition_shape_C((self.tile_m, self.dq_slot_cols)), Float32)
             else:
@@ -414,13 +407,6 @@ class FlashBwdWideSm90(BwdKernelBase):
                 cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
             ld_copy = cute.make_tiled_copy_C(ld_atom, tiled_mma_sdp).get_slice(sdp_tidx)
             tPsP_ld = (ld_copy, ld_copy.partition_S(sP))
-        # dq_rs: dS as dQ's A operand, 8-element k-block conversions (mma.acc_to_operand_a), and the
-        # same registers in the accumulator's layout for stmatrix (warpgroup 1) / ldmatrix (warpgroup 0)
-        tdQrdS, rdS_c, tdSsdS_ld = None, None, None
-        if cutlass.const_expr(self.cfg.dq_rs):
-            tdQrdS = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
-            rdS_c = cute.make_tensor(tdQrdS.iterator, acc_S.layout)
-            tdSsdS_ld = tPsP_ld[0].partition_S(sdS)
         # ds_stages 2: step i writes P / dS buffer i % 2 (the last mode of every view above)
         pds = Int32(0)
 
@@ -481,14 +467,10 @@ class FlashBwdWideSm90(BwdKernelBase):
                     ld_copy, tPsP_src = tPsP_ld
                     rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
                     cute.copy(ld_atom, self.pds_buffer(tPsP_src, pds), ld_copy.retile(rP))
-                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale, tdQrdS, rdS_c)
+                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
                     cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
                     cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
-                if cutlass.const_expr(self.cfg.dq_rs):
-                    tQrdS_s = tdQrdS
-                    if wg == 0:  # dS once from smem, for both chunks
-                        cute.copy(ld_atom, self.pds_buffer(tdSsdS_ld, pds), tPsP_ld[0].retile(rdS_c))
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
                 warpgroup.wait_group(0)
                 # dV^T has read dO (and dP long before)
@@ -657,9 +639,8 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @property
     def dq_slot_cols(self) -> int:
-        """dq_tma: head-dim columns of one writer TMA box: a part, or with dq_slot_halves / boxes one
-        of its column boxes."""
-        return self.dq_part_cols // self.dq_boxes
+        """dq_tma: head-dim columns of one writer TMA box: a part, or with dq_slot_halves half of one."""
+        return self.dq_part_cols // self.dq_halves
 
     def dq_part_layout(self, sdQ_layout, cols=None):
         """Part 0 (`cols` columns: a part by default) of the smem dQ tile, the TMA atom's smem side;
@@ -695,8 +676,8 @@ class FlashBwdWideSm90(BwdKernelBase):
     def ring_box(self, step, c: int, wg, h: int):
         """dq_slot_ring: the slot's box of half-turn (step, chunk c, warpgroup wg, half h); the
         writer hands the boxes out in this order."""
-        per_step = self.dq_chunks * self.num_consumer_wg * self.dq_boxes
-        return (step * per_step + (c * self.num_consumer_wg + wg) * self.dq_boxes + h) % self.dq_ring
+        per_step = self.dq_chunks * self.num_consumer_wg * self.dq_halves
+        return (step * per_step + (c * self.num_consumer_wg + wg) * self.dq_halves + h) % self.dq_ring
 
     @cute.jit
     def stage_dq(self, acc_dQ, rdQ_half, dq_copy, tdQsdQ_c, wg, softmax_scale,
@@ -705,11 +686,11 @@ class FlashBwdWideSm90(BwdKernelBase):
         """dq_tma: this warpgroup's dQ chunk into its part of the smem tile, once the writer has
         read the previous step's (first chunk); hand the part over after the last chunk. With
         dq_slots every chunk waits for the slot's grant and hands it back, with dq_slot_halves
-        (boxes) one column half (box) at a time (`tdQsdQ_c`: the destination of each half, or with a longer
+        one column half at a time (`tdQsdQ_c`: the destination of each half, or with a longer
         ring the slot, whose box `ring_box` picks)."""
-        for h in cutlass.range_constexpr(self.dq_boxes):
+        for h in cutlass.range_constexpr(self.dq_halves):
             dst = tdQsdQ_c[h]
-            if cutlass.const_expr(self.dq_ring > self.dq_boxes):
+            if cutlass.const_expr(self.dq_ring > self.dq_halves):
                 box = self.ring_box(step, c, wg, h)
                 dst = dq_copy.partition_D(
                     cute.local_tile(tdQsdQ_c[h], (self.tile_m, self.dq_slot_cols), (0, box)))
@@ -717,10 +698,10 @@ class FlashBwdWideSm90(BwdKernelBase):
                 cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
             if cutlass.const_expr(h == 0 and not self.cfg.scale_in_ds):
                 acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
-            if cutlass.const_expr(self.dq_boxes == 1):
+            if cutlass.const_expr(self.dq_halves == 1):
                 cute.copy(dq_copy, dq_copy.retile(acc_dQ), dst)
             else:
-                # the box's values are a contiguous run of the chunk's fragment (check_part_mma)
+                # the half's values are a contiguous run of the chunk's fragment (check_part_mma)
                 n = cute.size(rdQ_half)
                 for i in cutlass.range_constexpr(n):
                     rdQ_half[i] = acc_dQ[h * n + i]
@@ -826,32 +807,23 @@ class FlashBwdWideSm90(BwdKernelBase):
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for c in cutlass.range_constexpr(self.dq_chunks):
                 for w in cutlass.range_constexpr(num_wg):
-                    for h in cutlass.range_constexpr(self.dq_boxes):
-                        # with B boxes (halves: 2) the turn B back used this box of the slot (a
-                        # multiple of B turns a step, so box h is always slot box h); with a ring of
-                        # R boxes the half-turn R back used this box
+                    for h in cutlass.range_constexpr(self.dq_halves):
+                        # with halves the one before last used this half of the slot (an even count
+                        # of half-turns a step, so half h is always slot half h); with a ring of R
+                        # boxes the half-turn R back used this box
                         cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
                         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
                         cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
-                        if cutlass.const_expr(self.dq_ring > self.dq_boxes):
+                        if cutlass.const_expr(self.dq_ring > self.dq_halves):
                             box = self.ring_box(step, c, w, h)
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
-                        elif cutlass.const_expr(self.dq_boxes > 1):
+                        elif cutlass.const_expr(self.dq_halves > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
-                        if cutlass.const_expr(self.cfg.diag_dq_bulk):
-                            box_i = 0
-                            if cutlass.const_expr(self.dq_ring > self.dq_boxes):
-                                box_i = self.ring_box(step, c, w, h)
-                            elif cutlass.const_expr(self.dq_boxes > 1):
-                                box_i = h
-                            self.diag_bulk(mdQsem, sdQ, box_i, head, batch, m_block,
-                                           (c * num_wg + w) * self.dq_boxes + h)
-                        else:
-                            self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
-                                                (c * num_wg + w) * self.dq_boxes + h)
+                        self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
+                                            (c * num_wg + w) * self.dq_halves + h)
                         cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
@@ -860,24 +832,10 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def diag_bulk(self, mraw, sdQ, box, head, batch, m_block, p: cutlass.Constexpr[int]):
-        nbytes = self.tile_m * self.dq_slot_cols * 4
-        nbox = self.hdim // self.dq_slot_cols
-        num_m = mraw.shape[1] // self.tile_m
-        chunk = ((batch * num_m + m_block) * mraw.shape[2] + head) * nbox + p
-        g = mraw.iterator.toint() + cutlass.Int64(chunk) * nbytes
-        s = sdQ.iterator.toint() + Int32(box) * nbytes
-        if cute.arch.lane_idx() == 0:
-            llvm.inline_asm(
-                None, [cutlass.Int64(g).ir_value(), Int32(s).ir_value()],
-                f"cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], {nbytes};",
-                "l,r", has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-
-    @cute.jit
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,
                        p: cutlass.Constexpr[int]):
         """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ box p (a part, or with
-        dq_slot_halves / boxes one box of one, counted along the head dim) of query block m_block (rows past
+        dq_slot_halves half of one, counted along the head dim) of query block m_block (rows past
         seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into the accumulator's
         padding rows). The whole warp runs the copy (it elects its issuing lane itself)."""
         mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
@@ -889,8 +847,8 @@ class FlashBwdWideSm90(BwdKernelBase):
     def check_part_mma(self, tiled_mma_dq, tiled_mma_dq_part):
         """dq_slots: thread t of warpgroup w holds, in its part of the dQ chunk, the elements thread t
         of the one-warpgroup part MMA holds, in the same register order (checked at trace time on
-        a few threads: the slot is partitioned by thread % 128). With dq_slot_halves (boxes) the part
-        MMA covers one box, and box h must be the h-th contiguous run of the chunk's fragment."""
+        a few threads: the slot is partitioned by thread % 128). With dq_slot_halves the part MMA
+        covers half a part, and half h must be the h-th contiguous run of the chunk's fragment."""
         cols, half_cols = self.dq_part_cols, self.dq_slot_cols
         chunk = cute.make_identity_tensor((self.tile_m, self.hdim // self.dq_chunks))
         one = cute.make_identity_tensor((self.tile_m, half_cols))
@@ -899,9 +857,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                 mine = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
                 ref = tiled_mma_dq_part.get_slice(t).partition_C(one)
                 n = cute.size(ref)
-                if cute.size(mine) != n * self.dq_boxes:
+                if cute.size(mine) != n * self.dq_halves:
                     raise ValueError("dq_slots: the part MMA's fragment differs in size")
-                for h in range(self.dq_boxes):
+                for h in range(self.dq_halves):
                     for i in range(n):
                         r, c = mine[h * n + i]
                         if (r, c - w * cols - h * half_cols) != tuple(ref[i]):
@@ -909,7 +867,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                                              f"{h * n + i}, the part MMA {tuple(ref[i])} (half {h})")
 
     @cute.jit
-    def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale, tdQrdS=None, rdS_c=None):
+    def ds_from_rounded_p(self, acc_dP, rP, d_row, softmax_scale):
         """sdp_by_gemm: dS = P (dP - D) in place of dP, P from the 16-bit copy read back from smem
         (element by element: a whole fp32 copy of P would not fit next to dK^T / dV^T); returned in
         the input dtype."""
@@ -917,9 +875,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         for r in cutlass.range_constexpr(cute.size(dp_rc, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(dp_rc, mode=[1])):
                 dp_rc[r, c] = p_rc[r, c].to(Float32) * self.dp_minus_d(dp_rc[r, c], d_row[r], softmax_scale)
-        if cutlass.const_expr(self.cfg.dq_rs):  # into dQ's A fragment, returned in the C layout
-            acc_to_operand_a(acc_dP, tdQrdS)
-            return rdS_c
         rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
         rdS.store(acc_dP.load().to(self.dtype))
         return rdS
