@@ -447,6 +447,23 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
+s17_dqrs)  # hdim 256 backward with dQ's A operand (dS) from registers (dq_rs: RS WGMMA, dS read once by
+  # ldmatrix instead of once per dQ chunk by the SS WGMMA): cases of dq_rs (2 chunks) and of dq_rs with 4
+  # chunks (one 32-column ring box a part), then timing against the dispatch (3 rounds)
+  bg rs_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config dq_rs=True
+  wait
+  bg rs4_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+    --bwd-config dq_rs=True,dq_chunks=4
+  wait
+  cfgs=(--bwd-config default)
+  grep -qE "^0 of [0-9]+ cases failed" "$O/rs_cases.log" && cfgs+=(--bwd-config dq_rs=True)
+  grep -qE "^0 of [0-9]+ cases failed" "$O/rs4_cases.log" && cfgs+=(--bwd-config dq_rs=True,dq_chunks=4)
+  [ ${#cfgs[@]} -gt 2 ] && run rs_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 \
+    --seqlens 2048,8192,16384 "${cfgs[@]}"
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in rs_cases rs4_cases; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
+  [ -f "$O/rs_time.log" ] && { echo "--- rs_time"; quiet "$O/rs_time.log" | tail -9; }
+  ;;
 s16_lpt)  # causal backward launched longest first at 1k-16k (BwdConfig.lpt; dispatched only at hdim 128 2k-4k),
   # sections of the default 24 MiB and of 96 MiB (s16_order: +3.5% at hdim 256 causal 8k with 96 MiB)
   run lpt_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 1024,2048,4096,8192,16384 \
