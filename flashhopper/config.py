@@ -474,13 +474,6 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # with sdp_by_gemm: dQ = dS K with dS from registers (RS WGMMA) instead of smem: each warpgroup reads
-    # dS once (ldmatrix) for every dQ chunk. The step is bound by
-    # smem bandwidth (docs/notes/bwd-hdim256-smem.md): an SS 64 x 64 x 16 WGMMA reads 4 KiB in 16
-    # tensor cycles (2x what smem gives); RS reads only B. -30 KiB (-240 wavefronts) of the step's
-    # ~4,700. Session 17 on the H200: -0.6..-1.4% (2 chunks), -3.1..+1.0% (dq_chunks 4, 16 accumulator
-    # registers a chunk); not dispatched.
-    dq_rs: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -568,17 +561,11 @@ class BwdConfig(_KernelConfig):
         dq = self.tile_m * self.hdim * 4 if self.kv_split == "keys" or self.dq_tma else 0
         if self.dq_tma and self.dq_slots:
             dq //= self.num_consumer_wg * self.num_dq_chunks
-            if self.dq_slot_ring:  # ring boxes of half a part each (or a whole one of 32 columns)
-                dq = dq // (2 if self.dq_slot_halves else 1) * self.dq_slot_ring
+            if self.dq_slot_ring:  # ring boxes of half a part each
+                dq = dq // 2 * self.dq_slot_ring
         if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
-
-    def dq_part_is_box(self) -> bool:
-        """Whether one dQ slot part is a single 32-column box (whole 128-byte fp32 swizzle atom), which
-        the ring can go round without halves."""
-        return (self.dq_slots == 1 and self.dq_tma and self.kv_split == "hdim"
-                and self.hdim // (self.num_consumer_wg * self.num_dq_chunks) == 32)
 
     def dq_halves_fit(self) -> bool:
         """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
@@ -588,9 +575,8 @@ class BwdConfig(_KernelConfig):
 
     def sdp_by_gemm_fits(self) -> bool:
         """Whether S and dP can be split by GEMM (sdp_by_gemm): two warpgroups splitting dK^T / dV^T by
-        head dim, dQ in two chunks (hdim 256; four with dq_rs), no softcap."""
-        return (self.kv_split == "hdim" and self.num_consumer_wg == 2
-                and self.num_dq_chunks in ((2, 4) if self.dq_rs else (2,))
+        head dim, dQ in two chunks (hdim 256), no softcap."""
+        return (self.kv_split == "hdim" and self.num_consumer_wg == 2 and self.num_dq_chunks == 2
                 and not (self.softcap or self.dkv_by_keys or self.dkv_early))
 
     def dq_rows_fit(self) -> bool:
@@ -638,12 +624,9 @@ class BwdConfig(_KernelConfig):
         if self.dq_slot_halves and not self.dq_halves_fit():
             raise ValueError("dq_slot_halves needs dq_slots=1 (kv_split 'hdim', dq_tma) and dQ parts of a "
                              "multiple of 64 columns (each half whole 128-byte swizzle atoms of fp32)")
-        ring_fits = self.dq_slot_halves or self.dq_part_is_box()
-        if self.dq_slot_ring and (self.dq_slot_ring < 3 or not ring_fits):
-            raise ValueError(f"dq_slot_ring {self.dq_slot_ring}: 0 (the slot's two halves) or >= 3 boxes, "
-                             "and only with dq_slot_halves or parts of one 32-column box (dq_chunks 4)")
-        if self.dq_rs and not self.sdp_by_gemm:
-            raise ValueError("dq_rs needs sdp_by_gemm (hdim 256 without softcap)")
+        if self.dq_slot_ring and (self.dq_slot_ring < 3 or not self.dq_slot_halves):
+            raise ValueError(f"dq_slot_ring {self.dq_slot_ring}: 0 (the slot's two halves) or >= 3 half-size "
+                             "boxes, and only with dq_slot_halves")
         if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
@@ -728,11 +711,9 @@ class BwdConfig(_KernelConfig):
                              "K of dQ, N of dV^T and dK^T)")
         chunks = self.num_dq_chunks
         # a chunk is whole 64-column atoms of K's 128-byte swizzle (its K^T view is dQ's B operand)
-        if chunks not in (1, 2, 4) or (chunks > 1 and (self.hdim // chunks) % 64):
-            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 (4) where hdim / 2 (/ 4) is a multiple of "
-                             "64 (whole swizzle atoms of K)")
-        if chunks == 4 and not self.sdp_by_gemm:
-            raise ValueError("dq_chunks 4 exists only in sdp_by_gemm's step (with dq_rs)")
+        if chunks not in (1, 2) or (chunks > 1 and (self.hdim // chunks) % 64):
+            raise ValueError(f"dq_chunks {chunks} must be 1, or 2 where hdim / 2 is a multiple of 64 "
+                             "(whole swizzle atoms of K)")
         # dK^T + dV^T, plus the larger of S + dP and one dQ chunk (never live together), plus
         # _BWD_HDIM_REG_SLACK for addresses, row statistics, loop state and temporaries
         dkv, sdp, dq = self._hdim_split_regs(chunks)
@@ -902,18 +883,12 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # chunks, not dkv_by_keys / dkv_early)
         if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
             cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
-        # and dS from registers only with it (asked for or not: softcap has no sdp_by_gemm), and its four
-        # dQ chunks only with dS from registers
-        if cfg.dq_rs and not cfg.sdp_by_gemm:
-            cfg = dataclasses.replace(cfg, dq_rs=False)
-        if cfg.dq_chunks == 4 and not cfg.dq_rs:
-            cfg = dataclasses.replace(cfg, dq_chunks=0)
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)
         # and the slot's ring only where it goes round in halves (asked for or not: not under a local
         # window, where the dispatch keeps the slot whole)
-        if cfg.dq_slot_ring and not (cfg.dq_slot_halves or cfg.dq_part_is_box()):
+        if cfg.dq_slot_ring and not cfg.dq_slot_halves:
             cfg = dataclasses.replace(cfg, dq_slot_ring=0)
     cfg.check()
     return cfg

@@ -447,7 +447,7 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
-s17_dqrs)  # hdim 256 backward with dQ's A operand (dS) from registers (dq_rs: RS WGMMA, dS read once by
+s17_dqrs)  # (needs 6852bf9's dq_rs, measured and removed) hdim 256 backward with dQ's A operand (dS) from registers (dq_rs: RS WGMMA, dS read once by
   # ldmatrix instead of once per dQ chunk by the SS WGMMA): cases of dq_rs (2 chunks) and of dq_rs with 4
   # chunks (one 32-column ring box a part), then timing against the dispatch (3 rounds)
   bg rs_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config dq_rs=True

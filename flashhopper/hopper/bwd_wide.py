@@ -174,11 +174,9 @@ class FlashBwdWideSm90(BwdKernelBase):
             self.dtype, self.dtype, MN_, MN_, Float32, atom_layout_mnk=dkv_atoms, tiler_mn=dkv_tiler)
         # dQ = dS K: A = dS (keys contiguous: K-major), B = K^T view (head dim contiguous: MN-major);
         # per chunk of hdim / dq_chunks columns, split across the warpgroups
-        # (dq_rs: A = dS from registers, the S / dP accumulator's layout read as an A operand)
         tiled_mma_dq = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, wgs, 1),
-            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks),
-            a_source=warpgroup.OperandSource.RMEM if self.cfg.dq_rs else warpgroup.OperandSource.SMEM)
+            tiler_mn=(self.tile_m, self.hdim // wgs // self.dq_chunks))
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.num_stages)
         sdO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, self.do_stages)
@@ -336,9 +334,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         # dQ = dS K: A = dS (queries, keys), B = K^T (hdim, keys): this warpgroup's head-dim columns
         # (dq_chunks 2: chunk c is head-dim columns [c * hdim / 2, (c + 1) * hdim / 2), of which
         # warpgroup w adds the w-th hdim / (2 W))
-        tQrdS = None
-        if cutlass.const_expr(not self.cfg.dq_rs):
-            tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
+        tQrdS = wg_dq.make_fragment_A(wg_dq.partition_A(sdS))  # (..., ds_stages)
         dq_cols = self.hdim // self.dq_chunks
         sKt = L.transpose_view(sK)
         if cutlass.const_expr(self.dq_chunks > 1):
@@ -411,13 +407,6 @@ class FlashBwdWideSm90(BwdKernelBase):
                 cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=num_matrices), self.dtype)
             ld_copy = cute.make_tiled_copy_C(ld_atom, tiled_mma_sdp).get_slice(sdp_tidx)
             tPsP_ld = (ld_copy, ld_copy.partition_S(sP))
-        # dq_rs: dS as dQ's A operand, 8-element k-block conversions (mma.acc_to_operand_a), and the
-        # same registers in the accumulator's layout for stmatrix (warpgroup 1) / ldmatrix (warpgroup 0)
-        tdQrdS, rdS_c, tdSsdS_ld = None, None, None
-        if cutlass.const_expr(self.cfg.dq_rs):
-            tdQrdS = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
-            rdS_c = cute.make_tensor(tdQrdS.iterator, acc_S.layout)
-            tdSsdS_ld = tPsP_ld[0].partition_S(sdS)
         # ds_stages 2: step i writes P / dS buffer i % 2 (the last mode of every view above)
         pds = Int32(0)
 
@@ -482,11 +471,6 @@ class FlashBwdWideSm90(BwdKernelBase):
                     cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
                     cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
-                if cutlass.const_expr(self.cfg.dq_rs):
-                    tQrdS_s = tdQrdS
-                    # dS once from smem, for every chunk (both warpgroups: warpgroup 1's own copy
-                    # held across the barrier made ptxas merge two definitions and spill)
-                    cute.copy(ld_atom, self.pds_buffer(tdSsdS_ld, pds), tPsP_ld[0].retile(rdS_c))
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
                 warpgroup.wait_group(0)
                 # dV^T has read dO (and dP long before)
@@ -494,17 +478,12 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem, m_block,
                              n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
                              softmax_scale, step)
-                # the other chunks one by one through the same registers, dK^T under the last one's emit
-                for c in cutlass.range_constexpr(1, self.dq_chunks):
-                    last_chunk = c == self.dq_chunks - 1
-                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[c], zero_init=True)
-                    if cutlass.const_expr(last_chunk):
-                        issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                              zero_init=False)
-                    warpgroup.wait_group(1 if last_chunk else 0)
-                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, c, wg, mdQaccum, mdQsem,
-                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale, step)
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s, zero_init=False)
+                warpgroup.wait_group(1)
+                self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem, m_block,
+                             n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
+                             softmax_scale, step)
                 warpgroup.wait_group(0)
                 pipe_q.consumer_release(state)
             else:
