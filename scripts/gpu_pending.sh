@@ -447,6 +447,58 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
+s17_frag)  # hdim 256 backward with dQ by 16-byte vector atomics into a fragment-order accumulator (dq_frag:
+  # no smem slot, no writer, no grants; hopper/dq_frag.py), one and two P / dS pairs: cases, then timing
+  # against the dispatch and the row-order atomics of the same step (3 rounds)
+  AT=dq_tma=False,dq_slots=0,dq_rows_interleaved=False,dq_slot_halves=False,dq_slot_ring=0
+  bg frag_cases 300 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+    --bwd-config $AT,dq_frag=True --bwd-config $AT,dq_frag=True,ds_stages=2
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/frag_cases.log"; then
+    run frag_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,2048,8192,16384 \
+      --bwd-config default --bwd-config $AT --bwd-config $AT,dq_frag=True --bwd-config $AT,dq_frag=True,ds_stages=2
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- frag_cases"; grep -E "^FAIL|cases failed|rc=" "$O/frag_cases.log" | tail -6
+  [ -f "$O/frag_time.log" ] && { echo "--- frag_time"; quiet "$O/frag_time.log" | tail -11; }
+  ;;
+s17_n64)  # hdim 256 backward at 64 keys a CTA with sdp_by_gemm and the ring (dq_chunks 2; 206,656 B of
+  # smem): room for a ring of 6 boxes (5 reduce-adds read while a warpgroup stores), with and without the
+  # grants ahead; less of the diagonal block wasted on short causal sequences. Cases, then timing (3 rounds)
+  N64=tile_n=64,dq_chunks=2
+  bg n64_cases 300 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config $N64 \
+    --bwd-config $N64,dq_slot_ring=6 --bwd-config $N64,dq_slot_ring=6,dq_grant_ahead=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/n64_cases.log" && ! grep -qE "^[1-9][0-9]* of [0-9]+ cases failed" \
+      "$O/n64_cases.log"; then
+    run n64_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,1024,2048,8192 \
+      --bwd-config default --bwd-config $N64 --bwd-config $N64,dq_slot_ring=6 \
+      --bwd-config $N64,dq_slot_ring=6,dq_grant_ahead=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- n64_cases"; grep -E "^FAIL|cases failed|rc=" "$O/n64_cases.log" | tail -6
+  [ -f "$O/n64_time.log" ] && { echo "--- n64_time"; quiet "$O/n64_time.log" | tail -11; }
+  ;;
+s17_ahead)  # hdim 256 backward with the dQ ring's grants ahead (dq_grant_ahead: the half-turns alternate
+  # warpgroups and each warpgroup's next box is granted once its previous one is handed over): cases,
+  # timing against the dispatch (3 rounds, 1k-16k), then the hdim 256 GPU tests with the override
+  bg ahead_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
+    --bwd-config dq_grant_ahead=True
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/ahead_cases.log"; then
+    run ahead_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 1024,2048,8192,16384 \
+      --bwd-config default --bwd-config dq_grant_ahead=True
+    B=tests/test_bwd_gpu.py
+    FH_TEST_BWD_OVERRIDES=dq_grant_ahead=true run ahead_tests python3 -m pytest -q -rf --tb=short \
+      -k "256 and not 128 and not 5.0 and not 3.0 and not 10.0" $B::test_backward $B::test_backward_fp16 \
+      $B::test_backward_packed_qkv $B::test_deterministic_is_bitwise_reproducible \
+      $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- ahead_cases"; grep -E "^FAIL|failed|rc=" "$O/ahead_cases.log" | tail -4
+  [ -f "$O/ahead_time.log" ] && { echo "--- ahead_time"; quiet "$O/ahead_time.log" | tail -11; }
+  tests_summary ahead_tests
+  ;;
 s17_dqrs)  # (needs 6852bf9's dq_rs, measured and removed) hdim 256 backward with dQ's A operand (dS) from registers (dq_rs: RS WGMMA, dS read once by
   # ldmatrix instead of once per dQ chunk by the SS WGMMA): cases of dq_rs (2 chunks) and of dq_rs with 4
   # chunks (one 32-column ring box a part), then timing against the dispatch (3 rounds)
