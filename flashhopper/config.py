@@ -466,17 +466,6 @@ class BwdConfig(_KernelConfig):
     # the slot's grants held ~24% of the warps' stall samples: the hand-offs are latency-bound, not
     # bound by the reduction. 3 boxes take 8 KiB more smem at hdim 256 (227,136 B).
     dq_slot_ring: int = 0
-    # kv_split "hdim" at hdim 256, with dq_tma off: the consumers add dQ with 16-byte vector atomics
-    # into an accumulator stored in their fragment order (hopper/dq_frag.py: a warp-wide atomic covers
-    # four whole 128-byte lines, against eight 32-byte pieces of rows in row order), permuted back to
-    # row order by the cast. No smem slot, no writer warp, no grants.
-    dq_frag: bool = False
-    # with dq_slot_ring: the half-turns go chunk, half, warpgroup (the warpgroups alternate) and the
-    # writer grants a warpgroup its next box as soon as that warpgroup has handed over its last one and
-    # the box is read, instead of after the previous half-turn (any warpgroup's) is handed over. In the
-    # plain order warpgroup 1's first half of a chunk waits until warpgroup 0 has stored both of its
-    # halves; here the two warpgroups store their halves side by side.
-    dq_grant_ahead: bool = False
     # kv_split "hdim" at hdim 256 (two warpgroups, dQ in two chunks): S = Q K^T and dP = dO V^T split
     # by GEMM instead of by keys: warpgroup 0 computes S and P over all tile_n keys, warpgroup 1 dP
     # and, with P read back from smem (bf16), dS. Each S / dP WGMMA then has N = tile_n (80) instead
@@ -578,11 +567,6 @@ class BwdConfig(_KernelConfig):
             dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
-    def dq_frag_fits(self) -> bool:
-        """Whether dQ can go by atomics in fragment order (dq_frag): hopper/dq_frag.py's layout."""
-        return (self.kv_split == "hdim" and not self.dq_tma and self.hdim == 256 and self.tile_m == 64
-                and self.num_consumer_wg == 2 and self.num_dq_chunks == 2 and not self.dkv_by_keys)
-
     def dq_halves_fit(self) -> bool:
         """Whether the dQ slot can be lent in column halves (dq_slot_halves): one slot, whole
         64-column parts."""
@@ -647,12 +631,6 @@ class BwdConfig(_KernelConfig):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
-        if self.dq_grant_ahead and not (self.dq_slot_ring and self.dq_slot_ring > self.num_consumer_wg):
-            raise ValueError("dq_grant_ahead needs dq_slot_ring with more boxes than consumer warpgroups "
-                             "(each warpgroup's next box granted while the others' are still read)")
-        if self.dq_frag and not self.dq_frag_fits():
-            raise ValueError("dq_frag needs kv_split 'hdim' at hdim 256 with dQ by atomics (no dq_tma), two "
-                             "consumer warpgroups splitting the head dim, 64-row steps and dQ in two chunks")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
@@ -912,8 +890,5 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # window, where the dispatch keeps the slot whole)
         if cfg.dq_slot_ring and not cfg.dq_slot_halves:
             cfg = dataclasses.replace(cfg, dq_slot_ring=0)
-        # and the grants ahead only round a ring (asked for or not: the same)
-        if cfg.dq_grant_ahead and cfg.dq_slot_ring <= cfg.num_consumer_wg:
-            cfg = dataclasses.replace(cfg, dq_grant_ahead=False)
     cfg.check()
     return cfg

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 16 ran s16_boxes192, s16_bgrid and
-# s16_bulk; results in docs/benchmarks.md, "GPU runs of session 16". Nothing is waiting.
+# GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
+# s17_frag and s17_fgrid; results in docs/benchmarks.md, "GPU runs of session 17". Nothing is waiting.
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -447,7 +447,8 @@ s14_extra)  # session 14, last minutes: hdim 256 (sdp_by_gemm) with scale_in_ds,
   for f in cases_sids cases_halves; do echo "--- $f"; grep -E "^FAIL|failed|rc=" "$O/$f.log" | tail -4; done
   [ -f "$O/sids_time.log" ] && { echo "--- sids_time"; quiet "$O/sids_time.log" | tail -7; }
   ;;
-s17_frag)  # hdim 256 backward with dQ by 16-byte vector atomics into a fragment-order accumulator (dq_frag:
+s17_frag)  # (needs 3ad69d4's dq_frag, measured and removed) hdim 256 backward with dQ by 16-byte
+  # vector atomics into a fragment-order accumulator (dq_frag:
   # no smem slot, no writer, no grants; hopper/dq_frag.py), one and two P / dS pairs: cases, then timing
   # against the dispatch and the row-order atomics of the same step (3 rounds)
   AT=dq_tma=False,dq_slots=0,dq_rows_interleaved=False,dq_slot_halves=False,dq_slot_ring=0
@@ -462,7 +463,8 @@ s17_frag)  # hdim 256 backward with dQ by 16-byte vector atomics into a fragment
   echo "--- frag_cases"; grep -E "^FAIL|cases failed|rc=" "$O/frag_cases.log" | tail -6
   [ -f "$O/frag_time.log" ] && { echo "--- frag_time"; quiet "$O/frag_time.log" | tail -11; }
   ;;
-s17_n64)  # hdim 256 backward at 64 keys a CTA with sdp_by_gemm and the ring (dq_chunks 2; 206,656 B of
+s17_n64)  # (the grants ahead need 3ad69d4) hdim 256 backward at 64 keys a CTA with sdp_by_gemm and the
+  # ring (dq_chunks 2; 206,656 B of
   # smem): room for a ring of 6 boxes (5 reduce-adds read while a warpgroup stores), with and without the
   # grants ahead; less of the diagonal block wasted on short causal sequences. Cases, then timing (3 rounds)
   N64=tile_n=64,dq_chunks=2
@@ -479,7 +481,8 @@ s17_n64)  # hdim 256 backward at 64 keys a CTA with sdp_by_gemm and the ring (dq
   echo "--- n64_cases"; grep -E "^FAIL|cases failed|rc=" "$O/n64_cases.log" | tail -6
   [ -f "$O/n64_time.log" ] && { echo "--- n64_time"; quiet "$O/n64_time.log" | tail -11; }
   ;;
-s17_ahead)  # hdim 256 backward with the dQ ring's grants ahead (dq_grant_ahead: the half-turns alternate
+s17_ahead)  # (needs 3ad69d4's dq_grant_ahead, measured and removed) hdim 256 backward with the dQ
+  # ring's grants ahead (dq_grant_ahead: the half-turns alternate
   # warpgroups and each warpgroup's next box is granted once its previous one is handed over): cases,
   # timing against the dispatch (3 rounds, 1k-16k), then the hdim 256 GPU tests with the override
   bg ahead_cases 200 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap \
@@ -499,7 +502,8 @@ s17_ahead)  # hdim 256 backward with the dQ ring's grants ahead (dq_grant_ahead:
   [ -f "$O/ahead_time.log" ] && { echo "--- ahead_time"; quiet "$O/ahead_time.log" | tail -11; }
   tests_summary ahead_tests
   ;;
-s17_dqrs)  # (needs 6852bf9's dq_rs, measured and removed) hdim 256 backward with dQ's A operand (dS) from registers (dq_rs: RS WGMMA, dS read once by
+s17_dqrs)  # (needs 6852bf9's dq_rs, measured and removed) hdim 256 backward with dQ's A operand (dS)
+  # from registers (dq_rs: RS WGMMA, dS read once by
   # ldmatrix instead of once per dQ chunk by the SS WGMMA): cases of dq_rs (2 chunks) and of dq_rs with 4
   # chunks (one 32-column ring box a part), then timing against the dispatch (3 rounds)
   bg rs_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config dq_rs=True

@@ -71,7 +71,6 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from flashhopper.config import BwdConfig
-from flashhopper.hopper import dq_frag as DQ_FRAG
 from flashhopper.hopper import layout as L
 from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
@@ -207,8 +206,6 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.dtype, self.dtype, K_, MN_, Float32, atom_layout_mnk=(1, 1, 1),
                 tiler_mn=(self.tile_m, self.dq_slot_cols))
             self.check_part_mma(tiled_mma_dq, tiled_mma_dq_part)
-        if cutlass.const_expr(self.cfg.dq_frag):
-            self.check_frag_layout(tiled_mma_dq)
         SharedStorage = self.shared_storage(sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout,
                                             sD_layout, sdQ_layout)
 
@@ -676,19 +673,10 @@ class FlashBwdWideSm90(BwdKernelBase):
             fields["sdQ"] = align[mem[Float32, cute.cosize(sdQ_layout)], 1024]
         return smem_struct(fields)
 
-    def half_turn(self, c: int, w: int, h: int) -> int:
-        """dq_slots: the writer's order of (chunk c, warpgroup w, half h) within a step: chunk,
-        warpgroup, half; with dq_grant_ahead chunk, half, warpgroup (the warpgroups alternate)."""
-        if self.cfg.dq_grant_ahead:
-            return (c * self.dq_halves + h) * self.num_consumer_wg + w
-        return (c * self.num_consumer_wg + w) * self.dq_halves + h
-
     def ring_box(self, step, c: int, wg, h: int):
         """dq_slot_ring: the slot's box of half-turn (step, chunk c, warpgroup wg, half h); the
-        writer hands the boxes out in half_turn's order."""
+        writer hands the boxes out in this order."""
         per_step = self.dq_chunks * self.num_consumer_wg * self.dq_halves
-        if self.cfg.dq_grant_ahead:
-            return (step * per_step + (c * self.dq_halves + h) * self.num_consumer_wg + wg) % self.dq_ring
         return (step * per_step + (c * self.num_consumer_wg + wg) * self.dq_halves + h) % self.dq_ring
 
     @cute.jit
@@ -761,10 +749,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.deterministic and c == 0):
                 self.dq_turn_wait(mdQsem, m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
                                   window_right, tidx)
-            if cutlass.const_expr(self.cfg.dq_frag):
-                self.add_dq_frag(acc_dQ, c, wg, mdQaccum, m_block, head, batch, softmax_scale, tidx)
-            else:
-                self.add_dq(acc_dQ, dq_coords[c], mdQaccum, m_block, head, batch, seqlen_q, softmax_scale)
+            self.add_dq(acc_dQ, dq_coords[c], mdQaccum, m_block, head, batch, seqlen_q, softmax_scale)
             if cutlass.const_expr(self.cfg.deterministic and last):
                 self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
 
@@ -814,50 +799,32 @@ class FlashBwdWideSm90(BwdKernelBase):
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
-        ahead = self.cfg.dq_grant_ahead
-        per_step = self.dq_chunks * num_wg * self.dq_halves
-        # (chunk, warpgroup, half) of each half-turn of a step, in the writer's order
-        turns = sorted(((c, w, h) for c in range(self.dq_chunks) for w in range(num_wg)
-                        for h in range(self.dq_halves)), key=lambda t: self.half_turn(*t))
-        if cutlass.const_expr(ahead):
-            # every warpgroup's first box is free
-            if num_steps > 0:
-                for w in cutlass.range_constexpr(num_wg):
-                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
-            for k in cutlass.range_constexpr(per_step):
-                c, w, h = turns[k]
-                if cutlass.const_expr(not ahead):
-                    # with halves the one before last used this half of the slot (an even count
-                    # of half-turns a step, so half h is always slot half h); with a ring of R
-                    # boxes the half-turn R back used this box
-                    cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
-                    cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
-                cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
-                if cutlass.const_expr(self.cfg.deterministic and k == 0):
-                    self.wait_turn(sem, turn)
-                sdQ_h = sdQ
-                if cutlass.const_expr(self.dq_ring > self.dq_halves):
-                    box = self.ring_box(step, c, w, h)
-                    sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
-                elif cutlass.const_expr(self.dq_halves > 1):
-                    sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
-                self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
-                                    (c * num_wg + w) * self.dq_halves + h)
-                cute.arch.cp_async_bulk_commit_group()
-                if cutlass.const_expr(ahead):
-                    # warpgroup w's next half-turn is num_wg ahead; its box was last used R half-turns
-                    # before that, i.e. R - num_wg before this one: all but the latest R - num_wg read
-                    cute.arch.cp_async_bulk_wait_group(self.dq_ring - num_wg, read=True)
-                    if cutlass.const_expr(k + num_wg < per_step):
+            for c in cutlass.range_constexpr(self.dq_chunks):
+                for w in cutlass.range_constexpr(num_wg):
+                    for h in cutlass.range_constexpr(self.dq_halves):
+                        # with halves the one before last used this half of the slot (an even count
+                        # of half-turns a step, so half h is always slot half h); with a ring of R
+                        # boxes the half-turn R back used this box
+                        cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
                         cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
-                    elif step + 1 < num_steps:
-                        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+                        cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                        if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
+                            self.wait_turn(sem, turn)
+                        sdQ_h = sdQ
+                        if cutlass.const_expr(self.dq_ring > self.dq_halves):
+                            box = self.ring_box(step, c, w, h)
+                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
+                        elif cutlass.const_expr(self.dq_halves > 1):
+                            sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
+                        self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
+                                            (c * num_wg + w) * self.dq_halves + h)
+                        cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
@@ -954,43 +921,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         A select, not a branch: a traced `if` would thread the accumulator through every test."""
         p = cute.math.exp2(s * scale_log2 - lse, fastmath=True)
         return Float32(0.0) if key >= hi or key < lo else p
-
-    @cute.jit
-    def add_dq_frag(self, acc_dQ, c: cutlass.Constexpr[int], wg, mdQaccum, m_block, head, batch,
-                    softmax_scale, tidx):
-        """dq_frag: this thread's dQ chunk c as 16-byte vector atomics into its places of the query
-        block's fragment-order storage (hopper/dq_frag.py; the accumulator is padded to whole query
-        blocks, so no bounds test): one row address, the vectors at constant offsets."""
-        t = tidx % 128
-        row = m_block * self.tile_m + (c * self.num_consumer_wg + wg) * 16 + t // 8
-        ptr = (mdQaccum[None, None, head, batch].iterator + row * Int32(mdQaccum.layout.stride[0])
-               + (t % 8) * 4)
-        vec = cute.make_rmem_tensor(4, Float32)
-        for j in cutlass.range_constexpr(cute.size(acc_dQ) // 4):
-            for e in cutlass.range_constexpr(4):
-                if cutlass.const_expr(self.cfg.scale_in_ds):  # dS carried the scale
-                    vec[e] = acc_dQ[4 * j + e]
-                else:  # so the host only permutes and casts dQaccum
-                    vec[e] = acc_dQ[4 * j + e] * softmax_scale
-            cute.arch.atomic_add(ptr + 32 * j, vec.load())
-
-    def check_frag_layout(self, tiled_mma_dq):
-        """dq_frag: every thread's dQ chunk registers hold the (row, column) dq_frag.mma_coord says
-        (the storage order add_dq_frag writes and dq_frag.unfrag reads back assumes it)."""
-        chunk_cols = self.hdim // self.dq_chunks
-        for c in range(self.dq_chunks):
-            block = cute.make_identity_tensor((self.tile_m, self.hdim))
-            chunk = cute.local_tile(block, (self.tile_m, chunk_cols), (0, c))
-            for w in range(self.num_consumer_wg):
-                for t in range(128):
-                    crd = tiled_mma_dq.get_slice(w * 128 + t).partition_C(chunk)
-                    if cute.size(crd) != DQ_FRAG.VALUES:
-                        raise ValueError(f"dq_frag: {cute.size(crd)} dQ values a thread, not "
-                                         f"{DQ_FRAG.VALUES}")
-                    for i in range(DQ_FRAG.VALUES):
-                        if tuple(crd[i]) != DQ_FRAG.mma_coord(c, w, t, i):
-                            raise ValueError(f"dq_frag: thread {w * 128 + t} chunk {c} value {i} holds dQ "
-                                             f"{tuple(crd[i])}, not {DQ_FRAG.mma_coord(c, w, t, i)}")
 
     @cute.jit
     def add_dq(self, acc_dQ, dq_coords, mdQaccum, m_block, head, batch, seqlen_q, softmax_scale):

@@ -28,7 +28,6 @@ from flashhopper.config import (
     fwd_narrow_tile,
     fwd_short_causal,
 )
-from flashhopper.hopper import dq_frag
 from flashhopper.hopper.bwd_common import every_q_block_visited
 from flashhopper.hopper.bwd_pre import ROWS_PER_CTA
 from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
@@ -230,8 +229,8 @@ def _fake_bwd(cfg: BwdConfig):
     sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                                         (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
     dq = t4(sq, h) if cfg.fused_dq_cast else None
-    # dq_rows_interleaved, dq_frag: the accumulator's rows are padded to whole query blocks (_dq_accum)
-    dq_accum = t4(cute.sym_int() if cfg.dq_rows_interleaved or cfg.dq_frag else sq, h, cutlass.Float32)
+    # dq_rows_interleaved: the accumulator's rows are padded to whole query blocks (_dq_accum)
+    dq_accum = t4(cute.sym_int() if cfg.dq_rows_interleaved else sq, h, cutlass.Float32)
     return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), dq_accum,
             sem, dq, t4(sk, hk), t4(sk, hk))
 
@@ -301,20 +300,19 @@ def _unused_int32(device) -> torch.Tensor:
 def _dq_accum(q, cfg: BwdConfig, alloc):
     """The fp32 dQ accumulator as a (b, sq, h, d) tensor; with dq_accum_head_major its memory is
     (b, h, sq, d) (a permuted view: the kernels take any strides); with dq_rows_interleaved sq is
-    padded to whole query blocks (the main kernel takes the padded tensor, the rest [:, :sq]); so with
-    dq_frag, whose padding rows hold values of real rows (hopper/dq_frag.py)."""
+    padded to whole query blocks (the main kernel takes the padded tensor, the rest [:, :sq])."""
     b, sq, h, d = q.shape
     if cfg.dq_accum_head_major:
         return alloc((b, h, sq, d), dtype=torch.float32, device=q.device).permute(0, 2, 1, 3)
-    if cfg.dq_rows_interleaved or cfg.dq_frag:
+    if cfg.dq_rows_interleaved:
         return alloc((b, -(-sq // cfg.tile_m) * cfg.tile_m, h, d), dtype=torch.float32, device=q.device)
     return alloc(q.shape, dtype=torch.float32, device=q.device)
 
 
 def _dq_rows(dq_accum_all, cfg: BwdConfig, sq: int):
-    """The accumulator's query rows: all of it, or with dq_rows_interleaved (dq_frag) the first sq (the
-    padding rows are never read; with dq_frag _dq_accum clears them)."""
-    return dq_accum_all[:, :sq] if cfg.dq_rows_interleaved or cfg.dq_frag else dq_accum_all
+    """The accumulator's query rows: all of it, or with dq_rows_interleaved the first sq (the
+    padding rows are never read)."""
+    return dq_accum_all[:, :sq] if cfg.dq_rows_interleaved else dq_accum_all
 
 
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
@@ -347,8 +345,6 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         dq_accum_all = _dq_accum(q, cfg, torch.empty)
         if poison_dq_accum:
             dq_accum_all.fill_(float("nan"))
-        if cfg.dq_frag and sq_pad > sq:  # the preprocess clears the first sq rows only
-            dq_accum_all[:, sq:].zero_()
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
         pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
@@ -381,8 +377,6 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     if dq is not None:
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
-    if cfg.dq_frag:
-        dq_accum = dq_frag.unfrag(dq_accum_all)[:, :sq]
     return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
 
 
