@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
-# s17_frag and s17_fgrid; results in docs/benchmarks.md, "GPU runs of session 17". Nothing is waiting.
+# s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session 17". Nothing is waiting.
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
