@@ -751,7 +751,9 @@ _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
 # under a local window, where that kernel spills (bwd_config drops it).
 # Session 15 (s15_ring, 3 rounds, 2k / 8k / 16k, causal and not): those halves as a ring of three boxes
 # (BwdConfig.dq_slot_ring) +1.3..+4.2% at 256, 6 of 6 points. Session 16: hdim 192's part in three
-# 32-column boxes -0.8..-3.1% (6 of 6 down; it lives in commit 01a3d80).
+# 32-column boxes -0.8..-3.1% (6 of 6 down; it lives in commit 01a3d80). Session 17 at 256, each
+# against this dispatch: dS as dQ's register operand -0.0..-1.4% (6852bf9), the ring's grants ahead
+# -1.2..-3.1%, dQ by vector atomics in fragment order -3..-30% (3ad69d4), 64 keys -3..-10%.
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
     192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
           "dq_rows_interleaved": True},
