@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
 # s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
-# 17". Nothing is waiting.
+# 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1023,6 +1023,21 @@ s7_bwd)  # session 7, GPU 1: the backward grid with the new dispatch, then the b
     [ -f "$O/$f.log" ] && echo "--- $f: $(grep -E 'passed|failed' "$O/$f.log" | tail -1) $(tail -1 "$O/$f.log")"
     [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
+  ;;
+s18_twocta)  # session 18: two CTAs per SM, one consumer warpgroup each (FwdConfig.ctas_per_sm), at the
+  # forward's short points: occupancy under ncu (that two CTAs are resident), its GPU tests, then
+  # tune_fwd.py twocta (dispatch / two CTAs / the same 64-row tile at one CTA, 3 rounds)
+  TWO="--set tile_m=64 --set num_consumer_wg=1 --set pingpong=false --set ctas_per_sm=2"
+  # shellcheck disable=SC2086
+  run occupancy timeout -s KILL 120 ncu --clock-control none -k 'regex:Fwd|Forward' -c 1 \
+    --metrics launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__registers_per_thread,launch__grid_size,sm__warps_active.avg.pct_of_peak_sustained_active,gpu__time_duration.sum \
+    python3 scripts/run_one_fwd.py --hdim 64 --seqlen 512 --causal --iters 1 $TWO
+  run twocta_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k two_ctas
+  run twocta python3 scripts/tune_fwd.py twocta
+  echo "== end at $(($(date +%s) - T0)) s"
+  grep -E "launch__|sm__warps|gpu__time" "$O/occupancy.log" | awk '{print $1, $(NF-1), $NF}'
+  tests_summary twocta_tests
+  [ -f "$O/twocta.log" ] && quiet "$O/twocta.log" | grep -E "TFLOP|FAILED" | sed -E "s/'(tile_m|num_consumer_wg|pingpong)': [^,}]*,? ?//g"
   ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
