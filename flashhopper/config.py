@@ -21,26 +21,20 @@ WARPGROUP_THREADS = 128
 # (consumer, producer) registers per thread after setmaxnreg, by number of consumer warpgroups.
 # The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
 REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-# Two CTAs per SM (FwdConfig.ctas_per_sm): each CTA owns half the file (256 threads x 128 at
-# launch), so its one consumer warpgroup takes 232 next to the producer's 24.
-REG_SPLIT_TWO_CTAS = {1: (232, 24)}
-# shared memory of one SM; every resident CTA reserves 1 KiB of it for the system
-SMEM_PER_SM = 233472
-SMEM_RESERVED_PER_CTA = 1024
 
 # BwdConfig.fused_dq_cast: rows of fp32 dQ per conversion chunk, and chunks in flight
 DQ_CAST_ROWS = 16
 DQ_CAST_STAGES = 2
 
 
-def register_pool(num_warpgroups: int, ctas_per_sm: int = 1) -> int:
+def register_pool(num_warpgroups: int) -> int:
     """Registers a CTA of `num_warpgroups` warpgroups owns: what each thread is given at launch
     (the file split evenly, in steps of 8, at most 255), times the threads. setmaxnreg moves
     registers only inside this pool (USETMAXREG ... CTAPOOL): a split that adds up to the whole
     64K file but not to the pool leaves the consumers' setmaxnreg.inc waiting forever (a fused
     dQ-cast build with 32 producer registers next to 240 hung so on the H200, session 8)."""
     threads = WARPGROUP_THREADS * num_warpgroups
-    return min(REGS_PER_SM // (threads * ctas_per_sm) // 8 * 8, 248) * threads
+    return min(REGS_PER_SM // threads // 8 * 8, 248) * threads
 
 
 # (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
@@ -179,35 +173,6 @@ class FwdConfig(_KernelConfig):
     # O staged in Q's smem buffer even where its own tile would fit (FA3 / FA4 alias O with V / Q):
     # 32 KiB less smem at hdim 128, which makes room for a third K / V stage there.
     o_in_q: bool = False
-    # 2: two CTAs resident per SM (launch bound, half the register file and of the SM's smem each),
-    # one consumer warpgroup per CTA. The two CTAs' tiles are independent, so one CTA's prologue,
-    # diagonal step and epilogue overlap the other's steady-state GEMMs, where one CTA of two
-    # ping-ponging warpgroups shares each tile's start and end (short causal tiles are 1-4 steps).
-    ctas_per_sm: int = 1
-
-    @property
-    def consumer_regs(self) -> int:
-        split = REG_SPLIT_TWO_CTAS if self.ctas_per_sm == 2 else REG_SPLIT
-        return split[self.num_consumer_wg][0]
-
-    @property
-    def producer_regs(self) -> int:
-        split = REG_SPLIT_TWO_CTAS if self.ctas_per_sm == 2 else REG_SPLIT
-        return split[self.num_consumer_wg][1]
-
-    @property
-    def smem_capacity(self) -> int:
-        """Dynamic shared memory one CTA may use: all of it, or its share with ctas_per_sm."""
-        if self.ctas_per_sm == 1:
-            return SMEM_CAPACITY
-        return SMEM_PER_SM // self.ctas_per_sm - SMEM_RESERVED_PER_CTA
-
-    def _check_register_split(self) -> None:
-        total = WARPGROUP_THREADS * (self.producer_regs + self.consumer_regs * self.num_consumer_wg)
-        pool = register_pool(1 + self.num_consumer_wg, self.ctas_per_sm)
-        if total > pool:
-            raise ValueError(f"register split {self.producer_regs}/{self.consumer_regs} needs {total} > "
-                             f"{pool} registers (the CTA's pool at {self.ctas_per_sm} CTA(s) per SM)")
 
     @property
     def hdim_v(self) -> int:
@@ -234,7 +199,7 @@ class FwdConfig(_KernelConfig):
     def o_buffer(self) -> bool:
         """O gets its own smem tile when it fits, so the next Q can load during the epilogue;
         otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read."""
-        return not self.o_in_q and self._smem_bytes(True) <= self.smem_capacity
+        return not self.o_in_q and self._smem_bytes(True) <= SMEM_CAPACITY
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory: Q, K and V rings, O (own tile or Q's), mbarriers."""
@@ -253,14 +218,8 @@ class FwdConfig(_KernelConfig):
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
         if self.hdim not in SUPPORTED_HDIMS:
             raise ValueError(f"hdim {self.hdim} not in {SUPPORTED_HDIMS}")
-        if self.ctas_per_sm not in (1, 2):
-            raise ValueError(f"ctas_per_sm {self.ctas_per_sm} not in (1, 2)")
-        split = REG_SPLIT_TWO_CTAS if self.ctas_per_sm == 2 else REG_SPLIT
-        if self.num_consumer_wg not in split:
-            raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(split)} at "
-                             f"ctas_per_sm {self.ctas_per_sm}")
-        if self.ctas_per_sm == 2 and self.cluster_m != 1:
-            raise ValueError("ctas_per_sm=2 takes no cluster (cluster_m=1)")
+        if self.num_consumer_wg not in REG_SPLIT:
+            raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(REG_SPLIT)}")
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -268,9 +227,8 @@ class FwdConfig(_KernelConfig):
                              "(WGMMA N and P @ V k-blocks)")
         if self.num_stages < 1:
             raise ValueError("num_stages must be >= 1")
-        if self.smem_bytes() > self.smem_capacity:
-            raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {self.smem_capacity} B "
-                             f"(a CTA's share at {self.ctas_per_sm} CTA(s) per SM)")
+        if self.smem_bytes() > SMEM_CAPACITY:
+            raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
         self._check_cluster()
         self._check_register_split()
         cons = self.consumer_regs

@@ -1024,7 +1024,7 @@ s7_bwd)  # session 7, GPU 1: the backward grid with the new dispatch, then the b
     [ -f "$O/$f.log" ] && grep -E "^FAILED|^E  " "$O/$f.log" | head -10
   done
   ;;
-s18_twocta)  # session 18: two CTAs per SM, one consumer warpgroup each (FwdConfig.ctas_per_sm), at the
+s18_twocta)  # (needs 5273aed) session 18: two CTAs per SM, one consumer warpgroup each (FwdConfig.ctas_per_sm), at the
   # forward's short points: occupancy under ncu (that two CTAs are resident), its GPU tests, then
   # tune_fwd.py twocta (dispatch / two CTAs / the same 64-row tile at one CTA, 3 rounds)
   TWO="--set tile_m=64 --set num_consumer_wg=1 --set pingpong=false --set ctas_per_sm=2"

@@ -14,7 +14,6 @@
     python scripts/tune_fwd.py cluster    # 2x1 cluster with K/V multicast vs the dispatched kernel (no mask)
     python scripts/tune_fwd.py idle       # warpgroups with no rows below seqlen_q skip their work, or not
     python scripts/tune_fwd.py short      # the short grid points: 64 keys, 3 stages, overlap / ping-pong off
-    python scripts/tune_fwd.py twocta     # short points: two CTAs per SM (one consumer warpgroup each)
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -166,19 +165,6 @@ SHORT = [(hdim, causal, seqlen, over) for hdim, causal, seqlen in [(64, True, 51
                                                                     (128, False, 512), (256, False, 512)]
          for over in _SHORT_OVERS if not (hdim == 256 and "num_stages" in over)]  # 3 stages: 305 KiB
 
-# two CTAs per SM with one consumer warpgroup each (FwdConfig.ctas_per_sm) against the dispatch and
-# against the same 64-row tile at one CTA per SM (which separates the second CTA from the tile): the
-# short points, where a tile's start and end (Q load, first QK^T, the diagonal step, the epilogue) are
-# half its time and one CTA's two warpgroups pay them together
-_ONE_WG = {"tile_m": 64, "num_consumer_wg": 1, "pingpong": False}
-_TWO_CTAS = {**_ONE_WG, "ctas_per_sm": 2}
-_TWOCTA_POINTS = [(64, {}, [(True, 512), (True, 1024), (True, 2048), (False, 512), (False, 1024),
-                             (True, 8192)]),
-                  (128, {"tile_n": 64}, [(True, 512), (True, 1024), (False, 512)])]  # 128 keys: no fit
-TWOCTA = [(hdim, causal, seqlen, {**over, **keys} if over else {})
-          for hdim, keys, points in _TWOCTA_POINTS for causal, seqlen in points
-          for over in ({}, _TWO_CTAS, _ONE_WG)]
-
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -189,7 +175,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
-               "short": (SHORT, 2), "twocta": (TWOCTA, 3)}
+               "short": (SHORT, 2)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -460,20 +460,3 @@ def test_backward_lpt_per_call_only_where_timed():
     assert not lpt(128, 2048, 2048, True, True)  # deterministic launches in its own order
     assert not any(lpt(hdim, 2048, 2048, True, False) for hdim in (64, 96, 192))
     assert config.bwd_config("bf16", 128, causal=True, lpt=True).lpt
-
-
-def test_two_ctas_per_sm_budgets():
-    two = {"dtype": "bf16", "tile_m": 64, "num_consumer_wg": 1, "pingpong": False, "ctas_per_sm": 2}
-    cfg = FwdConfig(hdim=64, **two)
-    cfg.check()
-    # each CTA owns 256 threads x 128 registers; 24 + 232 fill it exactly
-    assert config.register_pool(2, 2) == 32768 == 128 * (cfg.producer_regs + cfg.consumer_regs)
-    assert cfg.smem_capacity == 233472 // 2 - 1024 and cfg.o_buffer
-    FwdConfig(hdim=128, tile_n=64, **two).check()
-    # hdim 128 at 128 keys: two 2-stage K / V rings do not fit in half the SM
-    with pytest.raises(ValueError, match="a CTA's share at 2 CTA"):
-        FwdConfig(hdim=128, **two).check()
-    with pytest.raises(ValueError, match="num_consumer_wg 2 not in"):
-        FwdConfig(hdim=64, **{**two, "tile_m": 128, "num_consumer_wg": 2}).check()
-    with pytest.raises(ValueError, match="ctas_per_sm 3"):
-        FwdConfig(hdim=64, **{**two, "ctas_per_sm": 3}).check()

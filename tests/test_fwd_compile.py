@@ -107,26 +107,6 @@ def test_forward_skip_idle_wg_compiles(dtype, hdim, mask, fields):
     assert report["sass"]["HGMMA"] == default["HGMMA"]
 
 
-# FwdConfig.ctas_per_sm = 2: a 128-register launch (two CTAs of 256 threads fill the file) inside
-# which setmaxnreg moves the producer to 24 and the one consumer warpgroup to 232, no spills, and
-# smem within a CTA's half of the SM
-@pytest.mark.parametrize(("dtype", "hdim", "mask", "fields"), [
-    ("bf16", 64, "none", {}), ("fp16", 64, "causal", {}), ("bf16", 64, "local", {}),
-    ("bf16", 64, "softcap", {}), ("bf16", 128, "causal", {"tile_n": 64}),
-    ("bf16", 64, "causal", {"wg_epilogue": False}),
-])
-def test_forward_two_ctas_per_sm_compiles(dtype, hdim, mask, fields):
-    from flashhopper.config import FwdConfig
-
-    two = {"tile_m": 64, "num_consumer_wg": 1, "pingpong": False, "ctas_per_sm": 2, **fields}
-    report = _check_forward(dtype, hdim, MASKS[mask], **two)
-    assert report["registers"] == 128
-    assert sorted(set(report["sass"]["USETMAXREG"])) == [24, 232]
-    cfg = FwdConfig(dtype=dtype, hdim=hdim, **MASKS[mask], **two)
-    cfg.check()
-    assert 2 * (report["smem_bytes"] + 1024) <= 233472
-
-
 def _check_forward(dtype, hdim, mask, **overrides):
     report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask, **overrides)
     sass = report["sass"]

@@ -414,28 +414,3 @@ def test_cluster_refused_with_causal_or_the_dynamic_scheduler():
     with runtime.config_overrides(cluster_m=2, persistent=True, dynamic_sched=True):
         with pytest.raises(ValueError, match="static schedule"):
             forward(q, q, q, 0.088, False, (-1, -1), 0.0)
-
-
-# FwdConfig.ctas_per_sm = 2: one consumer warpgroup per CTA, two CTAs resident per SM. hdim 64 keeps
-# 128 keys a block, hdim 128 takes 64 (128 would not leave room for two CTAs' K / V rings).
-_TWO_CTAS = {"tile_m": 64, "num_consumer_wg": 1, "pingpong": False, "ctas_per_sm": 2}
-
-
-@pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
-    (64, torch.bfloat16, True, (-1, -1), 0.0, {}), (64, torch.float16, False, (-1, -1), 0.0, {}),
-    (64, torch.bfloat16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, True, (-1, -1), 5.0, {}),
-    (128, torch.bfloat16, True, (-1, -1), 0.0, {"tile_n": 64}),
-    (128, torch.bfloat16, False, (-1, -1), 0.0, {"tile_n": 64}),
-    (64, torch.bfloat16, True, (-1, -1), 0.0, {"wg_epilogue": False}),
-    (64, torch.bfloat16, True, (-1, -1), 0.0, {"persistent": False, "dynamic_sched": False}),
-])
-def test_two_ctas_per_sm(d, dtype, causal, window, softcap, fields, monkeypatch):
-    """Two CTAs per SM: each has half the register pool (setmaxnreg 24 / 232 inside a 128-register
-    launch) and half the SM's smem, and the persistent grid is twice the SM count. Odd lengths,
-    more keys than queries and the other way round, then persistent CTAs walking many tiles."""
-    from flashhopper.hopper import runtime
-
-    with runtime.config_overrides(**{**_TWO_CTAS, **fields}):
-        _cases_then_many_tiles_per_cta(
-            [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)], monkeypatch,
-            d, dtype, causal=causal, window=window, softcap=softcap)

@@ -166,11 +166,8 @@ class FlashFwdSm90:
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
                           cluster=(self.cluster_m, 1, 1), stream=stream, min_blocks_per_mp=1)
         else:
-            # ctas_per_sm 2: the launch bound makes ptxas fit 128 registers a thread, and the
-            # carveout asks for all of the SM's smem, so that two CTAs are resident
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream,
-                          min_blocks_per_mp=self.cfg.ctas_per_sm,
-                          preferred_smem_carveout=100 if self.cfg.ctas_per_sm > 1 else None)
+                          min_blocks_per_mp=1)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel

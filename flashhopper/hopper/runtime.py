@@ -191,8 +191,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if lse is None:
         lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index) * cfg.ctas_per_sm)
-                         if cfg.persistent else None)
+    num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
+                         else None)
     section = _l2_section(k.shape[1], cfg, h * b) if cfg.causal or cfg.local else 1
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
     if _HAVE_TVM_FFI:
