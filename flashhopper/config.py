@@ -173,6 +173,10 @@ class FwdConfig(_KernelConfig):
     # O staged in Q's smem buffer even where its own tile would fit (FA3 / FA4 alias O with V / Q):
     # 32 KiB less smem at hdim 128, which makes room for a third K / V stage there.
     o_in_q: bool = False
+    # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its own
+    # (with one, the next Q waits for this tile's last QK^T, and a tile of 1-4 key blocks has little
+    # time left to hide that load under). Needs O's own smem tile (O is otherwise staged in Q's).
+    q_stages: int = 1
 
     @property
     def hdim_v(self) -> int:
@@ -187,11 +191,11 @@ class FwdConfig(_KernelConfig):
         return WARPGROUP_THREADS * (1 + self.num_consumer_wg)
 
     def _smem_bytes(self, o_buffer: bool) -> int:
-        q = self.tile_m * self.hdim * self.elem_bytes
+        q = self.q_stages * self.tile_m * self.hdim * self.elem_bytes
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
         o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
-        barriers = 8 * (2 + 4 * self.num_stages)
+        barriers = 8 * (2 * self.q_stages + 4 * self.num_stages)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
@@ -227,8 +231,13 @@ class FwdConfig(_KernelConfig):
                              "(WGMMA N and P @ V k-blocks)")
         if self.num_stages < 1:
             raise ValueError("num_stages must be >= 1")
+        if self.q_stages not in (1, 2):
+            raise ValueError(f"q_stages {self.q_stages} not in (1, 2)")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
+        if self.q_stages > 1 and not self.o_buffer:
+            raise ValueError("q_stages 2 needs O's own smem tile (o_in_q off and room for it): O is "
+                             "otherwise staged in Q's buffer")
         self._check_cluster()
         self._check_register_split()
         cons = self.consumer_regs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
 # s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
-# 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points).
+# 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1038,6 +1038,14 @@ s18_twocta)  # (needs 5273aed) session 18: two CTAs per SM, one consumer warpgro
   grep -E "launch__|sm__warps|gpu__time" "$O/occupancy.log" | awk '{print $1, $(NF-1), $NF}'
   tests_summary twocta_tests
   [ -f "$O/twocta.log" ] && quiet "$O/twocta.log" | grep -E "TFLOP|FAILED" | sed -E "s/'(tile_m|num_consumer_wg|pingpong)': [^,}]*,? ?//g"
+  ;;
+s18_qring)  # session 18: the forward's Q in a ring of two (FwdConfig.q_stages): its GPU tests, then
+  # tune_fwd.py qring (dispatch / Q ring / Q ring + a third K / V stage at hdim 64, 3 rounds)
+  run qring_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k q_ring
+  run qring python3 scripts/tune_fwd.py qring
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary qring_tests
+  [ -f "$O/qring.log" ] && quiet "$O/qring.log" | grep -E "TFLOP|FAILED"
   ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"

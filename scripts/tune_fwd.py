@@ -14,6 +14,7 @@
     python scripts/tune_fwd.py cluster    # 2x1 cluster with K/V multicast vs the dispatched kernel (no mask)
     python scripts/tune_fwd.py idle       # warpgroups with no rows below seqlen_q skip their work, or not
     python scripts/tune_fwd.py short      # the short grid points: 64 keys, 3 stages, overlap / ping-pong off
+    python scripts/tune_fwd.py qring      # a Q ring of two (q_stages), short points and 8k
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -165,6 +166,14 @@ SHORT = [(hdim, causal, seqlen, over) for hdim, causal, seqlen in [(64, True, 51
                                                                     (128, False, 512), (256, False, 512)]
          for over in _SHORT_OVERS if not (hdim == 256 and "num_stages" in over)]  # 3 stages: 305 KiB
 
+# a Q ring of two (FwdConfig.q_stages): with one Q buffer the next tile's Q can only load once this
+# tile's last QK^T is done, so a tile of 1-4 key blocks may wait for its Q from DRAM; at hdim 64 also
+# with a third K / V stage (the producer further ahead into the next tile)
+_QRING_POINTS = [(64, [(True, 512), (True, 1024), (True, 2048), (False, 512), (False, 1024), (True, 8192)]),
+                 (128, [(True, 512), (True, 1024), (False, 512), (False, 8192)])]
+QRING = [(hdim, causal, seqlen, over) for hdim, points in _QRING_POINTS for causal, seqlen in points
+         for over in ({}, {"q_stages": 2}, *([{"q_stages": 2, "num_stages": 3}] if hdim == 64 else []))]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -175,7 +184,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
-               "short": (SHORT, 2)}
+               "short": (SHORT, 2), "qring": (QRING, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -460,3 +460,16 @@ def test_backward_lpt_per_call_only_where_timed():
     assert not lpt(128, 2048, 2048, True, True)  # deterministic launches in its own order
     assert not any(lpt(hdim, 2048, 2048, True, False) for hdim in (64, 96, 192))
     assert config.bwd_config("bf16", 128, causal=True, lpt=True).lpt
+
+
+def test_q_ring_budget():
+    cfg = FwdConfig(dtype="bf16", hdim=128, q_stages=2)
+    cfg.check()  # 128 x 128 at two K / V stages: 225 KiB with O's own tile
+    assert cfg.o_buffer and cfg.smem_bytes() - FwdConfig(dtype="bf16", hdim=128).smem_bytes() == 32768 + 16
+    # hdim 256 stages O in Q's buffer: a second Q tile has nowhere to go
+    with pytest.raises(ValueError, match="shared memory|O's own smem tile"):
+        FwdConfig(dtype="bf16", hdim=256, tile_n=80, q_stages=2).check()
+    with pytest.raises(ValueError, match="O's own smem tile"):
+        FwdConfig(dtype="bf16", hdim=64, q_stages=2, o_in_q=True).check()
+    with pytest.raises(ValueError, match="q_stages 3"):
+        FwdConfig(dtype="bf16", hdim=64, q_stages=3).check()

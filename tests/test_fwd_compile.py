@@ -107,6 +107,21 @@ def test_forward_skip_idle_wg_compiles(dtype, hdim, mask, fields):
     assert report["sass"]["HGMMA"] == default["HGMMA"]
 
 
+# FwdConfig.q_stages = 2 (a Q ring of two): the same GEMMs and one WGMMA wait per commit group, no
+# spills, at every head dim whose O has its own smem tile
+@pytest.mark.parametrize(("dtype", "hdim", "mask", "fields"), [
+    ("bf16", 64, "none", {}), ("fp16", 64, "causal", {}), ("bf16", 64, "local", {}),
+    ("bf16", 64, "softcap", {}), ("bf16", 128, "none", {}), ("bf16", 128, "causal", {}),
+    ("bf16", 96, "causal", {}), ("bf16", 64, "causal", {"tile_m": 128, "num_consumer_wg": 2}),
+])
+def test_forward_q_ring_compiles(dtype, hdim, mask, fields):
+    report = _check_forward(dtype, hdim, MASKS[mask], q_stages=2, **fields)
+    default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **fields)
+    assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]
+    q_tile = 2 * hdim * fields.get("tile_m", fwd_config(dtype, hdim, **MASKS[mask]).tile_m)
+    assert report["smem_bytes"] - default["smem_bytes"] == q_tile + 16  # one more Q tile, 2 mbarriers
+
+
 def _check_forward(dtype, hdim, mask, **overrides):
     report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask, **overrides)
     sass = report["sass"]

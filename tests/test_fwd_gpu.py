@@ -414,3 +414,27 @@ def test_cluster_refused_with_causal_or_the_dynamic_scheduler():
     with runtime.config_overrides(cluster_m=2, persistent=True, dynamic_sched=True):
         with pytest.raises(ValueError, match="static schedule"):
             forward(q, q, q, 0.088, False, (-1, -1), 0.0)
+
+
+@pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
+    (64, torch.bfloat16, True, (-1, -1), 0.0, {}), (64, torch.float16, False, (-1, -1), 0.0, {}),
+    (64, torch.bfloat16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, True, (-1, -1), 5.0, {}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {}), (128, torch.bfloat16, False, (-1, -1), 0.0, {}),
+    (96, torch.bfloat16, True, (-1, -1), 0.0, {}),
+    (64, torch.bfloat16, True, (-1, -1), 0.0, {"tile_m": 128, "num_consumer_wg": 2}),
+    (64, torch.bfloat16, True, (-1, -1), 0.0, {"num_stages": 3}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {"wg_epilogue": False}),
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {"persistent": True, "dynamic_sched": False}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {"persistent": False, "dynamic_sched": False}),
+])
+def test_q_ring(d, dtype, causal, window, softcap, fields, monkeypatch):
+    """FwdConfig.q_stages = 2: the next tile's Q lands in the other buffer while this tile reads its
+    own. Persistent CTAs walking many tiles (the ring's phase carried from tile to tile: a stage
+    read before it landed or overwritten while read would show), both schedulers, one CTA per
+    tile, ragged lengths, both epilogues."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(q_stages=2, **fields):
+        _cases_then_many_tiles_per_cta(
+            [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)], monkeypatch,
+            d, dtype, causal=causal, window=window, softcap=softcap)

@@ -104,13 +104,17 @@ class FlashFwdSm90:
         )
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim)
+        q_stages = self.cfg.q_stages
+        if cutlass.const_expr(q_stages > 1):  # a Q ring: sQ gets a stage mode, the TMA box stays one tile
+            sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, q_stages)
+        sQ_tile = sQ_layout if q_stages == 1 else cute.select(sQ_layout, mode=[0, 1])
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
         sO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim_v)
 
         @cute.struct
         class SharedStorage:
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
             mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
@@ -128,7 +132,7 @@ class FlashFwdSm90:
             ]
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
-        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_layout, (self.tile_m, self.hdim))
+        tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_tile, (self.tile_m, self.hdim))
         if cutlass.const_expr(self.cluster_m > 1):
             # each CTA of the cluster loads 1/cluster_m of a K/V tile and multicasts it
             kv_op = C.kv_tma_op(self.cluster_m)
@@ -215,9 +219,10 @@ class FlashFwdSm90:
         # consumer warp (the pipeline signals from lane 0 of each warp).
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
+        sQ_tile = sQ_layout if self.cfg.q_stages == 1 else cute.select(sQ_layout, mode=[0, 1])
         pipe_q = pipeline.PipelineTmaAsync.create(
-            num_stages=1, producer_group=producer, consumer_group=consumers,
-            tx_count=cute.size_in_bytes(self.dtype, sQ_layout),
+            num_stages=self.cfg.q_stages, producer_group=producer, consumer_group=consumers,
+            tx_count=cute.size_in_bytes(self.dtype, sQ_tile),
             barrier_storage=storage.mbar_Q.data_ptr(), defer_sync=True,
         )
         cluster = self.cluster_m > 1
@@ -280,7 +285,7 @@ class FlashFwdSm90:
                 cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
                 head_ratio = num_heads // mK.shape[2]
-                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.q_stages)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 tile = bidx
@@ -322,7 +327,7 @@ class FlashFwdSm90:
         else:
             if cutlass.const_expr(self.cfg.reg_realloc):
                 cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
-            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+            q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.q_stages)
             k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             consumer_wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
@@ -458,7 +463,10 @@ class FlashFwdSm90:
             load_k(n_max - 1, k_state)
             k_state.advance()
         pipe_q.producer_acquire(q_state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        if cutlass.const_expr(self.cfg.q_stages > 1):
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        else:
+            cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         q_state.advance()
         if n_max > n_min:
             for i in cutlass.range(n_max - n_min - 1, unroll=1):
@@ -490,6 +498,8 @@ class FlashFwdSm90:
         wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
         wg_mma_pv = tiled_mma_pv.get_slice(wg * 128)
         tSrQ = wg_mma_qk.make_fragment_A(wg_mma_qk.partition_A(sQ))
+        if cutlass.const_expr(self.cfg.q_stages > 1):
+            tSrQ = tSrQ[None, None, None, q_state.index]
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
         tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(L.transpose_view(sV)))
 
