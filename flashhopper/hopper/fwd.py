@@ -464,7 +464,8 @@ class FlashFwdSm90:
             k_state.advance()
         pipe_q.producer_acquire(q_state)
         if cutlass.const_expr(self.cfg.q_stages > 1):
-            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index], tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, q_state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         else:
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         q_state.advance()
