@@ -84,6 +84,22 @@ def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> b
     return causal and hdim in _SHORT_CAUSAL and 0 < max(seqlen_q, seqlen_k) <= _SHORT_CAUSAL_MAX
 
 
+# hdim 64 on short sequences (queries and keys <= 1024, no local window): Q in a ring of two and a
+# third K / V stage. A tile there walks 1-8 key blocks; with one Q buffer the next tile's Q can only
+# load after this tile's last QK^T, and with two K / V stages the producer cannot run far into the
+# next tile. Session 18 on the H200 (scripts/tune_fwd.py qring, 3 rounds, medians, over the dispatch):
+# causal 512 +9.3% (the Q ring alone +5.3%), 1k +4.1%, 2k +2.4% (rounds -1.0..+2.4%); non-causal 512
+# +3.8%, 1k +1.8%; causal 8k -1.3%. At hdim 128 the ring alone was -1.0..+1.6% (a third stage does
+# not fit next to it), and hdim 192 / 256 stage O in Q's buffer.
+_SHORT_QRING = {64: {"q_stages": 2, "num_stages": 3}}
+_SHORT_QRING_MAX = 1024
+
+
+def fwd_short_qring(hdim: int, seqlen_q: int, seqlen_k: int, local: bool) -> bool:
+    """Whether a forward takes _SHORT_QRING (both lengths at most _SHORT_QRING_MAX, no window)."""
+    return not local and hdim in _SHORT_QRING and 0 < max(seqlen_q, seqlen_k) <= _SHORT_QRING_MAX
+
+
 @dataclass(frozen=True)
 class _KernelConfig:
     """What every kernel is specialized on: dtype, head dim and the mask kind."""
@@ -292,10 +308,12 @@ _FWD_SKIP_IDLE_WG = True
 
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False, narrow: bool = False, short: bool = False) -> FwdConfig:
+               softcap: bool = False, narrow: bool = False, short: bool = False,
+               qring: bool = False) -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
     causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: causal with
-    short sequences (`fwd_short_causal`)."""
+    short sequences (`fwd_short_causal`); `qring`: short sequences without a window
+    (`fwd_short_qring`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
@@ -309,6 +327,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     skip_idle_wg=_FWD_SKIP_IDLE_WG)
     if short and causal and not local and hdim in _SHORT_CAUSAL:
         cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim])
+    if qring and not local and hdim in _SHORT_QRING:
+        cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
     cfg.check()
     return cfg
 

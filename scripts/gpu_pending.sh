@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
 # s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
-# 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring).
+# 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring), s18_qdisp
+# (its dispatch at hdim 64 on short sequences).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1046,6 +1047,16 @@ s18_qring)  # session 18: the forward's Q in a ring of two (FwdConfig.q_stages):
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary qring_tests
   [ -f "$O/qring.log" ] && quiet "$O/qring.log" | grep -E "TFLOP|FAILED"
+  ;;
+s18_qdisp)  # session 18: the dispatch with hdim 64's short Q ring (config._SHORT_QRING): the forward and API
+  # GPU suites, then tune_fwd.py qring_limit (old path / dispatched / 4 K-V stages at 512-4k, 3 rounds)
+  bg fwd_suite 330 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py
+  bg api_suite 330 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  wait
+  run qring_limit python3 scripts/tune_fwd.py qring_limit
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_suite api_suite
+  [ -f "$O/qring_limit.log" ] && quiet "$O/qring_limit.log" | grep -E "TFLOP|FAILED"
   ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"

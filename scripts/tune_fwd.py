@@ -15,6 +15,7 @@
     python scripts/tune_fwd.py idle       # warpgroups with no rows below seqlen_q skip their work, or not
     python scripts/tune_fwd.py short      # the short grid points: 64 keys, 3 stages, overlap / ping-pong off
     python scripts/tune_fwd.py qring      # a Q ring of two (q_stages), short points and 8k
+    python scripts/tune_fwd.py qring_limit  # hdim 64 512-4k: 1 Q + 2 K / V stages, 2 + 3, 2 + 4
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -174,6 +175,13 @@ _QRING_POINTS = [(64, [(True, 512), (True, 1024), (True, 2048), (False, 512), (F
 QRING = [(hdim, causal, seqlen, over) for hdim, points in _QRING_POINTS for causal, seqlen in points
          for over in ({}, {"q_stages": 2}, *([{"q_stages": 2, "num_stages": 3}] if hdim == 64 else []))]
 
+# the dispatched Q ring at hdim 64 (config._SHORT_QRING) against the old path and a fourth K / V stage,
+# across its length limit (1024)
+_QRING_AB = ({"q_stages": 1, "num_stages": 2}, {"q_stages": 2, "num_stages": 3},
+             {"q_stages": 2, "num_stages": 4})
+QRING_LIMIT = [(64, causal, seqlen, over) for causal in (True, False) for seqlen in (512, 1024, 2048, 4096)
+               for over in _QRING_AB]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -184,7 +192,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "fa4sched": (FA4SCHED, RESCALE_ROUNDS),
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
-               "short": (SHORT, 2), "qring": (QRING, 3)}
+               "short": (SHORT, 2), "qring": (QRING, 3),
+               "qring_limit": (QRING_LIMIT, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -48,6 +48,16 @@ def test_forward_hdim256_short_causal_compiles(dtype, softcap):
                    persistent=cfg.persistent, dynamic_sched=cfg.dynamic_sched)
 
 
+# hdim 64 on short sequences (config.fwd_short_qring): a Q ring of two and three K / V stages, at
+# both of hdim 64's query tiles (192 rows without a mask, 128 under a causal mask at 512 / 1k)
+@pytest.mark.parametrize("mask", ["none", "causal", "softcap"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_hdim64_short_qring_compiles(dtype, mask):
+    cfg = fwd_config(dtype, 64, **MASKS[mask], narrow=mask == "causal", qring=True)
+    assert (cfg.q_stages, cfg.num_stages) == (2, 3)
+    _check_forward(dtype, 64, MASKS[mask], tile_m=cfg.tile_m, num_consumer_wg=cfg.num_consumer_wg,
+                   q_stages=2, num_stages=3)
+
 # FA4's step schedule (docs/notes/fa4-schedule.md): K released and P @ V waited for right after the
 # row max, the row-scale exp2 first, stage-first descriptors, 4 row-max chains; every hdim, as the
 # GPU tests run it through FH_TEST_FWD_OVERRIDES

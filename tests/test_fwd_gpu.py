@@ -438,3 +438,21 @@ def test_q_ring(d, dtype, causal, window, softcap, fields, monkeypatch):
         _cases_then_many_tiles_per_cta(
             [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)], monkeypatch,
             d, dtype, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal,softcap", [(False, 0.0), (True, 0.0), (True, 5.0)])
+def test_short_qring_hdim64(dtype, causal, softcap, monkeypatch):
+    """The dispatched hdim 64 path for short sequences (config.fwd_short_qring: Q ring of two, three
+    K / V stages), with no override: ragged ends, more keys than queries and the other way round,
+    one row, then persistent CTAs walking many tiles."""
+    from flashhopper import config
+    from flashhopper.hopper import runtime
+
+    cases = [(1024, 1024), (512, 512), (1, 1), (17, 17), (1, 1000), (1000, 1), (300, 700), (700, 300),
+             (65, 129)]
+    assert all(config.fwd_short_qring(64, sq, sk, False) for sq, sk in cases)
+    for sq, sk in cases:
+        run_case(2, sq, sk, 4, 2, 64, dtype, causal=causal, softcap=softcap)
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+    run_case(3, 1000, 1000, 4, 1, 64, dtype, causal=causal, softcap=softcap)
