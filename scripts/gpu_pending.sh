@@ -2,7 +2,7 @@
 # GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
 # s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
 # 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring), s18_qdisp
-# (its dispatch at hdim 64 on short sequences).
+# (its dispatch at hdim 64 on short sequences), s18_fgrid (the rest of its tests, the forward grid).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1057,6 +1057,15 @@ s18_qdisp)  # session 18: the dispatch with hdim 64's short Q ring (config._SHOR
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary fwd_suite api_suite
   [ -f "$O/qring_limit.log" ] && quiet "$O/qring_limit.log" | grep -E "TFLOP|FAILED"
+  ;;
+s18_fgrid)  # session 18, last call: the forward tests s18_qdisp's suite did not reach in its limit, then the
+  # forward grid of the new dispatch (2 rounds)
+  run fwd_rest python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "wg_epilogue or skip_idle or cluster or q_ring or short_qring"
+  run fwd_grid python3 -m flashhopper.cli bench --rounds 2 --json "$O/fwd_grid.json" --plot "$O/fwd_grid.png"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_rest
+  [ -f "$O/fwd_grid.log" ] && { echo "--- fwd_grid"; quiet "$O/fwd_grid.log" | tail -44; }
   ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
