@@ -2,7 +2,8 @@
 # GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
 # s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
 # 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring), s18_qdisp
-# (its dispatch at hdim 64 on short sequences), s18_fgrid (the rest of its tests, the forward grid).
+# (its dispatch at hdim 64 on short sequences), s18_fgrid (the rest of its tests, the forward grid),
+# s18_fp16 (fp16 against bf16).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1066,6 +1067,14 @@ s18_fgrid)  # session 18, last call: the forward tests s18_qdisp's suite did not
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary fwd_rest
   [ -f "$O/fwd_grid.log" ] && { echo "--- fwd_grid"; quiet "$O/fwd_grid.log" | tail -44; }
+  ;;
+s18_fp16)  # session 18: fp16 against bf16 interleaved (tune_fwd.py fp16: hdim 64 / 128 / 256 at 8k, 3 rounds),
+  # then the fp16 forward grid of the new dispatch (1 round)
+  run dtypes python3 scripts/tune_fwd.py fp16
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/dtypes.log" ] && quiet "$O/dtypes.log" | grep -E "TFLOP|FAILED"
+  [ -f "$O/fwd_grid_fp16.log" ] && { echo "--- fwd_grid_fp16"; quiet "$O/fwd_grid_fp16.log" | tail -6; }
   ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
