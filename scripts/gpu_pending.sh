@@ -3,7 +3,7 @@
 # s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
 # 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring), s18_qdisp
 # (its dispatch at hdim 64 on short sequences), s18_fgrid (the rest of its tests, the forward grid),
-# s18_fp16 (fp16 against bf16).
+# s18_fp16 (fp16 against bf16), s18_low (the lowest forward points again).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1075,6 +1075,12 @@ s18_fp16)  # session 18: fp16 against bf16 interleaved (tune_fwd.py fp16: hdim 6
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/dtypes.log" ] && quiet "$O/dtypes.log" | grep -E "TFLOP|FAILED"
   [ -f "$O/fwd_grid_fp16.log" ] && { echo "--- fwd_grid_fp16"; quiet "$O/fwd_grid_fp16.log" | tail -6; }
+  ;;
+s18_low)  # session 18: a second sample (3 rounds) of the forward grid's points nearest 0.95 (hdim 64 and 256 at
+  # 512 / 1k, both masks), to see whether s18_fgrid's "no point under 0.95" holds
+  run low python3 -m flashhopper.cli bench --hdim 64 256 --seqlen 512 1024 --rounds 3 --json "$O/low.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/low.log" ] && quiet "$O/low.log" | tail -14
   ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
