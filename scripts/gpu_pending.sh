@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 17 ran s17_dqrs, s17_ahead, s17_n64,
-# s17_frag and s12_fgrid (the forward grid again); results in docs/benchmarks.md, "GPU runs of session
-# 17". Session 18: s18_twocta (two CTAs per SM at the forward's short points), s18_qring (Q ring), s18_qdisp
-# (its dispatch at hdim 64 on short sequences), s18_fgrid (the rest of its tests, the forward grid),
-# s18_fp16 (fp16 against bf16), s18_low (the lowest forward points again).
+# GPU work by mode, one device call of <= 10 minutes each. Session 18 ran s18_twocta (two CTAs per SM at
+# the forward's short points), s18_qring (Q in a ring of two), s18_qdisp (its dispatch at hdim 64 on
+# short sequences), s18_fgrid (the rest of the forward tests, the grid), s18_fp16 (fp16 against bf16)
+# and s18_low (the lowest forward points again); results in docs/benchmarks.md, "GPU runs of session
+# 18". Nothing is waiting.
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
