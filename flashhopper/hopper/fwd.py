@@ -107,7 +107,7 @@ class FlashFwdSm90:
         q_stages = self.cfg.q_stages
         if cutlass.const_expr(q_stages > 1):  # a Q ring: sQ gets a stage mode, the TMA box stays one tile
             sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim, q_stages)
-        sQ_tile = sQ_layout if q_stages == 1 else cute.select(sQ_layout, mode=[0, 1])
+        sQ_tile = self.q_tile(sQ_layout)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
         sO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim_v)
@@ -219,7 +219,7 @@ class FlashFwdSm90:
         # consumer warp (the pipeline signals from lane 0 of each warp).
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads // 32)
-        sQ_tile = sQ_layout if self.cfg.q_stages == 1 else cute.select(sQ_layout, mode=[0, 1])
+        sQ_tile = self.q_tile(sQ_layout)
         pipe_q = pipeline.PipelineTmaAsync.create(
             num_stages=self.cfg.q_stages, producer_group=producer, consumer_group=consumers,
             tx_count=cute.size_in_bytes(self.dtype, sQ_tile),
@@ -788,6 +788,11 @@ class FlashFwdSm90:
         self.pingpong_arrive(wg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
+
+    def q_tile(self, sQ_layout):
+        """One Q tile of sQ's layout (the TMA box and the bytes a Q stage's load brings): the layout
+        itself, or its first stage with a Q ring (q_stages > 1)."""
+        return sQ_layout if self.cfg.q_stages == 1 else cute.select(sQ_layout, mode=[0, 1])
 
     # Ping-pong: warpgroup w waits on barrier (base + w) before issuing its GEMMs and then
     # arrives on the next warpgroup's barrier, so the consumers take turns on the tensor cores
