@@ -189,6 +189,19 @@ class FwdConfig(_KernelConfig):
     # O staged in Q's smem buffer even where its own tile would fit (FA3 / FA4 alias O with V / Q):
     # 32 KiB less smem at hdim 128, which makes room for a third K / V stage there.
     o_in_q: bool = False
+    # O staged in V's smem ring (FA3's layout) instead of Q's buffer: Q is then free once the tile's
+    # last QK^T is done, so the next tile's Q loads under the last P @ V and the epilogue instead of
+    # after the O store has read Q's buffer. All consumers meet once after their last P @ V (the O
+    # rows land on the last V stage another warpgroup may still read), and the producer holds the
+    # next tile's V loads until the O stores have read sV (a one-stage mbarrier hand-off per tile).
+    o_in_v: bool = False
+    # With o_in_v: each consumer warpgroup stages its 64 O rows at the base of one V stage of its own,
+    # (v + w) % 2 for warpgroup w, v the stage the next tile's first V load goes to, and the producer
+    # holds each of the next tile's first two V loads only until the O part in its stage is read. No
+    # all-consumer meeting (only after a one-block tile, whose first stage may still hold the other
+    # warpgroup's last part): warpgroup 0 waits only until its stage's last V is released, which is
+    # V(last - 1)'s, normally long done. Two consumer warpgroups, two K / V stages, wg_epilogue.
+    o_v_stages: bool = False
     # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its own
     # (with one, the next Q waits for this tile's last QK^T, and a tile of 1-4 key blocks has little
     # time left to hide that load under). Needs O's own smem tile (O is otherwise staged in Q's).
@@ -211,15 +224,22 @@ class FwdConfig(_KernelConfig):
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
         o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
-        barriers = 8 * (2 * self.q_stages + 4 * self.num_stages)
+        o_reads = (self.num_stages if self.o_v_stages else 1) if self.o_in_v else 0  # O-read hand-offs
+        barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
     @property
     def o_buffer(self) -> bool:
         """O gets its own smem tile when it fits, so the next Q can load during the epilogue;
-        otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read."""
-        return not self.o_in_q and self._smem_bytes(True) <= SMEM_CAPACITY
+        otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read
+        (or in V's ring with o_in_v)."""
+        return not self.o_in_q and not self.o_in_v and self._smem_bytes(True) <= SMEM_CAPACITY
+
+    @property
+    def o_in_q_buffer(self) -> bool:
+        """O is staged in Q's buffer: Q is freed only after the epilogue's store has read it."""
+        return not self.o_buffer and not self.o_in_v
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory: Q, K and V rings, O (own tile or Q's), mbarriers."""
@@ -251,9 +271,26 @@ class FwdConfig(_KernelConfig):
             raise ValueError(f"q_stages {self.q_stages} not in (1, 2)")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
-        if self.q_stages > 1 and not self.o_buffer:
-            raise ValueError("q_stages 2 needs O's own smem tile (o_in_q off and room for it): O is "
-                             "otherwise staged in Q's buffer")
+        if self.o_in_v:
+            if self.o_in_q:
+                raise ValueError("o_in_q and o_in_v both set: O is staged in one buffer")
+            if self.tile_m > self.num_stages * self.tile_n:
+                raise ValueError(f"o_in_v: O's {self.tile_m} rows do not fit in V's ring of "
+                                 f"{self.num_stages} x {self.tile_n} rows")
+            if self.cluster_m > 1:
+                raise ValueError("o_in_v takes cluster_m 1 (a peer's multicast could land in sV "
+                                 "while O is staged there)")
+        if self.o_v_stages:
+            if not (self.o_in_v and self.wg_epilogue and self.num_consumer_wg == 2 and self.num_stages == 2
+                    and self.q_stages == 1):
+                raise ValueError("o_v_stages needs o_in_v, wg_epilogue, 2 consumer warpgroups, 2 K / V "
+                                 "stages and 1 Q stage")
+            if self.tile_n < 64:
+                raise ValueError(f"o_v_stages: a warpgroup's 64 O rows do not fit in a {self.tile_n}-row "
+                                 "V stage")
+        if self.q_stages > 1 and self.o_in_q_buffer:
+            raise ValueError("q_stages 2 needs O's own smem tile (o_in_q off and room for it) or O in "
+                             "V's ring (o_in_v): O is otherwise staged in Q's buffer")
         self._check_cluster()
         self._check_register_split()
         cons = self.consumer_regs

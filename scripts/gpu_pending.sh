@@ -1082,6 +1082,24 @@ s18_low)  # session 18: a second sample (3 rounds) of the forward grid's points 
   echo "== end at $(($(date +%s) - T0)) s"
   [ -f "$O/low.log" ] && quiet "$O/low.log" | tail -14
   ;;
+s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests under their own limit (a new
+  # hand-off: a hang costs this step), then tune_fwd.py oinv (O in Q vs in V at hdim 256 / 128, 3 rounds)
+  bg oinv_tests 240 python3 -m pytest -q -rf --tb=short -x tests/test_fwd_gpu.py -k o_in_v
+  wait
+  run oinv python3 scripts/tune_fwd.py oinv
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary oinv_tests
+  [ -f "$O/oinv.log" ] && quiet "$O/oinv.log" | grep -E "TFLOP|FAILED"
+  ;;
+s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
+  # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
+  bg oinv_tests 300 python3 -m pytest -q -rf --tb=short -x tests/test_fwd_gpu.py -k o_in_v
+  wait
+  run oinv2 python3 scripts/tune_fwd.py oinv2
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary oinv_tests
+  [ -f "$O/oinv2.log" ] && quiet "$O/oinv2.log" | grep -E "TFLOP|FAILED"
+  ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
   run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"

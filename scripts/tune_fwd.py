@@ -16,6 +16,8 @@
     python scripts/tune_fwd.py short      # the short grid points: 64 keys, 3 stages, overlap / ping-pong off
     python scripts/tune_fwd.py qring      # a Q ring of two (q_stages), short points and 8k
     python scripts/tune_fwd.py qring_limit  # hdim 64 512-4k: 1 Q + 2 K / V stages, 2 + 3, 2 + 4
+    python scripts/tune_fwd.py oinv       # O staged in V's ring (o_in_v) vs Q's buffer, hdim 256 / 128
+    python scripts/tune_fwd.py oinv2      # the same, and each warpgroup's part in its own V stage
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -182,6 +184,31 @@ _QRING_AB = ({"q_stages": 1, "num_stages": 2}, {"q_stages": 2, "num_stages": 3},
 QRING_LIMIT = [(64, causal, seqlen, over) for causal in (True, False) for seqlen in (512, 1024, 2048, 4096)
                for over in _QRING_AB]
 
+# O staged in V's ring (FwdConfig.o_in_v, FA3's layout) against O in Q's buffer: with O in Q, the next
+# tile's Q can only load once this tile's O store has read Q's buffer, a bubble per tile that weighs
+# where tiles are short. hdim 256 without a mask (persistent), causal at 512 (the dispatched 64-key
+# persistent path) and at 1k / 2k (one CTA per tile dispatched; persistent with and without o_in_v);
+# hdim 128, where o_in_v frees O's own tile and makes room for a third K / V stage
+_PERSIST = {"persistent": True, "dynamic_sched": True}
+OINV = ([(256, False, seqlen, over) for seqlen in (512, 1024, 2048, 8192) for over in ({}, {"o_in_v": True})]
+        + [(256, True, 512, over) for over in ({}, {"o_in_v": True})]
+        + [(256, True, seqlen, over) for seqlen in (1024, 2048)
+           for over in ({}, _PERSIST, {**_PERSIST, "o_in_v": True})]
+        + [(128, causal, seqlen, over)
+           for causal, seqlen in ((False, 512), (False, 8192), (True, 512), (True, 1024))
+           for over in ({}, {"o_in_v": True}, {"o_in_v": True, "num_stages": 3})])
+
+# the same with each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages: no meeting of
+# the consumers at the tile's end, the next tile's first V load held only for warpgroup 0's part)
+_OV = {"o_in_v": True}
+_OVS = {"o_in_v": True, "o_v_stages": True}
+OINV2 = ([(256, False, seqlen, over) for seqlen in (512, 1024, 2048, 8192) for over in ({}, _OV, _OVS)]
+         + [(256, True, 512, over) for over in ({}, _OV, _OVS)]
+         + [(256, True, seqlen, over) for seqlen in (1024, 2048)
+            for over in ({}, {**_PERSIST, **_OV}, {**_PERSIST, **_OVS})]
+         + [(128, causal, seqlen, over) for causal, seqlen in ((False, 512), (False, 8192), (True, 1024))
+            for over in ({}, _OV, _OVS)])
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -193,7 +220,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
                "short": (SHORT, 2), "qring": (QRING, 3),
-               "qring_limit": (QRING_LIMIT, 3)}
+               "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -491,3 +491,28 @@ def test_q_ring_budget():
         FwdConfig(dtype="bf16", hdim=64, q_stages=2, o_in_q=True).check()
     with pytest.raises(ValueError, match="q_stages 3"):
         FwdConfig(dtype="bf16", hdim=64, q_stages=3).check()
+
+
+def test_o_in_v_budget():
+    # a third K / V stage at hdim 128 leaves no room for O's own tile: without o_in_v, O falls back
+    # to Q's buffer; with it, O goes to V's ring and Q is free after the last QK^T
+    assert FwdConfig(dtype="bf16", hdim=128, num_stages=3).o_in_q_buffer
+    cfg = FwdConfig(dtype="bf16", hdim=128, num_stages=3, o_in_v=True)
+    cfg.check()
+    assert not cfg.o_buffer and not cfg.o_in_q_buffer
+    assert cfg.smem_bytes() == FwdConfig(dtype="bf16", hdim=128, num_stages=3, o_in_q=True).smem_bytes() + 16
+    # hdim 256: the same smem as O in Q's buffer (two more mbarriers), and room for a Q ring is still
+    # not there; O's 128 rows fit in two 80-key V stages, not in one
+    wide = FwdConfig(dtype="bf16", hdim=256, tile_n=80, o_in_v=True)
+    wide.check()
+    assert wide.smem_bytes() == FwdConfig(dtype="bf16", hdim=256, tile_n=80).smem_bytes() + 16
+    with pytest.raises(ValueError, match="shared memory"):
+        FwdConfig(dtype="bf16", hdim=256, tile_n=80, o_in_v=True, q_stages=2).check()
+    with pytest.raises(ValueError, match="do not fit in V's ring"):
+        FwdConfig(dtype="bf16", hdim=256, tile_n=80, num_stages=1, o_in_v=True).check()
+    with pytest.raises(ValueError, match="o_in_q and o_in_v"):
+        FwdConfig(dtype="bf16", hdim=128, o_in_v=True, o_in_q=True).check()
+    with pytest.raises(ValueError, match="cluster_m 1"):
+        FwdConfig(dtype="bf16", hdim=128, o_in_v=True, cluster_m=2).check()
+    # the Q ring only needs O out of Q's buffer
+    FwdConfig(dtype="bf16", hdim=128, o_in_v=True, q_stages=2).check()

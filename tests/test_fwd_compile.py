@@ -132,6 +132,30 @@ def test_forward_q_ring_compiles(dtype, hdim, mask, fields):
     assert report["smem_bytes"] - default["smem_bytes"] == q_tile + 16  # one more Q tile, 2 mbarriers
 
 
+# FwdConfig.o_in_v (O staged in V's ring, FA3's layout): the same GEMMs, one WGMMA wait per commit
+# group, no spills, at every hdim and mask, both epilogues, with the Q ring and a third K / V stage
+# at hdim 128 (which the freed O tile makes room for), and with the idle-warpgroup walk (hdim 64's
+# 3 warpgroups; under a causal mask that spills 8 bytes at 160 registers, so not there)
+@pytest.mark.parametrize(("dtype", "hdim", "mask", "fields"), [
+    ("bf16", 256, "none", {}), ("fp16", 256, "causal", {}), ("bf16", 256, "local", {}),
+    ("bf16", 256, "softcap", {}), ("bf16", 192, "none", {}), ("bf16", 128, "none", {"num_stages": 3}),
+    ("bf16", 128, "causal", {"num_stages": 3}), ("bf16", 128, "none", {"q_stages": 2}),
+    ("bf16", 64, "none", {}), ("bf16", 96, "none", {}),
+    ("bf16", 256, "none", {"wg_epilogue": False}),
+    ("bf16", 256, "causal", {"tile_n": 64, "persistent": True, "dynamic_sched": True}),
+])
+def test_forward_o_in_v_compiles(dtype, hdim, mask, fields):
+    report = _check_forward(dtype, hdim, MASKS[mask], o_in_v=True, **fields)
+    cfg = fwd_config(dtype, hdim, **MASKS[mask])
+    base = {"wg_epilogue": cfg.wg_epilogue, "skip_idle_wg": cfg.skip_idle_wg, **fields}
+    default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **base)
+    assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]
+    assert report["sass"]["UTMASTG"] == default["sass"]["UTMASTG"]
+    # the O tile's smem, if it had one, is gone; two mbarriers more for the O-read hand-off
+    o_tile = 2 * hdim * cfg.tile_m if default["smem_bytes"] - report["smem_bytes"] > 16 else 0
+    assert default["smem_bytes"] - report["smem_bytes"] == o_tile - 16
+
+
 def _check_forward(dtype, hdim, mask, **overrides):
     report = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **mask, **overrides)
     sass = report["sass"]

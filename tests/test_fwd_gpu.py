@@ -440,6 +440,46 @@ def test_q_ring(d, dtype, causal, window, softcap, fields, monkeypatch):
             d, dtype, causal=causal, window=window, softcap=softcap)
 
 
+_PERSISTENT = {"persistent": True, "dynamic_sched": True}
+
+
+@pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
+    (256, torch.bfloat16, False, (-1, -1), 0.0, {}), (256, torch.bfloat16, True, (-1, -1), 0.0, _PERSISTENT),
+    (256, torch.float16, True, (-1, -1), 5.0, {"tile_n": 64, **_PERSISTENT}),
+    (256, torch.bfloat16, False, (100, 20), 0.0, {}), (192, torch.bfloat16, False, (-1, -1), 0.0, {}),
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {"num_stages": 3}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {"num_stages": 3}),
+    (128, torch.float16, True, (-1, -1), 0.0, {"q_stages": 2}),
+    (64, torch.bfloat16, True, (-1, -1), 0.0, {}), (64, torch.bfloat16, False, (100, 20), 0.0, {}),
+    (256, torch.bfloat16, False, (-1, -1), 0.0, {"wg_epilogue": False}),
+    (128, torch.bfloat16, False, (-1, -1), 0.0, {"persistent": True, "dynamic_sched": False}),
+    (256, torch.bfloat16, True, (-1, -1), 0.0, {"persistent": False, "dynamic_sched": False}),
+    (256, torch.bfloat16, False, (-1, -1), 0.0, {"o_v_stages": True}),
+    (256, torch.bfloat16, True, (-1, -1), 0.0, {"o_v_stages": True, **_PERSISTENT}),
+    (256, torch.float16, True, (-1, -1), 5.0, {"o_v_stages": True, "tile_n": 64, **_PERSISTENT}),
+    (256, torch.bfloat16, False, (100, 20), 0.0, {"o_v_stages": True}),
+    (192, torch.bfloat16, True, (-1, -1), 0.0, {"o_v_stages": True, **_PERSISTENT}),
+    (128, torch.bfloat16, True, (-1, -1), 0.0, {"o_v_stages": True}),
+    (128, torch.float16, False, (-1, -1), 0.0, {"o_v_stages": True, "persistent": True,
+                                                 "dynamic_sched": False}),
+])
+def test_o_in_v(d, dtype, causal, window, softcap, fields, monkeypatch):
+    """FwdConfig.o_in_v: O staged in V's ring, the next tile's V held until the O stores have read
+    it (with o_v_stages each warpgroup's part in a V stage of its own). Persistent CTAs walking many
+    tiles (a V load landing on O before its store read it, or O written over a V stage another
+    warpgroup still reads, would show), tiles with no key block (more queries than keys under the
+    causal mask, windows), one-block and two-block tiles back to back, idle warpgroups, both
+    epilogues."""
+    from flashhopper.hopper import runtime
+
+    with runtime.config_overrides(o_in_v=True, **fields):
+        _cases_then_many_tiles_per_cta(
+            [(512, 512), (1000, 1000), (17, 4097), (4097, 17), (1, 1), (65, 300), (300, 517)], monkeypatch,
+            d, dtype, causal=causal, window=window, softcap=softcap)
+        for sk in (50, 130, 200):  # 1, 2 (1 under a 64-key tile: 3), 3 key blocks a tile, many tiles a CTA
+            run_case(2, 1000, sk, 4, 2, d, dtype, causal=causal, window=window, softcap=softcap)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal,softcap", [(False, 0.0), (True, 0.0), (True, 5.0)])
 def test_short_qring_hdim64(dtype, causal, softcap, monkeypatch):

@@ -70,6 +70,10 @@ class FlashFwdSm90:
         self.has_left = cfg.local
         self.has_softcap = cfg.softcap
         self.cluster_m = cfg.cluster_m
+        # O stores per tile: one per consumer warpgroup with wg_epilogue, else one for the tile
+        self.o_parts = cfg.num_consumer_wg if cfg.wg_epilogue else 1
+        # o_in_v: the O-read hand-off's stages (one per V stage with o_v_stages)
+        self.o_stages = cfg.num_stages if cfg.o_v_stages else 1
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -111,21 +115,34 @@ class FlashFwdSm90:
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
         sO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim_v)
+        if cutlass.const_expr(self.cfg.o_v_stages):
+            # one warpgroup's 64 rows, contiguous, at the base of each V stage (see store_o)
+            part = L.smem_layout_row_major(self.dtype, 64, self.hdim_v)
+            stage_step = cute.make_layout(self.num_stages, stride=self.tile_n * self.hdim_v)
+            sO_layout = cute.make_composed_layout(part.inner, 0, cute.append(part.outer, stage_step))
+
+        o_in_v = self.cfg.o_in_v
+        sO_in_q = cute.cosize(sO_layout) if self.cfg.o_in_q_buffer else 0
 
         @cute.struct
         class SharedStorage:
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * q_stages]
+            # with o_in_v, the O-read hand-off's barriers follow Q's (see pipe_o)
+            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * q_stages + (2 * self.o_stages if o_in_v else 0)]
             mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
             mbar_sched: cute.struct.MemRange[cutlass.Int64, 2 * _SCHED_STAGES]
             sTile: cute.struct.MemRange[Int32, _SCHED_STAGES]
             sQ: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, max(cute.cosize(sQ_layout), cute.cosize(sO_layout))],
+                cute.struct.MemRange[self.dtype, max(cute.cosize(sQ_layout), sO_in_q)],
                 1024,
             ]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sV: cute.struct.Align[
+                cute.struct.MemRange[self.dtype, max(cute.cosize(sV_layout),
+                                                     cute.cosize(sO_layout) if o_in_v else 0)],
+                1024,
+            ]
             # O's own tile when it fits (else O is staged in sQ); 8 elements is a placeholder
             sO: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sO_layout) if self.cfg.o_buffer else 8], 1024
@@ -149,7 +166,11 @@ class FlashFwdSm90:
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
                 load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
             )
-        if cutlass.const_expr(self.cfg.wg_epilogue):
+        if cutlass.const_expr(self.cfg.o_v_stages):
+            tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
+                cpasync.CopyBulkTensorTileS2GOp(), mO, cute.select(sO_layout, mode=[0, 1]), (64, self.hdim_v)
+            )
+        elif cutlass.const_expr(self.cfg.wg_epilogue):
             # one warpgroup's 64 rows: the other parts are the same layout at whole-KiB offsets
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mO, self.o_part_layout(sO_layout), (64, self.hdim_v)
@@ -212,6 +233,8 @@ class FlashFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         if cutlass.const_expr(self.cfg.o_buffer):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+        elif cutlass.const_expr(self.cfg.o_in_v):
+            sO = storage.sV.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
 
@@ -242,6 +265,19 @@ class FlashFwdSm90:
             tx_count=cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1])),
             barrier_storage=storage.mbar_V.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
         )
+        pipe_o = None
+        if cutlass.const_expr(self.cfg.o_in_v):
+            # O staged in sV: each O part's storing thread "produces" the news that its TMA store has
+            # read sV, the producer warp "consumes" it before the next tile's first V load. One stage,
+            # its state derived from the tile count (see o_read_state)
+            # (o_v_stages: one hand-off per V stage, each from the one warpgroup whose part is there)
+            pipe_o = pipeline.PipelineAsync.create(
+                num_stages=self.o_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                         1 if self.cfg.o_v_stages else self.o_parts),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+                barrier_storage=storage.mbar_Q.data_ptr() + 2 * self.cfg.q_stages, defer_sync=True,
+            )
         dynamic = self.cfg.dynamic_sched
         if cutlass.const_expr(dynamic):
             # every consumer thread arrives on release (plain mbarrier arrives, one per thread)
@@ -303,7 +339,7 @@ class FlashFwdSm90:
                         q_state, k_state, v_state = self.produce(
                             mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                             pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
-                            q_state, k_state, v_state)
+                            q_state, k_state, v_state, pipe_o=pipe_o)
                         tile = nxt
                     # this CTA's last claim is done (it returned an index past the last tile)
                     self.retire_cta(mTileCounter, grid_size, lane)
@@ -317,7 +353,7 @@ class FlashFwdSm90:
                         q_state, k_state, v_state = self.produce(
                             mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                             pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
-                            q_state, k_state, v_state, rank=rank)
+                            q_state, k_state, v_state, rank=rank, pipe_o=pipe_o)
                         tile += tile_stride
                     if cutlass.const_expr(cluster):
                         # the peer's consumers arrive on our empty barriers until they release
@@ -345,7 +381,8 @@ class FlashFwdSm90:
                     q_state, k_state, v_state = self.consume(
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
-                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
+                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
+                        pipe_o=pipe_o)
                     tile = self.read_tile(pipe_sched, sTile, sched_state)
                     sched_state.advance()
             else:
@@ -356,7 +393,8 @@ class FlashFwdSm90:
                     q_state, k_state, v_state = self.consume(
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
-                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state)
+                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
+                        pipe_o=pipe_o)
                     tile += tile_stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
@@ -436,7 +474,7 @@ class FlashFwdSm90:
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
-                q_state, k_state, v_state, rank=0):
+                q_state, k_state, v_state, rank=0, pipe_o=None):
         gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
         gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (None, 0))
         gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim_v), (None, 0))
@@ -459,6 +497,7 @@ class FlashFwdSm90:
         load_v = partial(self.load_stage, tma_atom_V, tVgV, tVsV, pipe_v)
         # (states advance here, not inside load_stage: the tracer only threads loop-carried
         # values rebound in the loop body itself)
+        tile_count = q_state.count  # tiles this CTA has produced before this one
         if n_max > n_min:
             load_k(n_max - 1, k_state)
             k_state.advance()
@@ -469,15 +508,64 @@ class FlashFwdSm90:
         else:
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         q_state.advance()
-        if n_max > n_min:
-            for i in cutlass.range(n_max - n_min - 1, unroll=1):
-                load_k(n_max - 2 - i, k_state)
-                k_state.advance()
+        if cutlass.const_expr(self.cfg.o_in_v):
+            # the same order; the tile's first V load (first two with o_v_stages) waits until the last
+            # tile's O is out of the stage it goes to, and a tile with fewer V loads than that still
+            # takes its hand-offs, so that each is taken once per tile
+            num_blocks = n_max - n_min
+            for i in cutlass.range(num_blocks, unroll=1):
+                if i < num_blocks - 1:
+                    load_k(n_max - 2 - i, k_state)
+                    k_state.advance()
+                if i < self.o_stages:
+                    self.wait_o_read(pipe_o, tile_count, v_state.index)
                 load_v(n_max - 1 - i, v_state)
                 v_state.advance()
-            load_v(n_min, v_state)
-            v_state.advance()
+            for j in cutlass.range_constexpr(self.o_stages):
+                if j >= num_blocks:  # the stage the j-th V load would have gone to
+                    self.wait_o_read(pipe_o, tile_count, (v_state.index + j - num_blocks) % self.num_stages)
+        else:
+            if n_max > n_min:
+                for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                    load_k(n_max - 2 - i, k_state)
+                    k_state.advance()
+                    load_v(n_max - 1 - i, v_state)
+                    v_state.advance()
+                load_v(n_min, v_state)
+                v_state.advance()
         return q_state, k_state, v_state
+
+    # O staged in sV (FwdConfig.o_in_v): one hand-off per tile, every tile (also those with no key
+    # block, which still stage their zeros in sV), so tile t's state follows from t's parity.
+    # It is a two-way hand-off: the storing threads of tile t + 1 acquire the stage the producer
+    # released for tile t, so they can never complete a phase the producer has not waited for.
+    def o_read_state(self, tile_parity, stage, producer: cutlass.Constexpr[bool]):
+        """pipe_o's state for V stage `stage` (0 without o_v_stages) in a tile of this CTA whose
+        number has parity `tile_parity`: each stage's phase flips per tile; a producer state starts
+        at phase 1."""
+        phase = tile_parity
+        if cutlass.const_expr(producer):
+            phase = 1 - phase
+        index = stage if cutlass.const_expr(self.cfg.o_v_stages) else Int32(0)
+        return pipeline.PipelineState(self.o_stages, Int32(0), index, phase)
+
+    @cute.jit
+    def wait_o_read(self, pipe_o, tile_count, stage):
+        """Producer warp: the previous tile's O stores have read V stage `stage` (sV without
+        o_v_stages); nothing to wait for before the first tile."""
+        if tile_count > 0:
+            state = self.o_read_state((tile_count - 1) % 2, stage, producer=False)
+            pipe_o.consumer_wait(state)
+            if cute.arch.lane_idx() == 0:
+                pipe_o.consumer_release(state)
+
+    @cute.jit
+    def signal_o_read(self, pipe_o, tile_parity, stage):
+        """One thread per O part: this tile's part has been read out of sV (out of V stage `stage`
+        with o_v_stages)."""
+        state = self.o_read_state(tile_parity, stage, producer=True)
+        pipe_o.producer_acquire(state)
+        pipe_o.producer_commit(state)
 
     @cute.jit
     def load_stage(self, tma_atom, tXgX, tXsX, pipe, n_block, state):
@@ -493,7 +581,7 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
                 seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
-                q_state, k_state, v_state):
+                q_state, k_state, v_state, pipe_o=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
@@ -548,28 +636,61 @@ class FlashFwdSm90:
             k_state, v_state = loop(k_state=k_state, v_state=v_state, idle=False)
 
         lse = cute.make_rmem_tensor(num_rows, Float32)
+        signal_o, sO_wg, o_stage = None, sO, Int32(0)
+        if cutlass.const_expr(self.cfg.o_in_v):
+            # this tile's number mod 2, from Q's consumer state (already live, where the count is not:
+            # one register more spilled at hdim 64): its phase with one Q stage, its index with two
+            parity = q_state.phase if cutlass.const_expr(self.cfg.q_stages == 1) else q_state.index
+            if cutlass.const_expr(self.cfg.o_v_stages):
+                # warpgroup w's part goes to V stage (v + w) % 2, v the next tile's first V stage
+                # (v_state has moved past this tile's last block). That stage held V(last - 1) for
+                # warpgroup 0, V(last) for warpgroup 1: wait until every consumer released it. After
+                # a one-block tile warpgroup 0's stage was not reloaded since the other warpgroup
+                # staged its last part there, which only a meeting of both ensures has been read.
+                o_stage = (v_state.index + wg) % 2
+                if n_max - n_min == 1:
+                    cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+                sO_wg = sO[None, None, o_stage]
+                # the stage's last fill: one ring turn back for warpgroup 0, one step for warpgroup 1
+                # (in phase with v only when v is 1)
+                v_parity = v_state.phase
+                if not (v_state.index == 1 and wg == 1):
+                    v_parity = 1 - v_parity
+                wait_v_free = partial(pipe_v.sync_object_empty.wait, o_stage, v_parity)
+            else:
+                if cutlass.const_expr(self.cfg.wg_epilogue):
+                    # O's rows land on the last V stage, which another warpgroup's last P @ V may still
+                    # read (the shared epilogue's barrier already counts every consumer)
+                    cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            signal_o = partial(self.signal_o_read, pipe_o, parity, o_stage)
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
-                           coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
-                           seqlen_q)
+                           coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
+                           seqlen_q, signal_o=signal_o)
+        if cutlass.const_expr(self.cfg.o_v_stages):
+            epilogue = partial(epilogue, before_smem=wait_v_free)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
             if not idle_wg:
                 epilogue()
+            elif cutlass.const_expr(self.cfg.o_in_v):
+                if tidx % 128 == 0:  # its part of the hand-off, with nothing to store
+                    signal_o()
         else:
             epilogue()
-        if cutlass.const_expr(not self.cfg.o_buffer):
+        if cutlass.const_expr(self.cfg.o_in_q_buffer):
             pipe_q.consumer_release(q_state)  # O has been read out of Q's buffer
         q_state.advance()
         return q_state, k_state, v_state
 
     @cute.jit
     def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
-                    sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q):
+                    sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=None,
+                    before_smem=None):
         S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
         S.rescale_rows(acc_O_rc, row_scale)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                      m_block, head, batch, seqlen_q)
+                      m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem)
 
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
@@ -648,7 +769,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(not self.cfg.wg_epilogue):
             self.pingpong_finish(wg, pingpong_active)
 
-        if cutlass.const_expr(self.cfg.o_buffer):
+        if cutlass.const_expr(not self.cfg.o_in_q_buffer):
             # every QK^T of this tile is complete: the producer may bring the next tile's Q now,
             # under the last P @ V and the epilogue
             pipe_q.consumer_release(q_state)
@@ -826,7 +947,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                 m_block, head, batch, seqlen_q):
+                 m_block, head, batch, seqlen_q, signal_o=None, before_smem=None):
         # LSE: the thread holding column 0 of a row writes it
         if coord_rc[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
@@ -836,7 +957,8 @@ class FlashFwdSm90:
 
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
-        self.store_o(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch)
+        self.store_o(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, signal_o=signal_o,
+                     before_smem=before_smem)
 
     @cute.jit
     def o_to_smem(self, rO, sO, tiled_mma_pv, tidx):
@@ -853,7 +975,8 @@ class FlashFwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
 
     @cute.jit
-    def store_o(self, rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch):
+    def store_o(self, rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, signal_o=None,
+                before_smem=None):
         """O through sO and a TMA store. Shared epilogue: the whole tile, all consumers meeting on
         one barrier. FwdConfig.wg_epilogue: this warpgroup's 64 rows through its own part of sO and
         its own TMA store, synchronized on its own barrier only; the rows are the ones its QK^T
@@ -870,15 +993,21 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.o_buffer):
             if first_warp:  # the previous store from this part of sO must be done reading it
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if cutlass.const_expr(before_smem is not None):
+            before_smem()
         # nobody writes sO before that, nor (when sO is Q's buffer) before the warpgroups that read
         # those rows of Q are done with their QK^T
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-        self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
+        if cutlass.const_expr(self.cfg.o_v_stages):
+            # sO is this warpgroup's own 64-row part: its threads write it as warpgroup 0's would
+            self.o_to_smem(rO, sO, self.one_wg_mma_pv(), tidx % 128)
+        else:
+            self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
         if first_warp:
             gO = cute.local_tile(mO[None, None, head, batch], (rows, self.hdim_v), (row_block, 0))
             sO_part = sO
-            if cutlass.const_expr(self.cfg.wg_epilogue):
+            if cutlass.const_expr(self.cfg.wg_epilogue and not self.cfg.o_v_stages):
                 sO_part = cute.local_tile(sO, (rows, self.hdim_v), (part, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
                                                cute.group_modes(sO_part, 0, 2), cute.group_modes(gO, 0, 2))
@@ -886,9 +1015,21 @@ class FlashFwdSm90:
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(not self.cfg.o_buffer):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if cutlass.const_expr(not self.cfg.o_buffer):
+            if cutlass.const_expr(self.cfg.o_in_v):
+                if tidx % 32 == 0:  # this part is out of sV: the producer may load V there again
+                    signal_o()
+        if cutlass.const_expr(self.cfg.o_in_q_buffer):
             # these rows of Q's buffer are free for the next tile once the store has read them
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+
+    def one_wg_mma_pv(self):
+        """The P @ V tiled MMA of one warpgroup: its C partition maps a warpgroup's threads onto a
+        64-row tile, the same fragment each thread of any warpgroup holds."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
+            Float32, atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.hdim_v),
+            a_source=warpgroup.OperandSource.RMEM,
+        )
 
     def o_part_layout(self, sO_layout):
         """One warpgroup's 64 rows of the sO layout (the TMA store's smem side with wg_epilogue).
