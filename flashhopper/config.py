@@ -70,18 +70,35 @@ def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
     return padded(wide) > _NARROW_PAD_RATIO * padded(narrow)
 
 
-# Causal hdim 256 on short sequences (queries and keys <= 512): 64-key tiles on the persistent grid
-# with the dynamic scheduler. Session 7 on the H200 (scripts/tune_fwd.py short256, two rounds): at 512
-# +10.6 / +13.3% over 80-key tiles one CTA per tile; at 1024 +1.3 / -2.9%, at 2048 -7.6 / +0.8%. The
-# narrower key tile wastes less of the diagonal block, and the persistent grid hides the prologue
-# of the many short tiles.
-_SHORT_CAUSAL = {256: {"tile_n": 64, "persistent": True, "dynamic_sched": True}}
-_SHORT_CAUSAL_MAX = 512
+# hdim 256 stages each warpgroup's O rows in a V stage of its own (FwdConfig.o_in_v + o_v_stages)
+# wherever the grid is persistent, so that the next tile's Q loads under this tile's tail instead of
+# after its O store has read Q's buffer. Session 19 on the H200 (scripts/tune_fwd.py oinv2, 3 rounds,
+# medians, over O in Q's buffer): no mask +3.3% at 512, +1.6% at 1k, +2.3% at 2k, +0.6% at 8k; causal
+# 512 (the short path below) +9.5%. At hdim 128, whose O has its own smem tile, it is -4..+0.3%.
+_O_V_STAGES = {"o_in_v": True, "o_v_stages": True}
+_FWD_O_V_STAGES = {256}
+
+# Causal hdim 256 on short sequences, per hdim (longest length, overrides) brackets, shortest first.
+# Queries and keys <= 512: 64-key tiles on the persistent grid with the dynamic scheduler. Session 7
+# on the H200 (scripts/tune_fwd.py short256, two rounds): at 512 +10.6 / +13.3% over 80-key tiles one
+# CTA per tile; at 1024 +1.3 / -2.9%, at 2048 -7.6 / +0.8%. The narrower key tile wastes less of the
+# diagonal block, and the persistent grid hides the prologue of the many short tiles. <= 1024: the
+# persistent grid alone, with O in V's stages (session 19, oinv2: +4.5% over one CTA per tile; at 2k
+# -4.6%). Both brackets stage O in V's stages (causal 512 +9.5% over O in Q's buffer).
+_SHORT_CAUSAL = {256: ((512, {"tile_n": 64, "persistent": True, "dynamic_sched": True, **_O_V_STAGES}),
+                       (1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES}))}
 
 
-def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> bool:
-    """Whether a causal forward takes _SHORT_CAUSAL (both lengths at most _SHORT_CAUSAL_MAX)."""
-    return causal and hdim in _SHORT_CAUSAL and 0 < max(seqlen_q, seqlen_k) <= _SHORT_CAUSAL_MAX
+def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """Which _SHORT_CAUSAL bracket a causal forward takes: 1 + the index of the first one that holds
+    both lengths, or 0 (none)."""
+    longest = max(seqlen_q, seqlen_k)
+    if not causal or longest <= 0:
+        return 0
+    for i, (limit, _) in enumerate(_SHORT_CAUSAL.get(hdim, ())):
+        if longest <= limit:
+            return i + 1
+    return 0
 
 
 # hdim 64 on short sequences (queries and keys <= 1024, no local window): Q in a ring of two and a
@@ -200,7 +217,9 @@ class FwdConfig(_KernelConfig):
     # holds each of the next tile's first two V loads only until the O part in its stage is read. No
     # all-consumer meeting (only after a one-block tile, whose first stage may still hold the other
     # warpgroup's last part): warpgroup 0 waits only until its stage's last V is released, which is
-    # V(last - 1)'s, normally long done. Two consumer warpgroups, two K / V stages, wg_epilogue.
+    # V(last - 1)'s, normally long done. Takes effect with two consumer warpgroups, two K / V stages,
+    # one Q stage, 64 or more keys a block and wg_epilogue (o_per_stage); otherwise (e.g. the ablation
+    # turning wg_epilogue off) O is staged in V with one hand-off for all of sV, as o_in_v alone.
     o_v_stages: bool = False
     # Q buffers: 2 lets the producer load the next tile's Q while this tile still reads its own
     # (with one, the next Q waits for this tile's last QK^T, and a tile of 1-4 key blocks has little
@@ -224,7 +243,7 @@ class FwdConfig(_KernelConfig):
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
         o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
-        o_reads = (self.num_stages if self.o_v_stages else 1) if self.o_in_v else 0  # O-read hand-offs
+        o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
@@ -235,6 +254,12 @@ class FwdConfig(_KernelConfig):
         otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read
         (or in V's ring with o_in_v)."""
         return not self.o_in_q and not self.o_in_v and self._smem_bytes(True) <= SMEM_CAPACITY
+
+    @property
+    def o_per_stage(self) -> bool:
+        """o_v_stages in effect: each warpgroup's O part in a V stage of its own."""
+        return (self.o_in_v and self.o_v_stages and self.wg_epilogue and self.num_consumer_wg == 2
+                and self.num_stages == 2 and self.q_stages == 1 and self.tile_n >= 64)
 
     @property
     def o_in_q_buffer(self) -> bool:
@@ -280,14 +305,8 @@ class FwdConfig(_KernelConfig):
             if self.cluster_m > 1:
                 raise ValueError("o_in_v takes cluster_m 1 (a peer's multicast could land in sV "
                                  "while O is staged there)")
-        if self.o_v_stages:
-            if not (self.o_in_v and self.wg_epilogue and self.num_consumer_wg == 2 and self.num_stages == 2
-                    and self.q_stages == 1):
-                raise ValueError("o_v_stages needs o_in_v, wg_epilogue, 2 consumer warpgroups, 2 K / V "
-                                 "stages and 1 Q stage")
-            if self.tile_n < 64:
-                raise ValueError(f"o_v_stages: a warpgroup's 64 O rows do not fit in a {self.tile_n}-row "
-                                 "V stage")
+        if self.o_v_stages and not self.o_in_v:
+            raise ValueError("o_v_stages needs o_in_v (it says where in V's ring O is staged)")
         if self.q_stages > 1 and self.o_in_q_buffer:
             raise ValueError("q_stages 2 needs O's own smem tile (o_in_q off and room for it) or O in "
                              "V's ring (o_in_v): O is otherwise staged in Q's buffer")
@@ -345,12 +364,12 @@ _FWD_SKIP_IDLE_WG = True
 
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False, narrow: bool = False, short: bool = False,
+               softcap: bool = False, narrow: bool = False, short: int = 0,
                qring: bool = False) -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
     causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: causal with
-    short sequences (`fwd_short_causal`); `qring`: short sequences without a window
-    (`fwd_short_qring`)."""
+    short sequences, the bracket `fwd_short_causal` returns (True: the first); `qring`: short
+    sequences without a window (`fwd_short_qring`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
@@ -362,8 +381,10 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128,
                     wg_epilogue=_FWD_WG_EPILOGUE and not (softcap and causal and tile_m == 192),
                     skip_idle_wg=_FWD_SKIP_IDLE_WG)
+    if hdim in _FWD_O_V_STAGES and cfg.persistent:
+        cfg = dataclasses.replace(cfg, **_O_V_STAGES)
     if short and causal and not local and hdim in _SHORT_CAUSAL:
-        cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim])
+        cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim][int(short) - 1][1])
     if qring and not local and hdim in _SHORT_QRING:
         cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
     cfg.check()

@@ -1100,6 +1100,32 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   tests_summary oinv_tests
   [ -f "$O/oinv2.log" ] && quiet "$O/oinv2.log" | grep -E "TFLOP|FAILED"
   ;;
+s19_suite_a)  # session 19, with s19_suite_b on the other GPU: the forward GPU suite of the new dispatch (hdim 256
+  # with O in V's stages on the persistent grid, and causal <= 1024), all but the switch-variant tests
+  K="o_in_v or q_ring or short_qring or wg_epilogue or skip_idle or cluster"
+  run fwd_a python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "not ($K)"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_a
+  ;;
+s19_suite_b)  # session 19: the forward suite's switch-variant tests, then the API GPU suite
+  K="o_in_v or q_ring or short_qring or wg_epilogue or skip_idle or cluster"
+  run fwd_b python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "$K"
+  run api python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_b api
+  ;;
+s19_grid)  # session 19: the forward grid of the new dispatch (2 rounds), JSON and plot
+  run fwd_grid python3 -m flashhopper.cli bench --rounds 2 --json "$O/fwd_grid.json" --plot "$O/fwd_grid.png"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/fwd_grid.log" ] && { echo "--- fwd_grid"; quiet "$O/fwd_grid.log" | tail -44; }
+  ;;
+s19_grid16)  # session 19, beside s19_grid: the fp16 grid (1 round), then the short points again (3 rounds)
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  run low python3 -m flashhopper.cli bench --hdim 64 256 --seqlen 512 1024 --rounds 3 --json "$O/low.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/fwd_grid_fp16.log" ] && { echo "--- fwd_grid_fp16"; quiet "$O/fwd_grid_fp16.log" | tail -6; }
+  [ -f "$O/low.log" ] && quiet "$O/low.log" | tail -14
+  ;;
 grids)
   run bwd_grid python3 -m flashhopper.cli bench --bwd --json "$O/bwd_grid.json"
   run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json"

@@ -8,6 +8,7 @@ import pytest
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
 from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, fwd_config
 
+_PERSISTENT = {"persistent": True, "dynamic_sched": True}
 MASKS = {
     "none": {},
     "causal": {"causal": True},
@@ -39,13 +40,30 @@ def test_forward_hdim64_narrow_tile_compiles(dtype, mask):
     _check_forward(dtype, 64, MASKS[mask], tile_m=128, num_consumer_wg=2)
 
 
-# hdim 256 causal on short sequences (config.fwd_short_causal): 64-key tiles, persistent grid
+# hdim 256 causal on short sequences (config.fwd_short_causal): 64-key tiles on the persistent grid
+# up to 512, 80-key tiles on it up to 1024, O in V's stages in both
+@pytest.mark.parametrize("bracket", [1, 2])
 @pytest.mark.parametrize("softcap", [False, True])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_forward_hdim256_short_causal_compiles(dtype, softcap):
-    cfg = fwd_config(dtype, 256, causal=True, softcap=softcap, short=True)
+def test_forward_hdim256_short_causal_compiles(dtype, softcap, bracket):
+    cfg = fwd_config(dtype, 256, causal=True, softcap=softcap, short=bracket)
+    assert cfg.o_v_stages and cfg.persistent and cfg.tile_n == (64 if bracket == 1 else 80)
     _check_forward(dtype, 256, {**MASKS["causal"], "softcap": softcap}, tile_n=cfg.tile_n,
-                   persistent=cfg.persistent, dynamic_sched=cfg.dynamic_sched)
+                   persistent=cfg.persistent, dynamic_sched=cfg.dynamic_sched, o_in_v=True, o_v_stages=True)
+
+
+# each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages, dispatched at hdim 256 on the
+# persistent grid): the same GEMMs and O stores as with O in Q's buffer, no spills, every mask, hdim
+# 192 and 128 as the GPU tests run them
+@pytest.mark.parametrize(("dtype", "hdim", "mask", "fields"), [
+    ("bf16", 256, "none", {}), ("fp16", 256, "softcap", {}), ("bf16", 256, "local", {}),
+    ("bf16", 256, "causal", _PERSISTENT), ("bf16", 192, "causal", _PERSISTENT), ("bf16", 128, "causal", {}),
+])
+def test_forward_o_v_stages_compiles(dtype, hdim, mask, fields):
+    report = _check_forward(dtype, hdim, MASKS[mask], o_in_v=True, o_v_stages=True, **fields)
+    default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **fields, o_in_v=False,
+                             o_v_stages=False)["sass"]
+    assert report["sass"]["HGMMA"] == default["HGMMA"] and report["sass"]["UTMASTG"] == default["UTMASTG"]
 
 
 # hdim 64 on short sequences (config.fwd_short_qring): a Q ring of two and three K / V stages, at
@@ -91,6 +109,7 @@ def test_forward_rescale_switch_flipped_compiles(hdim, mask):
     ("bf16", 128, "causal", {"intra_wg_overlap": False}), ("bf16", 128, "none", {"pingpong": False}),
 ])
 def test_forward_wg_epilogue_compiles(dtype, hdim, mask, fields):
+    fields = {"o_in_v": False, "o_v_stages": False, **fields}  # both sides with O in Q's buffer at 256
     report = _check_forward(dtype, hdim, MASKS[mask], wg_epilogue=True, **fields)
     shared = {**fields, "wg_epilogue": False}
     default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **shared)["sass"]
@@ -145,9 +164,10 @@ def test_forward_q_ring_compiles(dtype, hdim, mask, fields):
     ("bf16", 256, "causal", {"tile_n": 64, "persistent": True, "dynamic_sched": True}),
 ])
 def test_forward_o_in_v_compiles(dtype, hdim, mask, fields):
+    fields = {"o_v_stages": False, **fields}  # the one hand-off for all of sV (o_v_stages: below)
     report = _check_forward(dtype, hdim, MASKS[mask], o_in_v=True, **fields)
     cfg = fwd_config(dtype, hdim, **MASKS[mask])
-    base = {"wg_epilogue": cfg.wg_epilogue, "skip_idle_wg": cfg.skip_idle_wg, **fields}
+    base = {"wg_epilogue": cfg.wg_epilogue, "skip_idle_wg": cfg.skip_idle_wg, **fields, "o_in_v": False}
     default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **base)
     assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]
     assert report["sass"]["UTMASTG"] == default["sass"]["UTMASTG"]

@@ -279,17 +279,21 @@ def test_rescale_o_before_pv(d, causal, window, overlap, rescale_early, monkeypa
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_short_causal_hdim256(dtype, softcap, monkeypatch):
     """hdim 256 causal with both lengths <= 512 dispatches 64-key tiles on the persistent grid with
-    the dynamic scheduler (config.fwd_short_causal): ragged ends, more keys than queries and the
-    other way round, one row, and CTAs walking many tiles."""
+    the dynamic scheduler, <= 1024 the persistent grid, both with O in V's stages
+    (config.fwd_short_causal): ragged ends, more keys than queries and the other way round, one row,
+    and CTAs walking many tiles."""
     from flashhopper import config
     from flashhopper.hopper import runtime
 
     cases = [(512, 512), (1, 1), (17, 17), (1, 512), (512, 1), (300, 500), (500, 300), (65, 129)]
-    assert all(config.fwd_short_causal(256, sq, sk, True) for sq, sk in cases)
-    for sq, sk in cases:
+    mid = [(1024, 1024), (513, 513), (1000, 600), (600, 1000), (1024, 1), (81, 1024)]
+    assert all(config.fwd_short_causal(256, sq, sk, True) == 1 for sq, sk in cases)
+    assert all(config.fwd_short_causal(256, sq, sk, True) == 2 for sq, sk in mid)
+    for sq, sk in cases + mid:
         run_case(2, sq, sk, 4, 2, 256, dtype, causal=True, softcap=softcap)
     monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
     run_case(3, 500, 500, 4, 1, 256, dtype, causal=True, softcap=softcap)
+    run_case(3, 1000, 900, 4, 1, 256, dtype, causal=True, softcap=softcap)
 
 
 def _cases_then_many_tiles_per_cta(lengths, monkeypatch, d, dtype, **mask):
@@ -332,7 +336,7 @@ def test_wg_epilogue(d, dtype, causal, window, softcap, fields, monkeypatch):
     (64, torch.bfloat16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, True, (-1, -1), 5.0, {}),
     (128, torch.bfloat16, False, (-1, -1), 0.0, {}), (256, torch.bfloat16, True, (-1, -1), 0.0, {}),
     (64, torch.bfloat16, False, (-1, -1), 0.0, {"wg_epilogue": False}),
-    (256, torch.float16, False, (-1, -1), 0.0, {"wg_epilogue": False}),
+    (256, torch.float16, False, (-1, -1), 0.0, {"wg_epilogue": False, "o_v_stages": False}),
     (64, torch.bfloat16, True, (-1, -1), 0.0, {"intra_wg_overlap": False}),
     (64, torch.bfloat16, False, (-1, -1), 0.0, {"pingpong": False}),
     (64, torch.bfloat16, False, (-1, -1), 0.0, {"persistent": False, "dynamic_sched": False}),
@@ -444,14 +448,15 @@ _PERSISTENT = {"persistent": True, "dynamic_sched": True}
 
 
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
-    (256, torch.bfloat16, False, (-1, -1), 0.0, {}), (256, torch.bfloat16, True, (-1, -1), 0.0, _PERSISTENT),
+    (256, torch.bfloat16, False, (-1, -1), 0.0, {"o_v_stages": False}),
+    (256, torch.bfloat16, True, (-1, -1), 0.0, _PERSISTENT),
     (256, torch.float16, True, (-1, -1), 5.0, {"tile_n": 64, **_PERSISTENT}),
     (256, torch.bfloat16, False, (100, 20), 0.0, {}), (192, torch.bfloat16, False, (-1, -1), 0.0, {}),
     (128, torch.bfloat16, False, (-1, -1), 0.0, {"num_stages": 3}),
     (128, torch.bfloat16, True, (-1, -1), 0.0, {"num_stages": 3}),
     (128, torch.float16, True, (-1, -1), 0.0, {"q_stages": 2}),
     (64, torch.bfloat16, True, (-1, -1), 0.0, {}), (64, torch.bfloat16, False, (100, 20), 0.0, {}),
-    (256, torch.bfloat16, False, (-1, -1), 0.0, {"wg_epilogue": False}),
+    (256, torch.bfloat16, False, (-1, -1), 0.0, {"wg_epilogue": False, "o_v_stages": False}),
     (128, torch.bfloat16, False, (-1, -1), 0.0, {"persistent": True, "dynamic_sched": False}),
     (256, torch.bfloat16, True, (-1, -1), 0.0, {"persistent": False, "dynamic_sched": False}),
     (256, torch.bfloat16, False, (-1, -1), 0.0, {"o_v_stages": True}),

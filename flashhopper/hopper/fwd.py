@@ -73,7 +73,7 @@ class FlashFwdSm90:
         # O stores per tile: one per consumer warpgroup with wg_epilogue, else one for the tile
         self.o_parts = cfg.num_consumer_wg if cfg.wg_epilogue else 1
         # o_in_v: the O-read hand-off's stages (one per V stage with o_v_stages)
-        self.o_stages = cfg.num_stages if cfg.o_v_stages else 1
+        self.o_stages = cfg.num_stages if cfg.o_per_stage else 1
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -115,7 +115,7 @@ class FlashFwdSm90:
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
         sO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim_v)
-        if cutlass.const_expr(self.cfg.o_v_stages):
+        if cutlass.const_expr(self.cfg.o_per_stage):
             # one warpgroup's 64 rows, contiguous, at the base of each V stage (see store_o)
             part = L.smem_layout_row_major(self.dtype, 64, self.hdim_v)
             stage_step = cute.make_layout(self.num_stages, stride=self.tile_n * self.hdim_v)
@@ -166,7 +166,7 @@ class FlashFwdSm90:
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
                 load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
             )
-        if cutlass.const_expr(self.cfg.o_v_stages):
+        if cutlass.const_expr(self.cfg.o_per_stage):
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mO, cute.select(sO_layout, mode=[0, 1]), (64, self.hdim_v)
             )
@@ -274,7 +274,7 @@ class FlashFwdSm90:
             pipe_o = pipeline.PipelineAsync.create(
                 num_stages=self.o_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                         1 if self.cfg.o_v_stages else self.o_parts),
+                                                         1 if self.cfg.o_per_stage else self.o_parts),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
                 barrier_storage=storage.mbar_Q.data_ptr() + 2 * self.cfg.q_stages, defer_sync=True,
             )
@@ -546,7 +546,7 @@ class FlashFwdSm90:
         phase = tile_parity
         if cutlass.const_expr(producer):
             phase = 1 - phase
-        index = stage if cutlass.const_expr(self.cfg.o_v_stages) else Int32(0)
+        index = stage if cutlass.const_expr(self.cfg.o_per_stage) else Int32(0)
         return pipeline.PipelineState(self.o_stages, Int32(0), index, phase)
 
     @cute.jit
@@ -641,7 +641,7 @@ class FlashFwdSm90:
             # this tile's number mod 2, from Q's consumer state (already live, where the count is not:
             # one register more spilled at hdim 64): its phase with one Q stage, its index with two
             parity = q_state.phase if cutlass.const_expr(self.cfg.q_stages == 1) else q_state.index
-            if cutlass.const_expr(self.cfg.o_v_stages):
+            if cutlass.const_expr(self.cfg.o_per_stage):
                 # warpgroup w's part goes to V stage (v + w) % 2, v the next tile's first V stage
                 # (v_state has moved past this tile's last block). That stage held V(last - 1) for
                 # warpgroup 0, V(last) for warpgroup 1: wait until every consumer released it. After
@@ -666,7 +666,7 @@ class FlashFwdSm90:
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
                            coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
                            seqlen_q, signal_o=signal_o)
-        if cutlass.const_expr(self.cfg.o_v_stages):
+        if cutlass.const_expr(self.cfg.o_per_stage):
             epilogue = partial(epilogue, before_smem=wait_v_free)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
@@ -998,7 +998,7 @@ class FlashFwdSm90:
         # nobody writes sO before that, nor (when sO is Q's buffer) before the warpgroups that read
         # those rows of Q are done with their QK^T
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-        if cutlass.const_expr(self.cfg.o_v_stages):
+        if cutlass.const_expr(self.cfg.o_per_stage):
             # sO is this warpgroup's own 64-row part: its threads write it as warpgroup 0's would
             self.o_to_smem(rO, sO, self.one_wg_mma_pv(), tidx % 128)
         else:
@@ -1007,7 +1007,7 @@ class FlashFwdSm90:
         if first_warp:
             gO = cute.local_tile(mO[None, None, head, batch], (rows, self.hdim_v), (row_block, 0))
             sO_part = sO
-            if cutlass.const_expr(self.cfg.wg_epilogue and not self.cfg.o_v_stages):
+            if cutlass.const_expr(self.cfg.wg_epilogue and not self.cfg.o_per_stage):
                 sO_part = cute.local_tile(sO, (rows, self.hdim_v), (part, 0))
             tOsO, tOgO = cpasync.tma_partition(tma_atom_O, 0, cute.make_layout(1),
                                                cute.group_modes(sO_part, 0, 2), cute.group_modes(gO, 0, 2))
