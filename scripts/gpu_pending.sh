@@ -1107,6 +1107,13 @@ s19_suite_a)  # session 19, with s19_suite_b on the other GPU: the forward GPU s
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary fwd_a
   ;;
+s19_suite)  # session 19 on one GPU: s19_suite_a's tests, then s19_suite_b's forward tests
+  K="o_in_v or q_ring or short_qring or wg_epilogue or skip_idle or cluster"
+  run fwd_a python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "not ($K)"
+  run fwd_b python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "$K"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_a fwd_b
+  ;;
 s19_suite_b)  # session 19: the forward suite's switch-variant tests, then the API GPU suite
   K="o_in_v or q_ring or short_qring or wg_epilogue or skip_idle or cluster"
   run fwd_b python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "$K"
