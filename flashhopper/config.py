@@ -243,7 +243,7 @@ class FwdConfig(_KernelConfig):
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
         o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
-        o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v else 0  # O-read hand-offs
+        o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v_ring else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
@@ -253,18 +253,24 @@ class FwdConfig(_KernelConfig):
         """O gets its own smem tile when it fits, so the next Q can load during the epilogue;
         otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read
         (or in V's ring with o_in_v)."""
-        return not self.o_in_q and not self.o_in_v and self._smem_bytes(True) <= SMEM_CAPACITY
+        return not self.o_in_q and not self.o_in_v_ring and self._smem_bytes(True) <= SMEM_CAPACITY
+
+    @property
+    def o_in_v_ring(self) -> bool:
+        """o_in_v in effect: not with a cluster, whose peer multicasts into this CTA's sV while O could
+        be staged there (O then goes to Q's buffer, as without o_in_v)."""
+        return self.o_in_v and self.cluster_m == 1
 
     @property
     def o_per_stage(self) -> bool:
         """o_v_stages in effect: each warpgroup's O part in a V stage of its own."""
-        return (self.o_in_v and self.o_v_stages and self.wg_epilogue and self.num_consumer_wg == 2
+        return (self.o_in_v_ring and self.o_v_stages and self.wg_epilogue and self.num_consumer_wg == 2
                 and self.num_stages == 2 and self.q_stages == 1 and self.tile_n >= 64)
 
     @property
     def o_in_q_buffer(self) -> bool:
         """O is staged in Q's buffer: Q is freed only after the epilogue's store has read it."""
-        return not self.o_buffer and not self.o_in_v
+        return not self.o_buffer and not self.o_in_v_ring
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory: Q, K and V rings, O (own tile or Q's), mbarriers."""
@@ -302,9 +308,6 @@ class FwdConfig(_KernelConfig):
             if self.tile_m > self.num_stages * self.tile_n:
                 raise ValueError(f"o_in_v: O's {self.tile_m} rows do not fit in V's ring of "
                                  f"{self.num_stages} x {self.tile_n} rows")
-            if self.cluster_m > 1:
-                raise ValueError("o_in_v takes cluster_m 1 (a peer's multicast could land in sV "
-                                 "while O is staged there)")
         if self.o_v_stages and not self.o_in_v:
             raise ValueError("o_v_stages needs o_in_v (it says where in V's ring O is staged)")
         if self.q_stages > 1 and self.o_in_q_buffer:

@@ -310,12 +310,13 @@ def test_cluster_is_off_in_every_dispatched_config():
 @pytest.mark.parametrize("softcap", [False, True])
 @pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
 def test_cluster_m2_valid_without_mask_on_the_static_schedule(hdim, softcap, persistent):
-    # (O staged in V's stages, dispatched at hdim 256 on the persistent grid, takes no cluster)
     cfg = dataclasses.replace(fwd_config("bf16", hdim, softcap=softcap), cluster_m=2, persistent=persistent,
-                              dynamic_sched=False, o_in_v=False, o_v_stages=False)
+                              dynamic_sched=False)
     cfg.check()
-    # the cluster shares K/V through the same smem: no budget changes
-    assert cfg.smem_bytes() == dataclasses.replace(cfg, cluster_m=1).smem_bytes()
+    # the cluster shares K/V through the same smem: no budget changes (O in Q's buffer, also where
+    # the dispatch stages it in V's ring: hdim 256)
+    o_in_q = dataclasses.replace(cfg, cluster_m=1, o_in_v=False, o_v_stages=False)
+    assert cfg.smem_bytes() == o_in_q.smem_bytes()
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -539,7 +540,9 @@ def test_o_in_v_budget():
         FwdConfig(dtype="bf16", hdim=256, tile_n=80, num_stages=1, o_in_v=True).check()
     with pytest.raises(ValueError, match="o_in_q and o_in_v"):
         FwdConfig(dtype="bf16", hdim=128, o_in_v=True, o_in_q=True).check()
-    with pytest.raises(ValueError, match="cluster_m 1"):
-        FwdConfig(dtype="bf16", hdim=128, o_in_v=True, cluster_m=2).check()
+    # a cluster's peer multicasts into sV: there O goes back to Q's buffer
+    clustered = FwdConfig(dtype="bf16", hdim=256, tile_n=80, o_in_v=True, cluster_m=2)
+    clustered.check()
+    assert not clustered.o_in_v_ring and clustered.o_in_q_buffer
     # the Q ring only needs O out of Q's buffer
     FwdConfig(dtype="bf16", hdim=128, o_in_v=True, q_stages=2).check()

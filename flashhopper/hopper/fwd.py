@@ -121,7 +121,7 @@ class FlashFwdSm90:
             stage_step = cute.make_layout(self.num_stages, stride=self.tile_n * self.hdim_v)
             sO_layout = cute.make_composed_layout(part.inner, 0, cute.append(part.outer, stage_step))
 
-        o_in_v = self.cfg.o_in_v
+        o_in_v = self.cfg.o_in_v_ring
         sO_in_q = cute.cosize(sO_layout) if self.cfg.o_in_q_buffer else 0
 
         @cute.struct
@@ -233,7 +233,7 @@ class FlashFwdSm90:
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         if cutlass.const_expr(self.cfg.o_buffer):
             sO = storage.sO.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
-        elif cutlass.const_expr(self.cfg.o_in_v):
+        elif cutlass.const_expr(self.cfg.o_in_v_ring):
             sO = storage.sV.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         else:
             sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
@@ -266,7 +266,7 @@ class FlashFwdSm90:
             barrier_storage=storage.mbar_V.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
         )
         pipe_o = None
-        if cutlass.const_expr(self.cfg.o_in_v):
+        if cutlass.const_expr(self.cfg.o_in_v_ring):
             # O staged in sV: each O part's storing thread "produces" the news that its TMA store has
             # read sV, the producer warp "consumes" it before the next tile's first V load. One stage,
             # its state derived from the tile count (see o_read_state)
@@ -508,7 +508,7 @@ class FlashFwdSm90:
         else:
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         q_state.advance()
-        if cutlass.const_expr(self.cfg.o_in_v):
+        if cutlass.const_expr(self.cfg.o_in_v_ring):
             # the same order; the tile's first V load (first two with o_v_stages) waits until the last
             # tile's O is out of the stage it goes to, and a tile with fewer V loads than that still
             # takes its hand-offs, so that each is taken once per tile
@@ -637,7 +637,7 @@ class FlashFwdSm90:
 
         lse = cute.make_rmem_tensor(num_rows, Float32)
         signal_o, sO_wg, o_stage = None, sO, Int32(0)
-        if cutlass.const_expr(self.cfg.o_in_v):
+        if cutlass.const_expr(self.cfg.o_in_v_ring):
             # this tile's number mod 2, from Q's consumer state (already live, where the count is not:
             # one register more spilled at hdim 64): its phase with one Q stage, its index with two
             parity = q_state.phase if cutlass.const_expr(self.cfg.q_stages == 1) else q_state.index
@@ -673,7 +673,7 @@ class FlashFwdSm90:
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
             if not idle_wg:
                 epilogue()
-            elif cutlass.const_expr(self.cfg.o_in_v):
+            elif cutlass.const_expr(self.cfg.o_in_v_ring):
                 if tidx % 128 == 0:  # its part of the hand-off, with nothing to store
                     signal_o()
         else:
@@ -1015,7 +1015,7 @@ class FlashFwdSm90:
             cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(not self.cfg.o_buffer):
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
-            if cutlass.const_expr(self.cfg.o_in_v):
+            if cutlass.const_expr(self.cfg.o_in_v_ring):
                 if tidx % 32 == 0:  # this part is out of sV: the producer may load V there again
                     signal_o()
         if cutlass.const_expr(self.cfg.o_in_q_buffer):
