@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 18 ran s18_twocta (two CTAs per SM at
-# the forward's short points), s18_qring (Q in a ring of two), s18_qdisp (its dispatch at hdim 64 on
-# short sequences), s18_fgrid (the rest of the forward tests, the grid), s18_fp16 (fp16 against bf16)
-# and s18_low (the lowest forward points again); results in docs/benchmarks.md, "GPU runs of session
-# 18". Nothing is waiting.
+# GPU work by mode, one device call of <= 10 minutes each. Session 19 ran s19_oinv (O staged in V's
+# ring), s19_oinv2 (a part per V stage), s19_suite (the forward suite of the new dispatch, cut by its
+# deadline after 128 + 43 tests) and s19_grid (the forward grid); results in docs/benchmarks.md, "GPU
+# runs of session 19". Waiting: s19_grid16 (the fp16 grid and the short points again, not run: no
+# device time left) and s20_oinv192 (hdim 192 with O in V's stages, timing only).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1099,6 +1099,12 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary oinv_tests
   [ -f "$O/oinv2.log" ] && quiet "$O/oinv2.log" | grep -E "TFLOP|FAILED"
+  ;;
+s20_oinv192)  # waiting (session 19 built it, GPU-tested in s19_oinv2, never timed): hdim 192 (not in the grid) with
+  # O in V's stages against O in Q's buffer, no mask 512-8k and causal 512-2k persistent, 3 rounds
+  run oinv192 python3 scripts/tune_fwd.py oinv192
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/oinv192.log" ] && quiet "$O/oinv192.log" | grep -E "TFLOP|FAILED"
   ;;
 s19_suite_a)  # session 19, with s19_suite_b on the other GPU: the forward GPU suite of the new dispatch (hdim 256
   # with O in V's stages on the persistent grid, and causal <= 1024), all but the switch-variant tests

@@ -18,6 +18,7 @@
     python scripts/tune_fwd.py qring_limit  # hdim 64 512-4k: 1 Q + 2 K / V stages, 2 + 3, 2 + 4
     python scripts/tune_fwd.py oinv       # O staged in V's ring (o_in_v) vs Q's buffer, hdim 256 / 128
     python scripts/tune_fwd.py oinv2      # the same, and each warpgroup's part in its own V stage
+    python scripts/tune_fwd.py oinv192    # hdim 192 with a part per V stage (not in the grid)
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -209,6 +210,11 @@ OINV2 = ([(256, False, seqlen, over) for seqlen in (512, 1024, 2048, 8192) for o
          + [(128, causal, seqlen, over) for causal, seqlen in ((False, 512), (False, 8192), (True, 1024))
             for over in ({}, _OV, _OVS)])
 
+# hdim 192 (128 x 112 tiles, O in Q's buffer today) with a part per V stage: the same boundary as hdim 256
+OINV192 = ([(192, False, seqlen, over) for seqlen in (512, 1024, 2048, 8192) for over in ({}, _OVS)]
+           + [(192, True, seqlen, over) for seqlen in (512, 1024, 2048)
+              for over in ({}, _PERSIST, {**_PERSIST, **_OVS})])
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -220,7 +226,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "overlap": (OVERLAP, RESCALE_ROUNDS), "rescale": (RESCALE, RESCALE_ROUNDS),
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
                "short": (SHORT, 2), "qring": (QRING, 3),
-               "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3)}
+               "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
+               "oinv192": (OINV192, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)
