@@ -7,8 +7,8 @@ One CTA computes one (tile_m x hdim) output tile for one (batch, head):
   warpgroups 1..W (consumers, setmaxnreg.inc): 64 query rows each. Per key block:
       S = Q K^T (WGMMA, both operands in smem) -> mask -> online softmax in registers ->
       P converted in registers and used as the register A operand of O += P V (WGMMA).
-  epilogue: O / l in registers -> stmatrix into the (now free) Q buffer -> one TMA store;
-      LSE from registers.
+  epilogue: O / l in registers -> stmatrix into O's own tile, the (now free) Q buffer, or
+      V's stages (FwdConfig.o_in_v) -> TMA store; LSE from registers.
 
 Key blocks are visited from the last one down, so that the blocks that need masking (the
 ragged seqlen_k end, the causal diagonal) come first and the rest run without a mask.
@@ -268,9 +268,9 @@ class FlashFwdSm90:
         pipe_o = None
         if cutlass.const_expr(self.cfg.o_in_v_ring):
             # O staged in sV: each O part's storing thread "produces" the news that its TMA store has
-            # read sV, the producer warp "consumes" it before the next tile's first V load. One stage,
-            # its state derived from the tile count (see o_read_state)
-            # (o_v_stages: one hand-off per V stage, each from the one warpgroup whose part is there)
+            # read sV, the producer warp "consumes" it before the next tile's first V load. One stage
+            # (o_v_stages: one per V stage, each from the one warpgroup whose part is there), its state
+            # following from the tile's parity (see o_read_state)
             pipe_o = pipeline.PipelineAsync.create(
                 num_stages=self.o_stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
@@ -980,7 +980,9 @@ class FlashFwdSm90:
         """O through sO and a TMA store. Shared epilogue: the whole tile, all consumers meeting on
         one barrier. FwdConfig.wg_epilogue: this warpgroup's 64 rows through its own part of sO and
         its own TMA store, synchronized on its own barrier only; the rows are the ones its QK^T
-        read from Q, so with O staged in Q's buffer no other warpgroup still needs them."""
+        read from Q, so with O staged in Q's buffer no other warpgroup still needs them. With O in V's
+        stages (FwdConfig.o_v_stages) sO is this warpgroup's own part, the caller has waited for its
+        V stage to be free (`before_smem`), and `signal_o` tells the producer once it has been read."""
         if cutlass.const_expr(self.cfg.wg_epilogue):
             part = cute.arch.make_warp_uniform(tidx // 128)
             rows, row_block = 64, m_block * self.num_consumer_wg + part
