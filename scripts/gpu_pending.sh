@@ -79,6 +79,14 @@ tests256() {  # name overrides: hdim 256 backward GPU tests (the ones a wide-ker
     $B::test_backward_packed_qkv $B::test_deterministic_is_bitwise_reproducible \
     $B::test_gradient_matches_finite_differences $B::test_backward_pre_zero_dq
 }
+oinv_tests_then_tune() {  # limit mode: the o_in_v GPU tests under their own limit, then tune_fwd.py MODE
+  bg oinv_tests "$1" python3 -m pytest -q -rf --tb=short -x tests/test_fwd_gpu.py -k o_in_v
+  wait
+  run "$2" python3 scripts/tune_fwd.py "$2"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary oinv_tests
+  [ -f "$O/$2.log" ] && quiet "$O/$2.log" | grep -E "TFLOP|FAILED"
+}
 case "${1:-}" in
 failed)  # the named test ids (arguments after the mode), verbose, one process
   shift
@@ -1084,21 +1092,11 @@ s18_low)  # session 18: a second sample (3 rounds) of the forward grid's points 
   ;;
 s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests under their own limit (a new
   # hand-off: a hang costs this step), then tune_fwd.py oinv (O in Q vs in V at hdim 256 / 128, 3 rounds)
-  bg oinv_tests 240 python3 -m pytest -q -rf --tb=short -x tests/test_fwd_gpu.py -k o_in_v
-  wait
-  run oinv python3 scripts/tune_fwd.py oinv
-  echo "== end at $(($(date +%s) - T0)) s"
-  tests_summary oinv_tests
-  [ -f "$O/oinv.log" ] && quiet "$O/oinv.log" | grep -E "TFLOP|FAILED"
+  oinv_tests_then_tune 240 oinv
   ;;
 s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
-  bg oinv_tests 300 python3 -m pytest -q -rf --tb=short -x tests/test_fwd_gpu.py -k o_in_v
-  wait
-  run oinv2 python3 scripts/tune_fwd.py oinv2
-  echo "== end at $(($(date +%s) - T0)) s"
-  tests_summary oinv_tests
-  [ -f "$O/oinv2.log" ] && quiet "$O/oinv2.log" | grep -E "TFLOP|FAILED"
+  oinv_tests_then_tune 300 oinv2
   ;;
 s20_oinv192)  # waiting (session 19 built it, GPU-tested in s19_oinv2, never timed): hdim 192 (not in the grid) with
   # O in V's stages against O in Q's buffer, no mask 512-8k and causal 512-2k persistent, 3 rounds
