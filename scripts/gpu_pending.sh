@@ -1098,6 +1098,14 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s20_a)  # session 20: hdim 192 with O in V's stages (s20_oinv192's timing), then ping-pong on / off at hdim
+  # 64 / 128 (2k, 8k) and 192 / 256 (8k), causal and not, 3 rounds (tune_fwd.py pingpong), under its own limit
+  run oinv192 python3 scripts/tune_fwd.py oinv192
+  bg pingpong $(( $(left) - 10 )) python3 scripts/tune_fwd.py pingpong
+  wait
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in oinv192 pingpong; do [ -f "$O/$f.log" ] && echo "--- $f: $(grep -c TFLOP "$O/$f.log") timings; $(grep -E "FAILED|rc=" "$O/$f.log" | head -3)"; done
+  ;;
 s20_oinv192)  # waiting (session 19 built it, GPU-tested in s19_oinv2, never timed): hdim 192 (not in the grid) with
   # O in V's stages against O in Q's buffer, no mask 512-8k and causal 512-2k persistent, 3 rounds
   run oinv192 python3 scripts/tune_fwd.py oinv192

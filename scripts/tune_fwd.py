@@ -19,6 +19,7 @@
     python scripts/tune_fwd.py oinv       # O staged in V's ring (o_in_v) vs Q's buffer, hdim 256 / 128
     python scripts/tune_fwd.py oinv2      # the same, and each warpgroup's part in its own V stage
     python scripts/tune_fwd.py oinv192    # hdim 192 with a part per V stage (not in the grid)
+    python scripts/tune_fwd.py pingpong   # ping-pong on / off at every grid hdim (and 192), 2k / 8k
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -215,6 +216,13 @@ OINV192 = ([(192, False, seqlen, over) for seqlen in (512, 1024, 2048, 8192) for
            + [(192, True, seqlen, over) for seqlen in (512, 1024, 2048)
               for over in ({}, _PERSIST, {**_PERSIST, **_OVS})])
 
+# ping-pong on / off on the dispatched kernels: per MHz it did not pay at hdim 128 8k (session 13), and
+# FA3 turns it off above hdim 128; hdim 192 / 256 were last timed without it in session 2
+PINGPONG = ([(hdim, causal, seqlen, over) for hdim in (64, 128) for causal in (False, True)
+             for seqlen in (2048, 8192) for over in ({}, {"pingpong": False})]
+            + [(hdim, causal, 8192, over) for hdim in (192, 256) for causal in (False, True)
+               for over in ({}, {"pingpong": False})])
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -227,7 +235,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "tiles": (TILES, TILE_ROUNDS), "cluster": (CLUSTER, 2), "idle": (IDLE, 3),
                "short": (SHORT, 2), "qring": (QRING, 3),
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
-               "oinv192": (OINV192, 3)}
+               "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)
