@@ -78,15 +78,19 @@ def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
 _O_V_STAGES = {"o_in_v": True, "o_v_stages": True}
 _FWD_O_V_STAGES = {256}
 
-# Causal hdim 256 on short sequences, per hdim (longest length, overrides) brackets, shortest first.
+# Causal hdim 192 / 256 on short sequences, per hdim (longest length, overrides) brackets, shortest first.
 # Queries and keys <= 512: 64-key tiles on the persistent grid with the dynamic scheduler. Session 7
 # on the H200 (scripts/tune_fwd.py short256, two rounds): at 512 +10.6 / +13.3% over 80-key tiles one
 # CTA per tile; at 1024 +1.3 / -2.9%, at 2048 -7.6 / +0.8%. The narrower key tile wastes less of the
 # diagonal block, and the persistent grid hides the prologue of the many short tiles. <= 1024: the
 # persistent grid alone, with O in V's stages (session 19, oinv2: +4.5% over one CTA per tile; at 2k
 # -4.6%). Both brackets stage O in V's stages (causal 512 +9.5% over O in Q's buffer).
+# hdim 192 (128 x 112 tiles), queries and keys <= 1024: the persistent grid with O in V's stages.
+# Session 20 (scripts/tune_fwd.py oinv192, 3 rounds, medians, over one CTA per tile): 512 +23.5%
+# (persistent alone +14.6%), 1k +9.4% (+5.1%), 2k -6.5% (-2.6%).
 _SHORT_CAUSAL = {256: ((512, {"tile_n": 64, "persistent": True, "dynamic_sched": True, **_O_V_STAGES}),
-                       (1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES}))}
+                       (1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES})),
+                 192: ((1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES}),)}
 
 
 def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:

@@ -1098,6 +1098,16 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s20_b)  # session 20: the hdim 192 GPU tests (the new short-causal dispatch: persistent, O in V's stages, <= 1024),
+  # then tune_fwd.py pingpong2 (ping-pong off at more lengths, 5 rounds; hdim 192 no mask with O in V)
+  bg fwd192 240 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "192"
+  wait
+  bg pingpong2 $(( $(left) - 10 )) python3 scripts/tune_fwd.py pingpong2
+  wait
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd192
+  [ -f "$O/pingpong2.log" ] && echo "--- pingpong2: $(grep -c TFLOP "$O/pingpong2.log") timings; $(grep -E "FAILED|rc=" "$O/pingpong2.log" | head -3)"
+  ;;
 s20_a)  # session 20: hdim 192 with O in V's stages (s20_oinv192's timing), then ping-pong on / off at hdim
   # 64 / 128 (2k, 8k) and 192 / 256 (8k), causal and not, 3 rounds (tune_fwd.py pingpong), under its own limit
   run oinv192 python3 scripts/tune_fwd.py oinv192

@@ -52,6 +52,16 @@ def test_forward_hdim256_short_causal_compiles(dtype, softcap, bracket):
                    persistent=cfg.persistent, dynamic_sched=cfg.dynamic_sched, o_in_v=True, o_v_stages=True)
 
 
+# hdim 192 causal on short sequences: the persistent grid with O in V's stages
+@pytest.mark.parametrize("softcap", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_hdim192_short_causal_compiles(dtype, softcap):
+    cfg = fwd_config(dtype, 192, causal=True, softcap=softcap, short=1)
+    assert cfg.o_v_stages and cfg.persistent and cfg.dynamic_sched
+    _check_forward(dtype, 192, {**MASKS["causal"], "softcap": softcap}, persistent=True, dynamic_sched=True,
+                   o_in_v=True, o_v_stages=True)
+
+
 # each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages, dispatched at hdim 256 on the
 # persistent grid): the same GEMMs and O stores as with O in Q's buffer, no spills, every mask, hdim
 # 192 and 128 as the GPU tests run them
