@@ -93,6 +93,18 @@ _SHORT_CAUSAL = {256: ((512, {"tile_n": 64, "persistent": True, "dynamic_sched":
                  192: ((1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES}),)}
 
 
+# hdim 192 without a mask, queries and keys <= 512 (its grid is persistent): O in V's stages. Session 20
+# (scripts/tune_fwd.py oinv192 and pingpong2, 3 and 5 rounds, medians, over O in Q's buffer): 512 +7.5 /
+# +8.7%, 1k -2.4 / -2.6%, 2k -0.9%, 8k -6.8 / +1.6% (the spread). At hdim 256 O in V wins at every length.
+_SHORT_NOMASK = {192: (512, _O_V_STAGES)}
+
+
+def fwd_short_nomask(hdim: int, seqlen_q: int, seqlen_k: int, masked: bool) -> bool:
+    """Whether a forward without a mask (`masked`: causal or a window) takes _SHORT_NOMASK."""
+    limit = _SHORT_NOMASK.get(hdim, (0, {}))[0]
+    return not masked and 0 < max(seqlen_q, seqlen_k) <= limit
+
+
 def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
     """Which _SHORT_CAUSAL bracket a causal forward takes: 1 + the index of the first one that holds
     both lengths, or 0 (none)."""
@@ -374,9 +386,9 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, narrow: bool = False, short: int = 0,
                qring: bool = False) -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
-    causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: causal with
-    short sequences, the bracket `fwd_short_causal` returns (True: the first); `qring`: short
-    sequences without a window (`fwd_short_qring`)."""
+    causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: short
+    sequences, causal: the bracket `fwd_short_causal` returns (True: the first), no mask: whether
+    `fwd_short_nomask` holds; `qring`: short sequences without a window (`fwd_short_qring`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
@@ -392,6 +404,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         cfg = dataclasses.replace(cfg, **_O_V_STAGES)
     if short and causal and not local and hdim in _SHORT_CAUSAL:
         cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim][int(short) - 1][1])
+    if short and not causal and not local and hdim in _SHORT_NOMASK:
+        cfg = dataclasses.replace(cfg, **_SHORT_NOMASK[hdim][1])
     if qring and not local and hdim in _SHORT_QRING:
         cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
     cfg.check()

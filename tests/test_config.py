@@ -428,6 +428,22 @@ def test_short_causal_hdim192_only_up_to_1024():
     assert config.fwd_config("bf16", 192, local=True, short=1) == config.fwd_config("bf16", 192, local=True)
 
 
+def test_short_nomask_hdim192_only_up_to_512():
+    # hdim 192 without a mask, queries and keys <= 512: O in V's stages (config._SHORT_NOMASK: +7.5 /
+    # +8.7% at 512, -2.4 / -2.6% at 1k); nowhere else, and never under a mask
+    short = config.fwd_short_nomask
+    assert short(192, 512, 512, False) and short(192, 1, 1, False) and short(192, 17, 500, False)
+    assert not short(192, 513, 512, False) and not short(192, 512, 513, False)
+    assert not short(192, 512, 512, True) and not short(192, 0, 0, False)
+    assert not any(short(hdim, 512, 512, False) for hdim in (64, 96, 128, 256))
+    for dtype, softcap in itertools.product(("bf16", "fp16"), (False, True)):
+        cfg = config.fwd_config(dtype, 192, softcap=softcap, short=True)
+        base = config.fwd_config(dtype, 192, softcap=softcap)
+        assert (cfg.persistent, cfg.o_v_stages, cfg.o_per_stage) == (True, True, True)
+        assert dataclasses.replace(cfg, o_in_v=False, o_v_stages=False) == base
+        assert cfg.smem_bytes() <= SMEM_CAPACITY
+
+
 def test_short_qring_hdim64_only_up_to_1024():
     # hdim 64 with queries and keys <= 1024 and no window: Q ring of two, three K / V stages
     # (config._SHORT_QRING: +2..+9% at 512-1k, -1.3% at causal 8k)

@@ -62,6 +62,15 @@ def test_forward_hdim192_short_causal_compiles(dtype, softcap):
                    o_in_v=True, o_v_stages=True)
 
 
+# hdim 192 without a mask on short sequences: O in V's stages
+@pytest.mark.parametrize("softcap", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_forward_hdim192_short_nomask_compiles(dtype, softcap):
+    cfg = fwd_config(dtype, 192, softcap=softcap, short=True)
+    assert cfg.o_v_stages and cfg.persistent
+    _check_forward(dtype, 192, {**MASKS["softcap" if softcap else "none"]}, o_in_v=True, o_v_stages=True)
+
+
 # each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages, dispatched at hdim 256 on the
 # persistent grid): the same GEMMs and O stores as with O in Q's buffer, no spills, every mask, hdim
 # 192 and 128 as the GPU tests run them

@@ -315,6 +315,24 @@ def test_short_causal_hdim192(dtype, softcap, monkeypatch):
     run_case(3, 1000, 900, 4, 2, 192, dtype, causal=True, softcap=softcap)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_short_nomask_hdim192(dtype, softcap, monkeypatch):
+    """hdim 192 without a mask with both lengths <= 512 dispatches O in V's stages
+    (config.fwd_short_nomask), with no override: ragged ends, 1-, 2- and 3-block tiles, and CTAs
+    walking many tiles."""
+    from flashhopper import config
+    from flashhopper.hopper import runtime
+
+    cases = [(512, 512), (1, 1), (17, 17), (1, 500), (500, 1), (300, 200), (65, 129), (113, 224), (129, 337)]
+    assert all(config.fwd_short_nomask(192, sq, sk, False) for sq, sk in cases)
+    for sq, sk in cases:
+        run_case(2, sq, sk, 4, 2, 192, dtype, softcap=softcap)
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
+    run_case(3, 500, 500, 4, 1, 192, dtype, softcap=softcap)
+    run_case(3, 400, 300, 4, 2, 192, dtype, softcap=softcap)
+
+
 def _cases_then_many_tiles_per_cta(lengths, monkeypatch, d, dtype, **mask):
     """Batch 2 at each (seqlen_q, seqlen_k), then persistent CTAs capped at 3 so that every CTA walks
     many tiles (GQA and batch 3 among them): where state carried from tile to tile would show."""

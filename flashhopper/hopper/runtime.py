@@ -27,6 +27,7 @@ from flashhopper.config import (
     fwd_grid,
     fwd_narrow_tile,
     fwd_short_causal,
+    fwd_short_nomask,
     fwd_short_qring,
 )
 from flashhopper.hopper.bwd_common import every_q_block_visited
@@ -182,7 +183,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     causal, local, wl, wr = _mask_kind(causal, window_size)
     cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
                      narrow=fwd_narrow_tile(q.shape[-1], q.shape[1], causal and not local),
-                     short=fwd_short_causal(q.shape[-1], q.shape[1], k.shape[1], causal and not local),
+                     short=(fwd_short_causal(q.shape[-1], q.shape[1], k.shape[1], not local) if causal
+                            else fwd_short_nomask(q.shape[-1], q.shape[1], k.shape[1], local)),
                      qring=fwd_short_qring(q.shape[-1], q.shape[1], k.shape[1], local))
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
