@@ -1098,6 +1098,17 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s20_c)  # session 20: the hdim 192 forward GPU tests of the final dispatch (incl. the new short-sequence
+  # tests), the API GPU suite, then the fp16 grid (1 round) on the session's kernels
+  bg fwd192 200 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "192"
+  wait
+  bg api 200 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  wait
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --json "$O/fwd_grid_fp16.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd192 api
+  [ -f "$O/fwd_grid_fp16.log" ] && { echo "--- fwd_grid_fp16"; quiet "$O/fwd_grid_fp16.log" | tail -4; }
+  ;;
 s20_b)  # session 20: the hdim 192 GPU tests (the new short-causal dispatch: persistent, O in V's stages, <= 1024),
   # then tune_fwd.py pingpong2 (ping-pong off at more lengths, 5 rounds; hdim 192 no mask with O in V)
   bg fwd192 240 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "192"
