@@ -1098,6 +1098,18 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s20_d)  # session 20: fp16 against bf16 on the whole grid in one call, the dtypes alternating (bf16, fp16, bf16,
+  # fp16; 1 round each), so that neither runs only on the warmer GPU
+  for i in 1 2; do
+    for dt in bf16 fp16; do
+      run grid_${dt}_$i python3 -m flashhopper.cli bench --dtype $dt --json "$O/grid_${dt}_$i.json"
+    done
+  done
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in grid_bf16_1 grid_fp16_1 grid_bf16_2 grid_fp16_2; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -4 | head -2; }
+  done
+  ;;
 s20_c)  # session 20: the hdim 192 forward GPU tests of the final dispatch (incl. the new short-sequence
   # tests), the API GPU suite, then the fp16 grid (1 round) on the session's kernels
   bg fwd192 200 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "192"
