@@ -636,38 +636,13 @@ class FlashFwdSm90:
             k_state, v_state = loop(k_state=k_state, v_state=v_state, idle=False)
 
         lse = cute.make_rmem_tensor(num_rows, Float32)
-        signal_o, sO_wg, o_stage = None, sO, Int32(0)
+        sO_wg, signal_o, wait_v_free = sO, None, None
         if cutlass.const_expr(self.cfg.o_in_v_ring):
-            # this tile's number mod 2, from Q's consumer state (already live, where the count is not:
-            # one register more spilled at hdim 64): its phase with one Q stage, its index with two
-            parity = q_state.phase if cutlass.const_expr(self.cfg.q_stages == 1) else q_state.index
-            if cutlass.const_expr(self.cfg.o_per_stage):
-                # warpgroup w's part goes to V stage (v + w) % 2, v the next tile's first V stage
-                # (v_state has moved past this tile's last block). That stage held V(last - 1) for
-                # warpgroup 0, V(last) for warpgroup 1: wait until every consumer released it. After
-                # a one-block tile warpgroup 0's stage was not reloaded since the other warpgroup
-                # staged its last part there, which only a meeting of both ensures has been read.
-                o_stage = (v_state.index + wg) % 2
-                if n_max - n_min == 1:
-                    cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-                sO_wg = sO[None, None, o_stage]
-                # the stage's last fill: one ring turn back for warpgroup 0, one step for warpgroup 1
-                # (in phase with v only when v is 1)
-                v_parity = v_state.phase
-                if not (v_state.index == 1 and wg == 1):
-                    v_parity = 1 - v_parity
-                wait_v_free = partial(pipe_v.sync_object_empty.wait, o_stage, v_parity)
-            else:
-                if cutlass.const_expr(self.cfg.wg_epilogue):
-                    # O's rows land on the last V stage, which another warpgroup's last P @ V may still
-                    # read (the shared epilogue's barrier already counts every consumer)
-                    cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-            signal_o = partial(self.signal_o_read, pipe_o, parity, o_stage)
+            sO_wg, signal_o, wait_v_free = self.o_in_v_staging(sO, pipe_v, pipe_o, q_state, v_state, wg,
+                                                               n_min, n_max)
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
                            coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
-                           seqlen_q, signal_o=signal_o)
-        if cutlass.const_expr(self.cfg.o_per_stage):
-            epilogue = partial(epilogue, before_smem=wait_v_free)
+                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
@@ -682,6 +657,37 @@ class FlashFwdSm90:
             pipe_q.consumer_release(q_state)  # O has been read out of Q's buffer
         q_state.advance()
         return q_state, k_state, v_state
+
+    @cute.jit
+    def o_in_v_staging(self, sO, pipe_v, pipe_o, q_state, v_state, wg, n_min, n_max):
+        """With O in V's ring: this warpgroup's O buffer, its part of the O-read hand-off to the
+        producer (`signal_o`), and with o_v_stages the wait before O may be written (`wait_v_free`,
+        else None). Called after the tile's last P @ V."""
+        # this tile's number mod 2, from Q's consumer state (already live, where the count is not:
+        # one register more spilled at hdim 64): its phase with one Q stage, its index with two
+        parity = q_state.phase if cutlass.const_expr(self.cfg.q_stages == 1) else q_state.index
+        sO_wg, o_stage, wait_v_free = sO, Int32(0), None
+        if cutlass.const_expr(self.cfg.o_per_stage):
+            # warpgroup w's part goes to V stage (v + w) % 2, v the next tile's first V stage
+            # (v_state has moved past this tile's last block). That stage held V(last - 1) for
+            # warpgroup 0, V(last) for warpgroup 1: wait until every consumer released it. After
+            # a one-block tile warpgroup 0's stage was not reloaded since the other warpgroup
+            # staged its last part there, which only a meeting of both ensures has been read.
+            o_stage = (v_state.index + wg) % 2
+            if n_max - n_min == 1:
+                cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            sO_wg = sO[None, None, o_stage]
+            # the stage's last fill: one ring turn back for warpgroup 0, one step for warpgroup 1
+            # (in phase with v only when v is 1)
+            v_parity = v_state.phase
+            if not (v_state.index == 1 and wg == 1):
+                v_parity = 1 - v_parity
+            wait_v_free = partial(pipe_v.sync_object_empty.wait, o_stage, v_parity)
+        elif cutlass.const_expr(self.cfg.wg_epilogue):
+            # O's rows land on the last V stage, which another warpgroup's last P @ V may still
+            # read (the shared epilogue's barrier already counts every consumer)
+            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        return sO_wg, partial(self.signal_o_read, pipe_o, parity, o_stage), wait_v_free
 
     @cute.jit
     def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
