@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPU work by mode, one device call of <= 10 minutes each. Session 19 ran s19_oinv (O staged in V's
-# ring), s19_oinv2 (a part per V stage), s19_suite (the forward suite of the new dispatch, cut by its
-# deadline after 128 + 43 tests) and s19_grid (the forward grid); results in docs/benchmarks.md, "GPU
-# runs of session 19". Waiting: s19_grid16 (the fp16 grid and the short points again, not run: no
-# device time left) and s20_oinv192 (hdim 192 with O in V's stages, timing only).
+# GPU work by mode, one device call of <= 10 minutes each. Session 20 ran s20_a (hdim 192 with O in V's
+# stages, never timed before; ping-pong on / off at every hdim), s20_b (hdim 192 tests of the new dispatch;
+# ping-pong at more lengths), s20_c (the final dispatch's hdim 192 and API tests, the fp16 grid), s20_d
+# (fp16 and bf16 grids alternating) and s20_e (the forward suite on the final head); results in
+# docs/benchmarks.md, "GPU runs of session 20". Nothing is waiting.
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1097,6 +1097,12 @@ s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests 
 s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
+  ;;
+s20_e)  # session 20: the forward GPU suite on the final head, all but the switch-variant tests, to the deadline
+  K="o_in_v or q_ring or short_qring or wg_epilogue or skip_idle or cluster"
+  run fwd_a python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "not ($K)"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_a
   ;;
 s20_d)  # session 20: fp16 against bf16 on the whole grid in one call, the dtypes alternating (bf16, fp16, bf16,
   # fp16; 1 round each), so that neither runs only on the warmer GPU
