@@ -96,25 +96,29 @@ _SHORT_CAUSAL = {256: ((512, {"tile_n": 64, "persistent": True, "dynamic_sched":
 # hdim 192 without a mask, queries and keys <= 512 (its grid is persistent): O in V's stages. Session 20
 # (scripts/tune_fwd.py oinv192 and pingpong2, 3 and 5 rounds, medians, over O in Q's buffer): 512 +7.5 /
 # +8.7%, 1k -2.4 / -2.6%, 2k -0.9%, 8k -6.8 / +1.6% (the spread). At hdim 256 O in V wins at every length.
-_SHORT_NOMASK = {192: (512, _O_V_STAGES)}
+_SHORT_NOMASK = {192: ((512, _O_V_STAGES),)}
 
 
-def fwd_short_nomask(hdim: int, seqlen_q: int, seqlen_k: int, masked: bool) -> bool:
-    """Whether a forward without a mask (`masked`: causal or a window) takes _SHORT_NOMASK."""
-    limit = _SHORT_NOMASK.get(hdim, (0, {}))[0]
-    return not masked and 0 < max(seqlen_q, seqlen_k) <= limit
-
-
-def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """Which _SHORT_CAUSAL bracket a causal forward takes: 1 + the index of the first one that holds
-    both lengths, or 0 (none)."""
+def _short_bracket(brackets: dict, hdim: int, seqlen_q: int, seqlen_k: int) -> int:
+    """1 + the index of the first of hdim's (longest length, overrides) brackets that holds both
+    lengths, or 0 (none)."""
     longest = max(seqlen_q, seqlen_k)
-    if not causal or longest <= 0:
+    if longest <= 0:
         return 0
-    for i, (limit, _) in enumerate(_SHORT_CAUSAL.get(hdim, ())):
+    for i, (limit, _) in enumerate(brackets.get(hdim, ())):
         if longest <= limit:
             return i + 1
     return 0
+
+
+def fwd_short_nomask(hdim: int, seqlen_q: int, seqlen_k: int, masked: bool) -> int:
+    """Which _SHORT_NOMASK bracket a forward without a mask (`masked`: causal or a window) takes, or 0."""
+    return 0 if masked else _short_bracket(_SHORT_NOMASK, hdim, seqlen_q, seqlen_k)
+
+
+def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
+    """Which _SHORT_CAUSAL bracket a causal forward takes, or 0."""
+    return _short_bracket(_SHORT_CAUSAL, hdim, seqlen_q, seqlen_k) if causal else 0
 
 
 # hdim 64 on short sequences (queries and keys <= 1024, no local window): Q in a ring of two and a
@@ -387,8 +391,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                qring: bool = False) -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
     causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: short
-    sequences, causal: the bracket `fwd_short_causal` returns (True: the first), no mask: whether
-    `fwd_short_nomask` holds; `qring`: short sequences without a window (`fwd_short_qring`)."""
+    sequences, the bracket `fwd_short_causal` (causal) or `fwd_short_nomask` (no mask) returns (True:
+    the first); `qring`: short sequences without a window (`fwd_short_qring`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
@@ -402,10 +406,9 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     skip_idle_wg=_FWD_SKIP_IDLE_WG)
     if hdim in _FWD_O_V_STAGES and cfg.persistent:
         cfg = dataclasses.replace(cfg, **_O_V_STAGES)
-    if short and causal and not local and hdim in _SHORT_CAUSAL:
-        cfg = dataclasses.replace(cfg, **_SHORT_CAUSAL[hdim][int(short) - 1][1])
-    if short and not causal and not local and hdim in _SHORT_NOMASK:
-        cfg = dataclasses.replace(cfg, **_SHORT_NOMASK[hdim][1])
+    brackets = (_SHORT_CAUSAL if causal else _SHORT_NOMASK).get(hdim)
+    if short and not local and brackets:
+        cfg = dataclasses.replace(cfg, **brackets[int(short) - 1][1])
     if qring and not local and hdim in _SHORT_QRING:
         cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
     cfg.check()
