@@ -207,6 +207,11 @@ class FwdConfig(_KernelConfig):
     # scale's exp2 is then needed at the start of the sum chain, so ptxas issues it right after
     # the row max instead of last, and O's rescale can run between the exp2s once P @ V is done.
     row_sum_scaled_first: bool = False
+    # k > 0: in blocks without a mask, every k-th score column's exp2 is a polynomial on the FMA / ALU
+    # pipes (softmax.exp2_poly, 9 instructions) instead of MUFU.EX2, whose 16 lanes an SM are the
+    # softmax's narrowest unit (at hdim 64 a step's exp2s take as many MUFU cycles as its GEMMs take
+    # tensor cycles). Masked blocks keep MUFU for all: their step is the register peak.
+    exp2_poly_every: int = 0
     # Each consumer warpgroup writes and stores its own 64 rows of O (own named barrier, own TMA
     # store) instead of all consumers meeting at one epilogue barrier, and the ping-pong token is
     # primed once per CTA and carried from tile to tile instead of being primed and taken back per
@@ -320,6 +325,8 @@ class FwdConfig(_KernelConfig):
             raise ValueError("num_stages must be >= 1")
         if self.q_stages not in (1, 2):
             raise ValueError(f"q_stages {self.q_stages} not in (1, 2)")
+        if self.exp2_poly_every < 0:
+            raise ValueError(f"exp2_poly_every {self.exp2_poly_every} must be >= 0 (0: every exp2 on MUFU)")
         if self.smem_bytes() > SMEM_CAPACITY:
             raise ValueError(f"shared memory {self.smem_bytes()} B exceeds {SMEM_CAPACITY} B")
         if self.o_in_v:

@@ -21,6 +21,7 @@
     python scripts/tune_fwd.py oinv192    # hdim 192 with a part per V stage (not in the grid)
     python scripts/tune_fwd.py pingpong   # ping-pong on / off at every grid hdim (and 192), 2k / 8k
     python scripts/tune_fwd.py pingpong2  # the same at more lengths, 5 rounds; hdim 192 O in V without a mask
+    python scripts/tune_fwd.py poly       # session 21: every k-th exp2 as a polynomial on the FMA pipe
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -234,6 +235,15 @@ PINGPONG2 = ([(128, True, seqlen, over) for seqlen in (4096, 8192, 16384) for ov
              + [(64, True, seqlen, over) for seqlen in (8192, 16384) for over in ({}, _NOPP)]
              + [(192, False, seqlen, over) for seqlen in (512, 1024, 8192) for over in ({}, _OVS)])
 
+# every k-th exp2 of a mask-free block on the FMA / ALU pipes (FwdConfig.exp2_poly_every): at hdim 64 a
+# step's MUFU.EX2 cycles equal its tensor cycles (3 warps an SM sub-partition, 66 EX2 each at 4 lanes a
+# cycle: 1,584 cycles against 1,536 of WGMMA per three warpgroup steps), at hdim 128 they are half
+POLY = ([(64, causal, seqlen, {"exp2_poly_every": k} if k else {}) for causal, seqlens in
+         ((False, (2048, 8192, 16384)), (True, (8192, 16384))) for seqlen in seqlens for k in (0, 8, 4, 2)]
+        + [(128, causal, seqlen, {"exp2_poly_every": k} if k else {})
+           for causal, seqlen in ((False, 8192), (False, 16384), (True, 16384)) for k in (0, 8, 4)]
+        + [(256, False, 8192, {"exp2_poly_every": k} if k else {}) for k in (0, 8, 4)])
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -247,7 +257,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "short": (SHORT, 2), "qring": (QRING, 3),
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
-               "pingpong2": (PINGPONG2, 5)}
+               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

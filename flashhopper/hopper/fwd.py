@@ -844,7 +844,8 @@ class FlashFwdSm90:
                          self.has_right, mask_seqlen)
         S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
                               max_chains=self.cfg.row_max_chains,
-                              sum_scaled_first=self.cfg.row_sum_scaled_first)
+                              sum_scaled_first=self.cfg.row_sum_scaled_first,
+                              poly_every=0 if mask else self.cfg.exp2_poly_every)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
