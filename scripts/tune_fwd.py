@@ -21,7 +21,8 @@
     python scripts/tune_fwd.py oinv192    # hdim 192 with a part per V stage (not in the grid)
     python scripts/tune_fwd.py pingpong   # ping-pong on / off at every grid hdim (and 192), 2k / 8k
     python scripts/tune_fwd.py pingpong2  # the same at more lengths, 5 rounds; hdim 192 O in V without a mask
-    python scripts/tune_fwd.py poly       # session 21: every k-th exp2 as a polynomial on the FMA pipe
+    python scripts/tune_fwd.py poly       # session 21: every k-th exp2 as a polynomial on the FMA pipe (needs d16cee2)
+    python scripts/tune_fwd.py rowsum     # session 21: row sums by a P @ ones WGMMA instead of FADDs
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -244,6 +245,15 @@ POLY = ([(64, causal, seqlen, {"exp2_poly_every": k} if k else {}) for causal, s
            for causal, seqlen in ((False, 8192), (False, 16384), (True, 16384)) for k in (0, 8, 4)]
         + [(256, False, 8192, {"exp2_poly_every": k} if k else {}) for k in (0, 8, 4)])
 
+# row sums by the tensor cores (FwdConfig.rowsum_mma): the steady step loses its 64 FADDs a thread (hdim 64:
+# 441 -> 406 instructions, hdim 128: 498 -> 459) for 8 small WGMMAs; it releases K right after the S wait,
+# so late_k_release=False is timed too
+RSUM = [(hdim, causal, seqlen, over) for hdim, points in
+        ((64, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))),
+         (128, ((False, 8192), (False, 16384), (True, 8192), (True, 16384))))
+        for causal, seqlen in points
+        for over in ({}, {"late_k_release": False}, {"rowsum_mma": True})]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -257,7 +267,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "short": (SHORT, 2), "qring": (QRING, 3),
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
-               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3)}
+               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

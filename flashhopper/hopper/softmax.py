@@ -61,6 +61,8 @@ def exp2_poly(x: Float32, *, loc=None, ip=None) -> Float32:
     ))
 
 
+
+
 @cute.jit
 def quad_allreduce_max(x: Float32) -> Float32:
     x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=2))
@@ -97,6 +99,7 @@ def online_softmax_step(
     is_first: cutlass.Constexpr[bool],
     max_chains: cutlass.Constexpr[int] = 1,
     sum_scaled_first: cutlass.Constexpr[bool] = False,
+    sum_in_mma: cutlass.Constexpr[bool] = False,
     poly_every: cutlass.Constexpr[int] = 0,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
@@ -104,8 +107,7 @@ def online_softmax_step(
     Updates the running max and sum and leaves in `row_scale` the factor by which the
     output accumulated so far must be multiplied. A row that has seen only masked keys
     keeps max = -inf; using 0 as its offset makes every exp2 give 0 instead of NaN.
-    With `poly_every` = k > 0, column c's exp2 with c % k == k - 1 is `exp2_poly` (FMA / ALU pipes)
-    and the rest MUFU.EX2, so that the two kinds of unit share a block's exp2s.
+    With `sum_in_mma` the row sums are left alone (a WGMMA of P with ones adds them up).
     """
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
@@ -134,8 +136,11 @@ def online_softmax_step(
             else:
                 p = cute.math.exp2(x, fastmath=True)
             acc_S_rc[r, c] = p
-            block_sum += p
-        if cutlass.const_expr(is_first or sum_scaled_first):
+            if cutlass.const_expr(not sum_in_mma):
+                block_sum += p
+        if cutlass.const_expr(sum_in_mma):
+            pass
+        elif cutlass.const_expr(is_first or sum_scaled_first):
             row_sum[r] = block_sum
         else:
             row_sum[r] = row_sum[r] * row_scale[r] + block_sum
@@ -150,10 +155,13 @@ def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
 
 @cute.jit
 def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
-             lse: cute.Tensor, scale_log2: Float32):
-    """1/l into row_scale and the natural-log LSE; rows that saw no key get 0 and -inf."""
+             lse: cute.Tensor, scale_log2: Float32, quad_sum: cutlass.Constexpr[bool] = True):
+    """1/l into row_scale and the natural-log LSE; rows that saw no key get 0 and -inf.
+    `quad_sum`: row_sum holds this lane's columns only, to be added over the quad."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
-        total = quad_allreduce_sum(row_sum[r])
+        total = row_sum[r]
+        if cutlass.const_expr(quad_sum):
+            total = quad_allreduce_sum(row_sum[r])
         empty = total == Float32(0.0) or total != total
         row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
         lse[r] = (
