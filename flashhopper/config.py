@@ -207,12 +207,6 @@ class FwdConfig(_KernelConfig):
     # scale's exp2 is then needed at the start of the sum chain, so ptxas issues it right after
     # the row max instead of last, and O's rescale can run between the exp2s once P @ V is done.
     row_sum_scaled_first: bool = False
-    # Row sums by the tensor cores: each P @ V k-block also issues P @ ones (a 64 x 8 WGMMA on the same
-    # P registers, B a 2 KiB smem tile of ones), so the softmax drops its tile_n / 4 FADDs a row and the
-    # final quad shuffles; the sums are then of the bf16-rounded P that multiplies V. K is released
-    # right after the S wait (late_k_release has no row sums to hang on).
-    rowsum_mma: bool = False
-    exp2_poly_every: int = 0  # session 21's profile only (d16cee2)
     # Each consumer warpgroup writes and stores its own 64 rows of O (own named barrier, own TMA
     # store) instead of all consumers meeting at one epilogue barrier, and the ping-pong token is
     # primed once per CTA and carried from tile to tile instead of being primed and taken back per
@@ -272,8 +266,7 @@ class FwdConfig(_KernelConfig):
         o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v_ring else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
-        ones = 1024 + 8 * self.tile_n * self.elem_bytes if self.rowsum_mma else 0  # aligned to 1 KiB
-        return 1024 + q + k + v + o + barriers + scheduler + ones  # + up to 1 KiB lost to alignment
+        return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
     @property
     def o_buffer(self) -> bool:

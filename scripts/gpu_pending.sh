@@ -3,7 +3,8 @@
 # stages, never timed before; ping-pong on / off at every hdim), s20_b (hdim 192 tests of the new dispatch;
 # ping-pong at more lengths), s20_c (the final dispatch's hdim 192 and API tests, the fp16 grid), s20_d
 # (fp16 and bf16 grids alternating) and s20_e (the forward suite on the final head); results in
-# docs/benchmarks.md, "GPU runs of session 20". Session 21: s21_a (exp2 on the FMA pipe, timing and tests), s21_b (row sums by WGMMA), s21_c (ncu of both at hdim 64).
+# docs/benchmarks.md, "GPU runs of session 20". Session 21: s21_a (exp2 on the FMA pipe, timing and tests), s21_b (row sums by WGMMA), s21_c (ncu of both at hdim 64),
+# s21_d (the row max in 4 chains).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1097,6 +1098,15 @@ s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests 
 s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
+  ;;
+s21_d)  # session 21: the row max in 4 FMNMX chains (row_max_chains=4): ncu at hdim 64 8k, then timing (5 rounds)
+  NAMES="dispatch chains4" run pipes bash scripts/profile_fwd_pipes.sh
+  bg chains $(( $(left) - 10 )) python3 scripts/tune_fwd.py chains
+  wait
+  echo "== end at $(($(date +%s) - T0)) s"
+  cat "$O/pipes.log"
+  grep -E "FAILED|rc=" "$O/chains.log" | head -3
+  python3 scripts/tune_medians.py "$O/chains.log"
   ;;
 s21_c)  # session 21: ncu pipe activity and stalls of hdim 64 8k: the dispatch, exp2 on the FMA pipe for every 8th /
   # 4th column (exp2_poly_every, put back for this run beside rowsum_mma), row sums by WGMMA

@@ -22,7 +22,8 @@
     python scripts/tune_fwd.py pingpong   # ping-pong on / off at every grid hdim (and 192), 2k / 8k
     python scripts/tune_fwd.py pingpong2  # the same at more lengths, 5 rounds; hdim 192 O in V without a mask
     python scripts/tune_fwd.py poly       # session 21: every k-th exp2 as a polynomial on the FMA pipe (needs d16cee2)
-    python scripts/tune_fwd.py rowsum     # session 21: row sums by a P @ ones WGMMA instead of FADDs
+    python scripts/tune_fwd.py rowsum     # session 21: row sums by a P @ ones WGMMA instead of FADDs (needs c5982a2)
+    python scripts/tune_fwd.py chains     # session 21: the row max in 4 independent FMNMX chains, 5 rounds
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -254,6 +255,14 @@ RSUM = [(hdim, causal, seqlen, over) for hdim, points in
         for causal, seqlen in points
         for over in ({}, {"late_k_release": False}, {"rowsum_mma": True})]
 
+# the row max as 4 independent FMNMX chains instead of one 31-deep chain (row_max_chains; same result): at
+# hdim 64 the largest stall is `wait` (fixed-latency dependencies), and the row max is the chain every
+# softmax starts with, before its first exp2 (~150 cycles serial, ~60 as 4 chains at the ALU's issue rate)
+CHAINS = [(hdim, causal, seqlen, over) for hdim, points in
+          ((64, ((False, 2048), (False, 8192), (False, 16384), (True, 2048), (True, 8192), (True, 16384))),
+           (128, ((False, 8192), (False, 16384), (True, 8192), (True, 16384))), (256, ((False, 8192),)))
+          for causal, seqlen in points for over in ({}, {"row_max_chains": 4})]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -267,7 +276,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "short": (SHORT, 2), "qring": (QRING, 3),
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
-               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3)}
+               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -40,7 +40,6 @@ _BAR_EPILOGUE = 1
 _BAR_PINGPONG = 2
 # FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
 _BAR_EPILOGUE_WG = 5
-_SUM_COLS = 8  # FwdConfig.rowsum_mma: N of the P @ ones WGMMA (its smallest)
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 
@@ -108,18 +107,6 @@ class FlashFwdSm90:
             a_source=warpgroup.OperandSource.RMEM,
         )
 
-        # FwdConfig.rowsum_mma: P @ ones(tile_n x 8) beside P @ V gives every row's sum in the
-        # accumulator, in place of the softmax's FADD chain (any B layout: every element is 1)
-        rowsum_mma = self.cfg.rowsum_mma
-        tiled_mma_sum = tiled_mma_pv
-        sOnes_layout = L.smem_layout_row_major(self.dtype, _SUM_COLS, self.tile_n)
-        if cutlass.const_expr(rowsum_mma):
-            tiled_mma_sum = sm90_utils.make_trivial_tiled_mma(
-                self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-                Float32, atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, _SUM_COLS),
-                a_source=warpgroup.OperandSource.RMEM,
-            )
-
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim)
         q_stages = self.cfg.q_stages
         if cutlass.const_expr(q_stages > 1):  # a Q ring: sQ gets a stage mode, the TMA box stays one tile
@@ -160,8 +147,6 @@ class FlashFwdSm90:
             sO: cute.struct.Align[
                 cute.struct.MemRange[self.dtype, cute.cosize(sO_layout) if self.cfg.o_buffer else 8], 1024
             ]
-            if cutlass.const_expr(rowsum_mma):
-                sOnes: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sOnes_layout)], 1024]
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_tile, (self.tile_m, self.hdim))
@@ -199,8 +184,8 @@ class FlashFwdSm90:
             tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, softcap_pre, window_left, window_right, l2_section,
-            sQ_layout, sK_layout, sV_layout, sO_layout, sOnes_layout,
-            tiled_mma_qk, tiled_mma_pv, tiled_mma_sum, SharedStorage,
+            sQ_layout, sK_layout, sV_layout, sO_layout,
+            tiled_mma_qk, tiled_mma_pv, SharedStorage,
         )
         if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
@@ -232,10 +217,8 @@ class FlashFwdSm90:
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sO_layout: cute.ComposedLayout,
-        sOnes_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
-        tiled_mma_sum: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -384,9 +367,6 @@ class FlashFwdSm90:
             k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             consumer_wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
-            sOnes = None
-            if cutlass.const_expr(self.cfg.rowsum_mma):
-                sOnes = self.fill_ones(storage, sOnes_layout, tidx - 128)
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 # the ping-pong token, primed once and carried across tiles (taken back at the end)
                 self.pingpong_prime(consumer_wg, True)
@@ -402,7 +382,7 @@ class FlashFwdSm90:
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                        pipe_o=pipe_o, sOnes=sOnes, tiled_mma_sum=tiled_mma_sum)
+                        pipe_o=pipe_o)
                     tile = self.read_tile(pipe_sched, sTile, sched_state)
                     sched_state.advance()
             else:
@@ -414,7 +394,7 @@ class FlashFwdSm90:
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                        pipe_o=pipe_o, sOnes=sOnes, tiled_mma_sum=tiled_mma_sum)
+                        pipe_o=pipe_o)
                     tile += tile_stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
@@ -425,21 +405,6 @@ class FlashFwdSm90:
                 if tidx < 128 + 32:
                     # the last tile's O store must finish reading smem before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def fill_ones(self, storage, sOnes_layout, ctidx):
-        """The rowsum_mma B operand: every element of its buffer set to 1 by the consumer threads
-        (the swizzle does not matter), made visible to WGMMA (async proxy) before any consumer
-        issues one."""
-        n = cute.cosize(sOnes_layout)
-        flat = storage.sOnes.get_tensor(cute.make_layout(n))
-        for i in cutlass.range_constexpr((n + self.num_consumer_threads - 1) // self.num_consumer_threads):
-            j = ctidx + i * self.num_consumer_threads
-            if j < n:
-                flat[j] = self.dtype(1.0)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        return storage.sOnes.get_tensor(sOnes_layout.outer, swizzle=sOnes_layout.inner)
 
     @cute.jit
     def publish_tile(self, pipe_sched, sTile, state, tile, lane):
@@ -616,7 +581,7 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
                 seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
-                q_state, k_state, v_state, pipe_o=None, sOnes=None, tiled_mma_sum=None):
+                q_state, k_state, v_state, pipe_o=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
@@ -644,16 +609,6 @@ class FlashFwdSm90:
         row_max.fill(-Float32.inf)
         row_sum.fill(0.0)
         acc_O.fill(0.0)
-        acc_L_rc = None
-        issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
-        if cutlass.const_expr(self.cfg.rowsum_mma):
-            wg_mma_sum = tiled_mma_sum.get_slice(wg * 128)
-            tLrOnes = wg_mma_sum.make_fragment_B(wg_mma_sum.partition_B(sOnes))
-            acc_L = cute.make_rmem_tensor(tiled_mma_sum.partition_shape_C((self.tile_m, _SUM_COLS)), Float32)
-            acc_L.fill(0.0)
-            acc_L_rc = L.acc_rows_cols(acc_L)
-            issue_pv = partial(self.issue_pv_sum, tiled_mma_pv, tiled_mma_sum, acc_O, acc_L, tOrP, tOrV,
-                               tLrOnes)
 
         pipe_q.consumer_wait(q_state)
 
@@ -664,9 +619,9 @@ class FlashFwdSm90:
             scale_log2=scale_log2, softcap_pre=softcap_pre,
         )
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+        issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
         loop = partial(self.mainloop, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
-                       issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc, acc_L_rc=acc_L_rc,
-                       tOrP=tOrP,
+                       issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc, tOrP=tOrP,
                        row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state)
@@ -687,7 +642,7 @@ class FlashFwdSm90:
                                                                n_min, n_max)
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
                            coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
-                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free, acc_L_rc=acc_L_rc)
+                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
@@ -737,18 +692,14 @@ class FlashFwdSm90:
     @cute.jit
     def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
                     sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=None,
-                    before_smem=None, acc_L_rc=None):
-        if cutlass.const_expr(self.cfg.rowsum_mma):
-            # each row's whole sum (the MMA summed over every key, not one lane's columns)
-            for r in cutlass.range_constexpr(cute.size(row_sum)):
-                row_sum[r] = acc_L_rc[r, 0]
-        S.finalize(row_max, row_sum, row_scale, lse, scale_log2, quad_sum=not self.cfg.rowsum_mma)
+                    before_smem=None):
+        S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
         S.rescale_rows(acc_O_rc, row_scale)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                       m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem)
 
     @cute.jit
-    def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, acc_L_rc, tOrP,
+    def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
                  window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool]):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
@@ -758,11 +709,11 @@ class FlashFwdSm90:
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           acc_L_rc=acc_L_rc, tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
+                           tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           acc_L_rc=acc_L_rc, tOrP=tOrP, row_scale=row_scale, wg=wg)
+                           tOrP=tOrP, row_scale=row_scale, wg=wg)
         # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
         # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
         # run alone, its P @ V is issued in the next step.
@@ -832,7 +783,7 @@ class FlashFwdSm90:
             if num_blocks > 0:
                 if cutlass.const_expr(self.cfg.rescale_o_before_pv and not idle):
                     # the last block's row scale (the last step left it for the next one)
-                    self.rescale_o(acc_O_rc, acc_L_rc, row_scale)
+                    S.rescale_rows(acc_O_rc, row_scale)
                 pipe_v.consumer_wait(v_state)
                 if cutlass.const_expr(not idle):
                     issue_pv(v_state.index)
@@ -893,14 +844,12 @@ class FlashFwdSm90:
                          self.has_right, mask_seqlen)
         S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
                               max_chains=self.cfg.row_max_chains,
-                              sum_scaled_first=self.cfg.row_sum_scaled_first,
-                              sum_in_mma=self.cfg.rowsum_mma,
-                              poly_every=0 if mask else self.cfg.exp2_poly_every)
+                              sum_scaled_first=self.cfg.row_sum_scaled_first)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, acc_L_rc, tOrP, row_scale, row_sum, wg):
+                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
@@ -912,13 +861,12 @@ class FlashFwdSm90:
         self.pingpong_sync(wg)
         issue_qk(k_state.index)
         if cutlass.const_expr(self.cfg.rescale_o_before_pv):
-            self.rescale_o(acc_O_rc, acc_L_rc, row_scale)
+            S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(1)
-        # with rowsum_mma there are no row sums to tie the late release to: K goes back here
-        if cutlass.const_expr(not self.cfg.late_k_release or self.cfg.rowsum_mma):
+        if cutlass.const_expr(not self.cfg.late_k_release):
             pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         # K(n) is released here, after the softmax and through a condition on the new row sums
@@ -926,38 +874,16 @@ class FlashFwdSm90:
         # otherwise hoists the P @ V wait (WARPGROUP.DEPBAR) to where its latency model expects the
         # GEMM to be done, in the middle of the exp2s (or before them). Tying the arrive to the
         # exp2 results keeps the wait after all of them, so they run under this warpgroup's P @ V.
-        if cutlass.const_expr(self.cfg.late_k_release and not self.cfg.rowsum_mma):
+        if cutlass.const_expr(self.cfg.late_k_release):
             self.release_after(pipe_k, k_state, row_sum)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
         if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
-            self.rescale_o(acc_O_rc, acc_L_rc, row_scale)
+            S.rescale_rows(acc_O_rc, row_scale)
         if cutlass.const_expr(not self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
-
-    @cute.jit
-    def rescale_o(self, acc_O_rc, acc_L_rc, row_scale):
-        """O, and with rowsum_mma the row sums in the sum MMA's accumulator (its first column: every
-        column holds the same sum), times the rows' scale."""
-        S.rescale_rows(acc_O_rc, row_scale)
-        if cutlass.const_expr(self.cfg.rowsum_mma):
-            for r in cutlass.range_constexpr(cute.size(row_scale)):
-                acc_L_rc[r, 0] = acc_L_rc[r, 0] * row_scale[r]
-
-    @cute.jit
-    def issue_pv_sum(self, tiled_mma_pv, tiled_mma_sum, acc_O, acc_L, tOrP, tOrV, tLrOnes, stage):
-        """P @ V(stage) and P @ ones, k-block by k-block on the same P registers, one commit group."""
-        warpgroup.fence()
-        atom_pv = cute.make_mma_atom(tiled_mma_pv.op)
-        atom_pv.set(warpgroup.Field.ACCUMULATE, True)
-        atom_sum = cute.make_mma_atom(tiled_mma_sum.op)
-        atom_sum.set(warpgroup.Field.ACCUMULATE, True)
-        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            cute.gemm(atom_pv, acc_O, tOrP[None, None, k], tOrV[None, None, k, stage], acc_O)
-            cute.gemm(atom_sum, acc_L, tOrP[None, None, k], tLrOnes[None, None, k], acc_L)
-        warpgroup.commit_group()
 
     @cute.jit
     def release_after(self, pipe, state, row_sum):
@@ -972,7 +898,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, acc_L_rc, tOrP, row_scale, wg):
+                    acc_S, acc_O_rc, tOrP, row_scale, wg):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -981,7 +907,7 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
-        self.rescale_o(acc_O_rc, acc_L_rc, row_scale)
+        S.rescale_rows(acc_O_rc, row_scale)
         acc_to_operand_a(acc_S, tOrP)
         pipe_v.consumer_wait(v_state)
         self.pingpong_sync(wg)

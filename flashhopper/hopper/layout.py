@@ -46,10 +46,6 @@ def acc_layout_rows_cols(acc_layout: cute.Layout) -> cute.Layout:
     as separate modes.
     """
     compact = cute.make_layout(acc_layout.shape)
-    if cute.rank(compact.shape[0]) == 2:  # N = 8: no repeat mode, ((2, 2), M, 1)
-        shape = ((compact.shape[0][1], compact.shape[1]), (compact.shape[0][0], compact.shape[2]))
-        stride = ((compact.stride[0][1], compact.stride[1]), (compact.stride[0][0], compact.stride[2]))
-        return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))
     shape = (
         (compact.shape[0][1], compact.shape[1]),
         (compact.shape[0][0], compact.shape[0][2], compact.shape[2]),

@@ -10,57 +10,12 @@ shuffles.
 from __future__ import annotations
 
 import math
-import struct
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 LN2 = math.log(2.0)
-
-# 2^f on [-0.5, 0.5], degree 3, fitted here for the least maximum relative error (7.5e-5, about
-# 2% of a bf16 ulp of P; fp32 rounding adds ~1e-7)
-_EXP2_POLY = (0.9999280737447878, 0.6932609894928453, 0.242611120525042, 0.05517164721459684)
-
-
-def _f32_hex(v: float) -> str:
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", v))[0]
-
-
-# x clamped to [-127, NaN-preserving]; n = round(x) by the 1.5 * 2^23 trick (t's low mantissa bits
-# hold n); f = x - n in [-0.5, 0.5]; 2^x = poly(f) * 2^n, with 2^n built from t's bits:
-# (bits(t) << 23) + bits(1.0) = (n + 127) << 23, the high bits of bits(t) shifted out. n = -127 gives
-# exponent field 0, i.e. 2^n = 0 (what ex2.approx.ftz gives down there), and a NaN x stays NaN through
-# the polynomial. Nine FMA / ALU-pipe instructions, no MUFU.
-_EXP2_POLY_ASM = (
-    "{\n.reg .f32 x, t, j, f, p, s;\n.reg .b32 b;\n"
-    "max.NaN.f32 x, $1, 0fC2FE0000;\n"
-    "add.rn.f32 t, x, 0f4B400000;\n"
-    "sub.rn.f32 j, t, 0f4B400000;\n"
-    "sub.rn.f32 f, x, j;\n"
-    f"fma.rn.f32 p, f, {_f32_hex(_EXP2_POLY[3])}, {_f32_hex(_EXP2_POLY[2])};\n"
-    f"fma.rn.f32 p, p, f, {_f32_hex(_EXP2_POLY[1])};\n"
-    f"fma.rn.f32 p, p, f, {_f32_hex(_EXP2_POLY[0])};\n"
-    "mov.b32 b, t;\n"
-    "shl.b32 b, b, 23;\n"
-    "add.s32 b, b, 0x3F800000;\n"
-    "mov.b32 s, b;\n"
-    "mul.rn.f32 $0, p, s;\n}"
-)
-
-
-@dsl_user_op
-def exp2_poly(x: Float32, *, loc=None, ip=None) -> Float32:
-    """2^x on the FMA and ALU pipes instead of MUFU.EX2 (x <= 0 in the softmax; below -127 it gives
-    0). Relative error <= 7.5e-5. Lets part of a block's exp2s run beside the MUFU ones."""
-    return Float32(llvm.inline_asm(
-        T.f32(), [Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLY_ASM, "=f,f",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
-
-
 
 
 @cute.jit
@@ -99,15 +54,12 @@ def online_softmax_step(
     is_first: cutlass.Constexpr[bool],
     max_chains: cutlass.Constexpr[int] = 1,
     sum_scaled_first: cutlass.Constexpr[bool] = False,
-    sum_in_mma: cutlass.Constexpr[bool] = False,
-    poly_every: cutlass.Constexpr[int] = 0,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
 
     Updates the running max and sum and leaves in `row_scale` the factor by which the
     output accumulated so far must be multiplied. A row that has seen only masked keys
     keeps max = -inf; using 0 as its offset makes every exp2 give 0 instead of NaN.
-    With `sum_in_mma` the row sums are left alone (a WGMMA of P with ones adds them up).
     """
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
@@ -129,18 +81,10 @@ def online_softmax_step(
         if cutlass.const_expr(sum_scaled_first and not is_first):
             block_sum = row_sum[r] * row_scale[r]
         for c in cutlass.range_constexpr(num_cols):
-            x = acc_S_rc[r, c] * scale_log2 - offset
-            p = Float32(0.0)
-            if cutlass.const_expr(poly_every > 0 and c % poly_every == poly_every - 1):
-                p = exp2_poly(x)
-            else:
-                p = cute.math.exp2(x, fastmath=True)
+            p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
             acc_S_rc[r, c] = p
-            if cutlass.const_expr(not sum_in_mma):
-                block_sum += p
-        if cutlass.const_expr(sum_in_mma):
-            pass
-        elif cutlass.const_expr(is_first or sum_scaled_first):
+            block_sum += p
+        if cutlass.const_expr(is_first or sum_scaled_first):
             row_sum[r] = block_sum
         else:
             row_sum[r] = row_sum[r] * row_scale[r] + block_sum
@@ -155,13 +99,10 @@ def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
 
 @cute.jit
 def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
-             lse: cute.Tensor, scale_log2: Float32, quad_sum: cutlass.Constexpr[bool] = True):
-    """1/l into row_scale and the natural-log LSE; rows that saw no key get 0 and -inf.
-    `quad_sum`: row_sum holds this lane's columns only, to be added over the quad."""
+             lse: cute.Tensor, scale_log2: Float32):
+    """1/l into row_scale and the natural-log LSE; rows that saw no key get 0 and -inf."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
-        total = row_sum[r]
-        if cutlass.const_expr(quad_sum):
-            total = quad_allreduce_sum(row_sum[r])
+        total = quad_allreduce_sum(row_sum[r])
         empty = total == Float32(0.0) or total != total
         row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
         lse[r] = (
