@@ -4,7 +4,7 @@
 # ping-pong at more lengths), s20_c (the final dispatch's hdim 192 and API tests, the fp16 grid), s20_d
 # (fp16 and bf16 grids alternating) and s20_e (the forward suite on the final head); results in
 # docs/benchmarks.md, "GPU runs of session 20". Session 21: s21_a (exp2 on the FMA pipe, timing and tests), s21_b (row sums by WGMMA), s21_c (ncu of both at hdim 64),
-# s21_d (the row max in 4 chains).
+# s21_d (the row max in 4 chains: waiting, no machine could be started for it).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
