@@ -21,8 +21,8 @@
     python scripts/tune_fwd.py oinv192    # hdim 192 with a part per V stage (not in the grid)
     python scripts/tune_fwd.py pingpong   # ping-pong on / off at every grid hdim (and 192), 2k / 8k
     python scripts/tune_fwd.py pingpong2  # the same at more lengths, 5 rounds; hdim 192 O in V without a mask
-    python scripts/tune_fwd.py poly       # session 21: every k-th exp2 as a polynomial on the FMA pipe (needs d16cee2)
-    python scripts/tune_fwd.py rowsum     # session 21: row sums by a P @ ones WGMMA instead of FADDs (needs c5982a2)
+    python scripts/tune_fwd.py poly       # s21: every k-th exp2 as an FMA-pipe polynomial (d16cee2)
+    python scripts/tune_fwd.py rowsum     # s21: row sums by a P @ ones WGMMA (c5982a2)
     python scripts/tune_fwd.py chains     # session 21: the row max in 4 independent FMNMX chains, 5 rounds
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
