@@ -3,7 +3,8 @@
 # stages, never timed before; ping-pong on / off at every hdim), s20_b (hdim 192 tests of the new dispatch;
 # ping-pong at more lengths), s20_c (the final dispatch's hdim 192 and API tests, the fp16 grid), s20_d
 # (fp16 and bf16 grids alternating) and s20_e (the forward suite on the final head); results in
-# docs/benchmarks.md, "GPU runs of session 20". Session 21: s21_a (exp2 on the FMA pipe, timing and tests), s21_b (row sums by WGMMA), s21_c (ncu of both at hdim 64),
+# docs/benchmarks.md, "GPU runs of session 20". Session 21: s21_a (exp2 on the FMA pipe, timing and
+# tests), s21_b (row sums by WGMMA), s21_c (ncu of both at hdim 64; s21_a..c need c5982a2's switches),
 # s21_d (the row max in 4 chains: waiting, no machine could be started for it).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
@@ -1110,7 +1111,7 @@ s21_d)  # session 21: the row max in 4 FMNMX chains (row_max_chains=4): ncu at h
   ;;
 s21_c)  # session 21: ncu pipe activity and stalls of hdim 64 8k: the dispatch, exp2 on the FMA pipe for every 8th /
   # 4th column (exp2_poly_every, put back for this run beside rowsum_mma), row sums by WGMMA
-  run pipes bash scripts/profile_fwd_pipes.sh
+  NAMES="dispatch poly8 poly4 rowsum" run pipes bash scripts/profile_fwd_pipes.sh
   echo "== end at $(($(date +%s) - T0)) s"
   cat "$O/pipes.log"
   ;;

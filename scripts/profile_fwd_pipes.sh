@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute of the forward kernel at one point (HDIM, SEQLEN; causal with CAUSAL=1): pipe activity
 # (tensor, MUFU / XU, FMA, ALU), issue activity and stall reasons per issued instruction, for each variant
-# in NAMES (FwdConfig overrides by name, below). Session 21: which unit limits the hdim 64 softmax
-# (poly8 / poly4 / rowsum need commit c5982a2's switches).
+# in NAMES (FwdConfig overrides by name, below; default: dispatch and chains4). Session 21: which unit
+# limits the hdim 64 softmax (poly8 / poly4 / rowsum need commit c5982a2's switches).
 # On the GPU machine after `source .device/setup.sh`; never changes clocks. ~1 min per variant.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,7 +25,7 @@ declare -A VARIANTS=(
   [rowsum]="--set rowsum_mma=true"
   [chains4]="--set row_max_chains=4"
 )
-for name in ${NAMES:-dispatch poly8 poly4 rowsum}; do
+for name in ${NAMES:-dispatch chains4}; do
   tag="fwd_hdim${HDIM}_${SEQLEN}${CAUSAL:+_causal}_${name}"
   echo "== $tag"
   # shellcheck disable=SC2086

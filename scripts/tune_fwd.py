@@ -23,7 +23,7 @@
     python scripts/tune_fwd.py pingpong2  # the same at more lengths, 5 rounds; hdim 192 O in V without a mask
     python scripts/tune_fwd.py poly       # s21: every k-th exp2 as an FMA-pipe polynomial (d16cee2)
     python scripts/tune_fwd.py rowsum     # s21: row sums by a P @ ones WGMMA (c5982a2)
-    python scripts/tune_fwd.py chains     # session 21: the row max in 4 independent FMNMX chains, 5 rounds
+    python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
