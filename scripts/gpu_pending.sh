@@ -1100,6 +1100,17 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s22_a)  # session 22: O's rescale skipped by a warp when no row max changed (rescale_skip): timing at hdim
+  # 64 / 128 / 256 (5 rounds), then its forward GPU tests in what is left (no barrier changed: a new uniform
+  # branch in the step)
+  run rskip python3 scripts/tune_fwd.py rskip
+  FH_TEST_FWD_OVERRIDES=rescale_skip=True run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "hdim_dtype or seqlens or softcap or batch_gqa or local or packed or rescale_o_before_pv"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary tests
+  grep -E "FAILED|rc=" "$O/rskip.log" | head -3
+  python3 scripts/tune_medians.py "$O/rskip.log"
+  ;;
 s21_d)  # session 21: the row max in 4 FMNMX chains (row_max_chains=4): ncu at hdim 64 8k, then timing (5 rounds)
   NAMES="dispatch chains4" run pipes bash scripts/profile_fwd_pipes.sh
   bg chains $(( $(left) - 10 )) python3 scripts/tune_fwd.py chains

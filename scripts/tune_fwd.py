@@ -24,6 +24,7 @@
     python scripts/tune_fwd.py poly       # s21: every k-th exp2 as an FMA-pipe polynomial (d16cee2)
     python scripts/tune_fwd.py rowsum     # s21: row sums by a P @ ones WGMMA (c5982a2)
     python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
+    python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed, 5 rounds
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
 the defaults in flashhopper/config.py, not part of the library.
@@ -263,6 +264,15 @@ CHAINS = [(hdim, causal, seqlen, over) for hdim, points in
            (128, ((False, 8192), (False, 16384), (True, 8192), (True, 16384))), (256, ((False, 8192),)))
           for causal, seqlen in points for over in ({}, {"row_max_chains": 4})]
 
+# O's rescale skipped by a warp when none of its rows got a new max (rescale_skip; exact): with random
+# scores a row's max changes in 1 / j of the blocks at block j, so most late steps drop hdim / 2 FMULs
+# from the serial tail after the P @ V wait (at hdim 256 from the issue of the next P @ V)
+RSKIP = [(hdim, causal, seqlen, over) for hdim, points in
+         ((64, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))),
+          (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))),
+          (256, ((False, 8192), (True, 8192))))
+         for causal, seqlen in points for over in ({}, {"rescale_skip": True})]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -276,7 +286,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "short": (SHORT, 2), "qring": (QRING, 3),
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
-               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5)}
+               "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5),
+               "rskip": (RSKIP, 5)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)
