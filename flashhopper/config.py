@@ -207,11 +207,6 @@ class FwdConfig(_KernelConfig):
     # scale's exp2 is then needed at the start of the sum chain, so ptxas issues it right after
     # the row max instead of last, and O's rescale can run between the exp2s once P @ V is done.
     row_sum_scaled_first: bool = False
-    # Skip O's rescale for a warp when none of its 16 rows got a new max in this block (one vote,
-    # a uniform branch around the hdim / 2 FMULs a thread); a row whose max is unchanged then gets
-    # a scale of exactly 1 instead of exp2 of the FFMA's rounding residual (~1 + 1e-7). Long rows
-    # of random scores change their max in ever fewer blocks (1 / j of them at block j).
-    rescale_skip: bool = False
     # Each consumer warpgroup writes and stores its own 64 rows of O (own named barrier, own TMA
     # store) instead of all consumers meeting at one epilogue barrier, and the ping-pong token is
     # primed once per CTA and carried from tile to tile instead of being primed and taken back per

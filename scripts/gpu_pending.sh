@@ -1100,7 +1100,7 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
-s22_a)  # session 22: O's rescale skipped by a warp when no row max changed (rescale_skip): timing at hdim
+s22_a)  # session 22 (needs 5d7631d): O's rescale skipped by a warp when no row max changed (rescale_skip): timing at hdim
   # 64 / 128 / 256 (5 rounds), then its forward GPU tests in what is left (no barrier changed: a new uniform
   # branch in the step)
   run rskip python3 scripts/tune_fwd.py rskip

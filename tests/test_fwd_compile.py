@@ -108,16 +108,6 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
     _check_forward("bf16", hdim, MASKS[mask], **FA4_SCHEDULE)
 
 
-# O's rescale skipped by a warp whose rows kept their max (rescale_skip): a vote and a uniform branch
-# around the FMULs, after the P @ V wait (before the next P @ V at hdim > 128) and in the serial step
-@pytest.mark.parametrize(("hdim", "mask", "fields"), [
-    (64, "none", {}), (64, "causal", {}), (128, "none", {}), (128, "causal", {}), (128, "local", {}),
-    (256, "none", {}), (256, "causal", {}), (128, "causal", {"intra_wg_overlap": False}),
-])
-def test_forward_rescale_skip_compiles(hdim, mask, fields):
-    _check_forward("bf16", hdim, MASKS[mask], rescale_skip=True, **fields)
-
-
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
 # P @ V issue must not serialize the WGMMAs or spill either way
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])

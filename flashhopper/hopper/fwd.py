@@ -783,7 +783,7 @@ class FlashFwdSm90:
             if num_blocks > 0:
                 if cutlass.const_expr(self.cfg.rescale_o_before_pv and not idle):
                     # the last block's row scale (the last step left it for the next one)
-                    self.rescale_o(acc_O_rc, row_scale)
+                    S.rescale_rows(acc_O_rc, row_scale)
                 pipe_v.consumer_wait(v_state)
                 if cutlass.const_expr(not idle):
                     issue_pv(v_state.index)
@@ -844,16 +844,7 @@ class FlashFwdSm90:
                          self.has_right, mask_seqlen)
         S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
                               max_chains=self.cfg.row_max_chains,
-                              sum_scaled_first=self.cfg.row_sum_scaled_first,
-                              exact_unit_scale=self.cfg.rescale_skip)
-
-    @cute.jit
-    def rescale_o(self, acc_O_rc, row_scale):
-        """O times the block's row scales (in the main loop; the epilogue's 1 / l is not a rescale)."""
-        if cutlass.const_expr(self.cfg.rescale_skip):
-            S.rescale_rows_if_changed(acc_O_rc, row_scale)
-        else:
-            S.rescale_rows(acc_O_rc, row_scale)
+                              sum_scaled_first=self.cfg.row_sum_scaled_first)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
@@ -870,7 +861,7 @@ class FlashFwdSm90:
         self.pingpong_sync(wg)
         issue_qk(k_state.index)
         if cutlass.const_expr(self.cfg.rescale_o_before_pv):
-            self.rescale_o(acc_O_rc, row_scale)
+            S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
@@ -890,7 +881,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
         if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
-            self.rescale_o(acc_O_rc, row_scale)
+            S.rescale_rows(acc_O_rc, row_scale)
         if cutlass.const_expr(not self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
 
@@ -916,7 +907,7 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
-        self.rescale_o(acc_O_rc, row_scale)
+        S.rescale_rows(acc_O_rc, row_scale)
         acc_to_operand_a(acc_S, tOrP)
         pipe_v.consumer_wait(v_state)
         self.pingpong_sync(wg)

@@ -54,7 +54,6 @@ def online_softmax_step(
     is_first: cutlass.Constexpr[bool],
     max_chains: cutlass.Constexpr[int] = 1,
     sum_scaled_first: cutlass.Constexpr[bool] = False,
-    exact_unit_scale: cutlass.Constexpr[bool] = False,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
 
@@ -77,10 +76,6 @@ def online_softmax_step(
             row_scale[r] = Float32(1.0)
         else:
             row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
-            if cutlass.const_expr(exact_unit_scale):
-                # the FFMA above leaves the rounding residual of new_max * scale_log2, not 0
-                if new_max == row_max[r]:
-                    row_scale[r] = Float32(1.0)
         row_max[r] = new_max
         block_sum = Float32(0.0)
         if cutlass.const_expr(sum_scaled_first and not is_first):
@@ -100,17 +95,6 @@ def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
     for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
         for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
             acc_O_rc[r, c] = acc_O_rc[r, c] * row_scale[r]
-
-
-@cute.jit
-def rescale_rows_if_changed(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
-    """`rescale_rows`, skipped by the whole warp when every row scale of its lanes is exactly 1
-    (needs `online_softmax_step(..., exact_unit_scale=True)`). The vote keeps the branch uniform."""
-    changed = row_scale[0] != Float32(1.0)
-    for r in cutlass.range_constexpr(1, cute.size(row_scale)):
-        changed = changed | (row_scale[r] != Float32(1.0))
-    if cute.arch.vote_any_sync(changed):
-        rescale_rows(acc_O_rc, row_scale)
 
 
 @cute.jit
