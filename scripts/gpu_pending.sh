@@ -1100,6 +1100,25 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s22_c)  # session 22: the next K's barrier tested right after the softmax (k_try_wait): trace, timing (5 rounds),
+  # then its forward GPU tests in what is left
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:8192:k_try_wait=true 128:16384:k_try_wait=true 128:16384
+  run ktry python3 scripts/tune_fwd.py ktry
+  FH_TEST_FWD_OVERRIDES=k_try_wait=True run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "hdim_dtype or seqlens or local or batch_gqa or softcap or rescale_o_before_pv"
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | grep -E "==|busy|step|k_ready|softmax" | head -40
+  tests_summary tests
+  grep -E "FAILED|rc=" "$O/ktry.log" | head -3
+  python3 scripts/tune_medians.py "$O/ktry.log"
+  ;;
+s22_b)  # session 22: timeline of the forward main loop from SM clock stamps (FwdConfig.trace, scripts/fwd_trace.py):
+  # hdim 128 8k (dispatch, no ping-pong, K released early), 16k; hdim 64 and 256 at 8k
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:8192 128:8192:pingpong=false 128:8192:late_k_release=false \
+    128:16384 64:8192 256:8192
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | tail -90
+  ;;
 s22_a)  # session 22 (needs 5d7631d): O's rescale skipped by a warp when no row max changed (rescale_skip): timing at hdim
   # 64 / 128 / 256 (5 rounds), then its forward GPU tests in what is left (no barrier changed: a new uniform
   # branch in the step)

@@ -24,6 +24,7 @@
     python scripts/tune_fwd.py poly       # s21: every k-th exp2 as an FMA-pipe polynomial (d16cee2)
     python scripts/tune_fwd.py rowsum     # s21: row sums by a P @ ones WGMMA (c5982a2)
     python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
+    python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (k_try_wait), 5 rounds
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
@@ -273,6 +274,15 @@ RSKIP = [(hdim, causal, seqlen, over) for hdim, points in
           (256, ((False, 8192), (True, 8192))))
          for causal, seqlen in points for over in ({}, {"rescale_skip": True})]
 
+# the next K's barrier tested right after the softmax and the result carried to the next step
+# (k_try_wait): the trace (scripts/fwd_trace.py) put ~100-170 cycles of try_wait latency on the path
+# from the softmax to the next QK^T issue, where hdim 128's warpgroups come ~240 cycles late
+KTRY = [(hdim, causal, seqlen, over) for hdim, points in
+        ((64, ((False, 8192), (True, 8192))),
+         (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))),
+         (256, ((False, 8192),)))
+        for causal, seqlen in points for over in ({}, {"k_try_wait": True})]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -287,7 +297,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
                "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5),
-               "rskip": (RSKIP, 5)}
+               "rskip": (RSKIP, 5), "ktry": (KTRY, 5)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -41,6 +41,10 @@ _BAR_PINGPONG = 2
 # FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
 _BAR_EPILOGUE_WG = 5
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
+# FwdConfig.trace: stamps per step, steps per traced warp, and the slot that untraced tiles write
+_TRACE_EVENTS = 8
+_TRACE_STEPS = 128
+_TRACE_JUNK = 4096
 
 
 
@@ -620,8 +624,17 @@ class FlashFwdSm90:
         )
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
         issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
-        loop = partial(self.mainloop, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
-                       issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc, tOrP=tOrP,
+        trace = None
+        if cutlass.const_expr(self.cfg.trace):
+            buf = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int32),
+                                   cute.make_layout((_TRACE_JUNK + 1) * _TRACE_STEPS * _TRACE_EVENTS))
+            slot = Int32(_TRACE_JUNK)
+            if q_state.count == 0 and cute.arch.block_idx()[0] < _TRACE_JUNK // (4 * self.num_consumer_wg):
+                slot = (cute.arch.block_idx()[0] * self.num_consumer_wg + wg) * 4 + (tidx % 128) // 32
+            trace = (buf, slot * (_TRACE_STEPS * _TRACE_EVENTS), n_max)
+        loop = partial(self.mainloop, trace=trace, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
+                       issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
+                       acc_O_rc=acc_O_rc, tOrP=tOrP,
                        row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state)
@@ -701,13 +714,13 @@ class FlashFwdSm90:
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
-                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool]):
+                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], trace=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
         if cutlass.const_expr(idle):
             step = partial(self.step_idle, pipe_k=pipe_k, pipe_v=pipe_v, wg=wg)
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
-            step = partial(self.step_overlap, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
+            step = partial(self.step_overlap, trace=trace, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
                            tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
         else:
@@ -755,21 +768,26 @@ class FlashFwdSm90:
             last_row_first_key = (m_block + 1) * self.tile_m - 1 + diag - window_left
             n_hi_left = cutlass.max(n_min, M.floor_div(last_row_first_key + self.tile_n - 1, self.tile_n))
         count_right = cutlass.max(n_top - n_lo_right, 0)
+        # with k_try_wait: K(n)'s barrier as tested in the previous step (false: wait as usual)
+        token = cutlass.Boolean(False)
         if cutlass.const_expr(self.has_right):
             for i in cutlass.range(count_right, unroll=1):
-                step(n_block=n_top - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
+                token = step(n_block=n_top - 1 - i, k_state=k_state, v_state=v_state, mask=True,
+                             mask_seqlen=False, k_token=token)
                 k_state.advance()
                 v_state.advance()
         n_cur = n_top - count_right
         count_free = cutlass.max(n_cur - n_hi_left, 0)
         for i in cutlass.range(count_free, unroll=1):
-            step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
+            token = step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False,
+                         mask_seqlen=False, k_token=token)
             k_state.advance()
             v_state.advance()
         n_cur = n_cur - count_free
         if cutlass.const_expr(self.has_left):
             for i in cutlass.range(n_cur - n_min, unroll=1):
-                step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
+                token = step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True,
+                             mask_seqlen=False, k_token=token)
                 k_state.advance()
                 v_state.advance()
         if cutlass.const_expr(not self.cfg.wg_epilogue):
@@ -794,7 +812,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
-                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg):
+                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg, k_token=None):
         """An idle warpgroup's step (FwdConfig.skip_idle_wg): the waits, releases and ping-pong
         turns of step_overlap / step_serial in their order, and nothing else."""
         pipe_k.consumer_wait(k_state)
@@ -811,6 +829,7 @@ class FlashFwdSm90:
             self.pingpong_sync(wg)
             self.pingpong_arrive(wg)
             pipe_v.consumer_release(v_state)
+        return k_token
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
@@ -849,7 +868,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg):
+                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, trace=None, k_token=None):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
@@ -857,18 +876,34 @@ class FlashFwdSm90:
         holds block n+1's scale, the previous step waited for its P @ V), otherwise at the end of
         the previous step (the peeled first block's scale is 1 and O is 0).
         """
-        pipe_k.consumer_wait(k_state)
+        stamp = partial(self.stamp, trace, n_block)
+        stamp(0)
+        if cutlass.const_expr(self.cfg.k_try_wait):
+            pipe_k.consumer_wait(k_state, k_token)
+        else:
+            pipe_k.consumer_wait(k_state)
+        stamp(1)
         self.pingpong_sync(wg)
+        stamp(2)
         issue_qk(k_state.index)
         if cutlass.const_expr(self.cfg.rescale_o_before_pv):
             S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
+        stamp(3)
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
+        stamp(4)
         warpgroup.wait_group(1)
+        stamp(5)
         if cutlass.const_expr(not self.cfg.late_k_release):
             pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        stamp(6)
+        next_token = k_token
+        if cutlass.const_expr(self.cfg.k_try_wait):
+            k_next = k_state.clone()
+            k_next.advance()
+            next_token = pipe_k.consumer_try_wait(k_next)
         # K(n) is released here, after the softmax and through a condition on the new row sums
         # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
         # otherwise hoists the P @ V wait (WARPGROUP.DEPBAR) to where its latency model expects the
@@ -877,6 +912,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.late_k_release):
             self.release_after(pipe_k, k_state, row_sum)
         warpgroup.wait_group(0)
+        stamp(7)
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
@@ -884,6 +920,17 @@ class FlashFwdSm90:
             S.rescale_rows(acc_O_rc, row_scale)
         if cutlass.const_expr(not self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
+        return next_token
+
+    @cute.jit
+    def stamp(self, trace, n_block, event: cutlass.Constexpr[int]):
+        """FwdConfig.trace: the SM clock into this warp's slot for step n_max - 1 - n_block (no
+        branch: an untraced tile writes the junk slot, so no runtime branch sits between a WGMMA
+        issue and its wait)."""
+        if cutlass.const_expr(trace is not None):
+            buf, base, n_max = trace
+            step = cutlass.min(n_max - 1 - n_block, _TRACE_STEPS - 1)
+            buf[base + step * _TRACE_EVENTS + event] = cute.arch.clock()
 
     @cute.jit
     def release_after(self, pipe, state, row_sum):
@@ -898,7 +945,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, tOrP, row_scale, wg):
+                    acc_S, acc_O_rc, tOrP, row_scale, wg, k_token=None):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -915,6 +962,7 @@ class FlashFwdSm90:
         self.pingpong_arrive(wg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
+        return k_token
 
     def q_tile(self, sQ_layout):
         """One Q tile of sQ's layout (the TMA box and the bytes a Q stage's load brings): the layout
@@ -926,6 +974,7 @@ class FlashFwdSm90:
     # and one's softmax runs under the other's GEMMs. The first warpgroup starts with the token
     # (it arrives on its own barrier) and takes back the last hand-off at the end, so every
     # barrier is balanced when the tile ends.
+
     @cute.jit
     def pingpong_prime(self, wg, active):
         if cutlass.const_expr(self.cfg.pingpong):
@@ -954,8 +1003,8 @@ class FlashFwdSm90:
     @cute.jit
     def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                  m_block, head, batch, seqlen_q, signal_o=None, before_smem=None):
-        # LSE: the thread holding column 0 of a row writes it
-        if coord_rc[0, 0][1] == 0:
+        # LSE: the thread holding column 0 of a row writes it (not when its memory holds a trace)
+        if coord_rc[0, 0][1] == 0 and not self.cfg.trace:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * self.tile_m + coord_rc[r, 0][0]
                 if row < seqlen_q:
