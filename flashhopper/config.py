@@ -245,11 +245,6 @@ class FwdConfig(_KernelConfig):
     # (with one, the next Q waits for this tile's last QK^T, and a tile of 1-4 key blocks has little
     # time left to hide that load under). Needs O's own smem tile (O is otherwise staged in Q's).
     q_stages: int = 1
-    # With intra_wg_overlap: test the next block's K barrier (mbarrier try_wait, no branch) right after
-    # the softmax and carry the result to the next step, which then waits only if K was not there yet:
-    # the try_wait's ~100-170 cycles (scripts/fwd_trace.py) leave the path from the softmax to the next
-    # QK^T issue, hidden under the P @ V wait and the tail (FA3's consumer_try_wait token).
-    k_try_wait: bool = False
     # Timeline experiment (not for use): each consumer warp's first tile writes SM clock stamps at 8
     # points of every step into the LSE buffer's memory (the LSE itself is not stored; the caller
     # passes an LSE view of a large int32 buffer). See scripts/fwd_trace.py.

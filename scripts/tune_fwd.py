@@ -24,7 +24,7 @@
     python scripts/tune_fwd.py poly       # s21: every k-th exp2 as an FMA-pipe polynomial (d16cee2)
     python scripts/tune_fwd.py rowsum     # s21: row sums by a P @ ones WGMMA (c5982a2)
     python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
-    python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (k_try_wait), 5 rounds
+    python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing

@@ -108,6 +108,13 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
     _check_forward("bf16", hdim, MASKS[mask], **FA4_SCHEDULE)
 
 
+# the timeline experiment (FwdConfig.trace, scripts/fwd_trace.py): clock stamps and stores in the step,
+# none of them behind a branch, so the WGMMAs stay asynchronous and nothing spills
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_forward_trace_compiles(hdim):
+    _check_forward("bf16", hdim, {}, trace=True)
+
+
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
 # P @ V issue must not serialize the WGMMAs or spill either way
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])

@@ -768,26 +768,21 @@ class FlashFwdSm90:
             last_row_first_key = (m_block + 1) * self.tile_m - 1 + diag - window_left
             n_hi_left = cutlass.max(n_min, M.floor_div(last_row_first_key + self.tile_n - 1, self.tile_n))
         count_right = cutlass.max(n_top - n_lo_right, 0)
-        # with k_try_wait: K(n)'s barrier as tested in the previous step (false: wait as usual)
-        token = cutlass.Boolean(False)
         if cutlass.const_expr(self.has_right):
             for i in cutlass.range(count_right, unroll=1):
-                token = step(n_block=n_top - 1 - i, k_state=k_state, v_state=v_state, mask=True,
-                             mask_seqlen=False, k_token=token)
+                step(n_block=n_top - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
                 k_state.advance()
                 v_state.advance()
         n_cur = n_top - count_right
         count_free = cutlass.max(n_cur - n_hi_left, 0)
         for i in cutlass.range(count_free, unroll=1):
-            token = step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False,
-                         mask_seqlen=False, k_token=token)
+            step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
             k_state.advance()
             v_state.advance()
         n_cur = n_cur - count_free
         if cutlass.const_expr(self.has_left):
             for i in cutlass.range(n_cur - n_min, unroll=1):
-                token = step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True,
-                             mask_seqlen=False, k_token=token)
+                step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=True, mask_seqlen=False)
                 k_state.advance()
                 v_state.advance()
         if cutlass.const_expr(not self.cfg.wg_epilogue):
@@ -812,7 +807,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
-                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg, k_token=None):
+                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg):
         """An idle warpgroup's step (FwdConfig.skip_idle_wg): the waits, releases and ping-pong
         turns of step_overlap / step_serial in their order, and nothing else."""
         pipe_k.consumer_wait(k_state)
@@ -829,7 +824,6 @@ class FlashFwdSm90:
             self.pingpong_sync(wg)
             self.pingpong_arrive(wg)
             pipe_v.consumer_release(v_state)
-        return k_token
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
@@ -868,7 +862,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, trace=None, k_token=None):
+                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, trace=None):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
@@ -878,10 +872,7 @@ class FlashFwdSm90:
         """
         stamp = partial(self.stamp, trace, n_block)
         stamp(0)
-        if cutlass.const_expr(self.cfg.k_try_wait):
-            pipe_k.consumer_wait(k_state, k_token)
-        else:
-            pipe_k.consumer_wait(k_state)
+        pipe_k.consumer_wait(k_state)
         stamp(1)
         self.pingpong_sync(wg)
         stamp(2)
@@ -899,11 +890,6 @@ class FlashFwdSm90:
             pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         stamp(6)
-        next_token = k_token
-        if cutlass.const_expr(self.cfg.k_try_wait):
-            k_next = k_state.clone()
-            k_next.advance()
-            next_token = pipe_k.consumer_try_wait(k_next)
         # K(n) is released here, after the softmax and through a condition on the new row sums
         # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
         # otherwise hoists the P @ V wait (WARPGROUP.DEPBAR) to where its latency model expects the
@@ -920,7 +906,6 @@ class FlashFwdSm90:
             S.rescale_rows(acc_O_rc, row_scale)
         if cutlass.const_expr(not self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
-        return next_token
 
     @cute.jit
     def stamp(self, trace, n_block, event: cutlass.Constexpr[int]):
@@ -945,7 +930,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, tOrP, row_scale, wg, k_token=None):
+                    acc_S, acc_O_rc, tOrP, row_scale, wg):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -962,7 +947,6 @@ class FlashFwdSm90:
         self.pingpong_arrive(wg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
-        return k_token
 
     def q_tile(self, sQ_layout):
         """One Q tile of sQ's layout (the TMA box and the bytes a Q stage's load brings): the layout
@@ -974,7 +958,6 @@ class FlashFwdSm90:
     # and one's softmax runs under the other's GEMMs. The first warpgroup starts with the token
     # (it arrives on its own barrier) and takes back the last hand-off at the end, so every
     # barrier is balanced when the tile ends.
-
     @cute.jit
     def pingpong_prime(self, wg, active):
         if cutlass.const_expr(self.cfg.pingpong):
