@@ -249,6 +249,9 @@ class FwdConfig(_KernelConfig):
     # points of every step into the LSE buffer's memory (the LSE itself is not stored; the caller
     # passes an LSE view of a large int32 buffer). See scripts/fwd_trace.py.
     trace: bool = False
+    # Diagnostic (wrong results): no softmax in the overlapped steps, P is S converted as it is, so a
+    # timing shows the rate of the loads and GEMMs alone.
+    gemm_only: bool = False
 
     @property
     def hdim_v(self) -> int:

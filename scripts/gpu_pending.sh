@@ -1100,6 +1100,16 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s22_d)  # session 22: the loads and GEMMs without the softmax (gemm_only, a diagnostic): timing (3 rounds) and
+  # timelines, for the rate the tensor pipe sustains with this kernel's loads
+  run gemmonly python3 scripts/tune_fwd.py gemmonly
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:gemm_only=true 64:8192:gemm_only=true \
+    256:8192:gemm_only=true
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | tail -45
+  grep -E "FAILED|rc=" "$O/gemmonly.log" | head -3
+  python3 scripts/tune_medians.py "$O/gemmonly.log"
+  ;;
 s22_c)  # session 22 (needs bc6dfc5): the next K's barrier tested right after the softmax (k_try_wait): trace, timing (5 rounds),
   # then its forward GPU tests in what is left
   run trace python3 scripts/fwd_trace.py --out "$O" 128:8192:k_try_wait=true 128:16384:k_try_wait=true 128:16384

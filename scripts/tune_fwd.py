@@ -25,6 +25,7 @@
     python scripts/tune_fwd.py rowsum     # s21: row sums by a P @ ones WGMMA (c5982a2)
     python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
     python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
+    python scripts/tune_fwd.py gemmonly   # s22: the loads and GEMMs alone (no softmax) vs the dispatch
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
 
 Each variant is a FwdConfig override on top of the dispatched one; it is a tool for choosing
@@ -283,6 +284,11 @@ KTRY = [(hdim, causal, seqlen, over) for hdim, points in
          (256, ((False, 8192),)))
         for causal, seqlen in points for over in ({}, {"k_try_wait": True})]
 
+# diagnostic: the loads and GEMMs alone (gemm_only: no softmax, wrong results) against the dispatch, for
+# the rate the tensor pipe sustains with this kernel's feed
+GEMMONLY = [(hdim, False, seqlen, over) for hdim in (64, 128, 256) for seqlen in (8192, 16384)
+            for over in ({}, {"gemm_only": True})]
+
 # fp16 vs bf16 (issue 4: within 3%), interleaved and repeated so clock drift shows as spread
 # rather than as a dtype difference
 DTYPE_ROUNDS = 3
@@ -297,7 +303,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "qring_limit": (QRING_LIMIT, 3), "oinv": (OINV, 3), "oinv2": (OINV2, 3),
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
                "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5),
-               "rskip": (RSKIP, 5), "ktry": (KTRY, 5)}
+               "rskip": (RSKIP, 5), "ktry": (KTRY, 5),
+               "gemmonly": (GEMMONLY, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -110,9 +110,11 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
 
 # the timeline experiment (FwdConfig.trace, scripts/fwd_trace.py): clock stamps and stores in the step,
 # none of them behind a branch, so the WGMMAs stay asynchronous and nothing spills
+# and the softmax-free diagnostic (FwdConfig.gemm_only) beside it
+@pytest.mark.parametrize("fields", [{"trace": True}, {"gemm_only": True}, {"trace": True, "gemm_only": True}])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
-def test_forward_trace_compiles(hdim):
-    _check_forward("bf16", hdim, {}, trace=True)
+def test_forward_diagnostics_compile(hdim, fields):
+    _check_forward("bf16", hdim, {}, **fields)
 
 
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the

@@ -888,7 +888,8 @@ class FlashFwdSm90:
         stamp(5)
         if cutlass.const_expr(not self.cfg.late_k_release):
             pipe_k.consumer_release(k_state)
-        to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        if cutlass.const_expr(not self.cfg.gemm_only):
+            to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         stamp(6)
         # K(n) is released here, after the softmax and through a condition on the new row sums
         # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
