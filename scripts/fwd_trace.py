@@ -43,8 +43,7 @@ def run_case(hdim, seqlen, over, out_dir):
         ms = time_ms(plain)
         cfg = runtime.fwd_config("bf16", hdim)
         cfg = dataclasses.replace(cfg, **over)
-        words = (F._TRACE_JUNK + 1) * F._TRACE_STEPS * F._TRACE_EVENTS
-        buf = torch.zeros(words, dtype=torch.int32, device="cuda")
+        buf = torch.zeros(F.trace_words(), dtype=torch.int32, device="cuda")
         lse = buf.view(torch.float32)[: b * h * seqlen].view(b, h, seqlen)
         with runtime.config_overrides(trace=True):
             traced = time_ms(lambda: runtime.forward(q, k, v, scale, False, (-1, -1), 0.0, lse=lse))

@@ -108,9 +108,9 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
     _check_forward("bf16", hdim, MASKS[mask], **FA4_SCHEDULE)
 
 
-# the timeline experiment (FwdConfig.trace, scripts/fwd_trace.py): clock stamps and stores in the step,
-# none of them behind a branch, so the WGMMAs stay asynchronous and nothing spills
-# and the softmax-free diagnostic (FwdConfig.gemm_only) beside it
+# the diagnostics: the timeline (FwdConfig.trace, scripts/fwd_trace.py: clock stamps and stores in the
+# step, none behind a branch) and the softmax-free step (gemm_only), alone and together: the WGMMAs
+# stay asynchronous and nothing spills
 @pytest.mark.parametrize("fields", [{"trace": True}, {"gemm_only": True}, {"trace": True, "gemm_only": True}])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_forward_diagnostics_compile(hdim, fields):
@@ -308,3 +308,17 @@ def test_forward_cluster_compiles(dtype, hdim, softcap):
 def test_forward_default_has_no_cluster_instructions():
     sass = inspect_kernel("fwd", dtype="bf16", hdim=128)["sass"]
     assert sass["UTMALDG_MULTICAST"] == 0 and sass["SYNCS_ARRIVE_RED"] == 0 and sass["UCGABAR"] == 0
+
+
+def test_trace_refuses_an_ordinary_lse():
+    """FwdConfig.trace writes far past b * h * sq floats from the LSE's base: without a buffer that
+    large it must fail in Python, before any launch."""
+    import torch
+
+    from flashhopper.hopper import runtime
+
+    q = torch.zeros(1, 128, 2, 64, dtype=torch.bfloat16)
+    with runtime.config_overrides(trace=True), pytest.raises(ValueError, match="trace needs lse"):
+        runtime.forward(q, q, q, 0.125, False, (-1, -1), 0.0)
+    with runtime.config_overrides(trace=True), pytest.raises(ValueError, match="trace needs lse"):
+        runtime.forward(q, q, q, 0.125, False, (-1, -1), 0.0, lse=torch.empty(1, 2, 128))

@@ -47,6 +47,11 @@ _TRACE_STEPS = 128
 _TRACE_JUNK = 4096
 
 
+def trace_words() -> int:
+    """int32 words a traced launch may write from the LSE's base (every slot and the junk one)."""
+    return (_TRACE_JUNK + 1) * _TRACE_STEPS * _TRACE_EVENTS
+
+
 
 @dsl_user_op
 def _opaque(x: Int32, *, loc=None, ip=None) -> Int32:
@@ -627,7 +632,7 @@ class FlashFwdSm90:
         trace = None
         if cutlass.const_expr(self.cfg.trace):
             buf = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int32),
-                                   cute.make_layout((_TRACE_JUNK + 1) * _TRACE_STEPS * _TRACE_EVENTS))
+                                   cute.make_layout(trace_words()))
             slot = Int32(_TRACE_JUNK)
             if q_state.count == 0 and cute.arch.block_idx()[0] < _TRACE_JUNK // (4 * self.num_consumer_wg):
                 slot = (cute.arch.block_idx()[0] * self.num_consumer_wg + wg) * 4 + (tidx % 128) // 32

@@ -188,8 +188,14 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
                      qring=fwd_short_qring(q.shape[-1], q.shape[1], k.shape[1], local))
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
-    fn = _get_fwd(cfg)
     b, sq, h, _ = q.shape
+    if cfg.trace:  # the stamps go to the LSE's memory, far past b * h * sq floats
+        from flashhopper.hopper.fwd import trace_words
+
+        if lse is None or lse.untyped_storage().nbytes() < 4 * trace_words():
+            raise ValueError(f"FwdConfig.trace needs lse= a view of a buffer of {trace_words()} int32 "
+                             "(scripts/fwd_trace.py)")
+    fn = _get_fwd(cfg)
     if out is None:
         out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
     if lse is None:
