@@ -1100,6 +1100,19 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_a)  # session 23: O rescaled before P @ V at hdim 64 / 128 (rescale_o_before_pv, dispatched above 128 only):
+  # timelines, timing (5 rounds), then its forward GPU tests in what is left
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:16384 128:16384:rescale_o_before_pv=true 64:8192 \
+    64:8192:rescale_o_before_pv=true
+  run resc python3 scripts/tune_fwd.py rescale128
+  FH_TEST_FWD_OVERRIDES=rescale_o_before_pv=True run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "(hdim_dtype or seqlens or local or batch_gqa or softcap) and not 256 and not 192"
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | grep -E "==|busy|step|k_ready|softmax|tail|late" | head -50
+  tests_summary tests
+  grep -E "FAILED|rc=" "$O/resc.log" | head -3
+  python3 scripts/tune_medians.py "$O/resc.log"
+  ;;
 s22_d)  # session 22: the loads and GEMMs without the softmax (gemm_only, a diagnostic): timing (3 rounds) and
   # timelines, for the rate the tensor pipe sustains with this kernel's loads
   run gemmonly python3 scripts/tune_fwd.py gemmonly
