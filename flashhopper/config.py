@@ -252,6 +252,11 @@ class FwdConfig(_KernelConfig):
     # Diagnostic (wrong results): no softmax in the overlapped steps, P is S converted as it is, so a
     # timing shows the rate of the loads and GEMMs alone.
     gemm_only: bool = False
+    # With gemm_only (diagnostic, wrong results): in place of the softmax, this many passes of one FFMA
+    # over every S element, then this many of one MUFU.EX2, elementwise with no reduction, to time which
+    # part of the softmax's cost is its instruction mix and which its dependency chain.
+    diag_ffma_passes: int = 0
+    diag_ex2_passes: int = 0
 
     @property
     def hdim_v(self) -> int:
@@ -337,6 +342,9 @@ class FwdConfig(_KernelConfig):
                                  f"{self.num_stages} x {self.tile_n} rows")
         if self.o_v_stages and not self.o_in_v:
             raise ValueError("o_v_stages needs o_in_v (it says where in V's ring O is staged)")
+        if (self.diag_ffma_passes or self.diag_ex2_passes) and not self.gemm_only:
+            raise ValueError("diag_ffma_passes / diag_ex2_passes take the place of the softmax: they need "
+                             "gemm_only")
         if self.q_stages > 1 and self.o_in_q_buffer:
             raise ValueError("q_stages 2 needs O's own smem tile (o_in_q off and room for it) or O in "
                              "V's ring (o_in_v): O is otherwise staged in Q's buffer")

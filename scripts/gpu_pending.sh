@@ -1100,6 +1100,16 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_b)  # session 23: what of the softmax's cost is its instruction mix: gemm_only with elementwise FFMA / MUFU.EX2
+  # passes in the softmax's place (diag_ffma_passes, diag_ex2_passes), timelines at hdim 128 16k and hdim 64 8k
+  G=gemm_only=true
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:$G 128:16384:$G,diag_ffma_passes=3 \
+    128:16384:$G,diag_ex2_passes=1 128:16384:$G,diag_ffma_passes=3,diag_ex2_passes=1 \
+    128:16384:$G,diag_ffma_passes=6 128:16384:$G,diag_ffma_passes=6,diag_ex2_passes=1 128:16384 \
+    64:8192:$G,diag_ffma_passes=3,diag_ex2_passes=1 64:8192:$G,diag_ex2_passes=1
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | grep -E "==|busy|step|softmax|gap" | head -60
+  ;;
 s23_a)  # session 23: O rescaled before P @ V at hdim 64 / 128 (rescale_o_before_pv, dispatched above 128 only):
   # timelines, timing (5 rounds), then its forward GPU tests in what is left
   run trace python3 scripts/fwd_trace.py --out "$O" 128:16384 128:16384:rescale_o_before_pv=true 64:8192 \

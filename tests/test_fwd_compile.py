@@ -109,9 +109,11 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
 
 
 # the diagnostics: the timeline (FwdConfig.trace, scripts/fwd_trace.py: clock stamps and stores in the
-# step, none behind a branch) and the softmax-free step (gemm_only), alone and together: the WGMMAs
+# step, none behind a branch) and the softmax-free step (gemm_only, with or without elementwise FFMA /
+# EX2 passes in the softmax's place), alone and together: the WGMMAs
 # stay asynchronous and nothing spills
-@pytest.mark.parametrize("fields", [{"trace": True}, {"gemm_only": True}, {"trace": True, "gemm_only": True}])
+@pytest.mark.parametrize("fields", [{"trace": True}, {"gemm_only": True}, {"trace": True, "gemm_only": True},
+                                    {"trace": True, "gemm_only": True, "diag_ffma_passes": 2, "diag_ex2_passes": 1}])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_forward_diagnostics_compile(hdim, fields):
     _check_forward("bf16", hdim, {}, **fields)

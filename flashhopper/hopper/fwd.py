@@ -895,6 +895,8 @@ class FlashFwdSm90:
             pipe_k.consumer_release(k_state)
         if cutlass.const_expr(not self.cfg.gemm_only):
             to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        else:
+            self.diag_work(acc_S)
         stamp(6)
         # K(n) is released here, after the softmax and through a condition on the new row sums
         # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
@@ -912,6 +914,18 @@ class FlashFwdSm90:
             S.rescale_rows(acc_O_rc, row_scale)
         if cutlass.const_expr(not self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
+
+    @cute.jit
+    def diag_work(self, acc_S):
+        """FwdConfig.diag_ffma_passes / diag_ex2_passes (with gemm_only): elementwise FFMA, then
+        MUFU.EX2, passes over S, the softmax's two main instruction kinds without its reductions.
+        Each pass has its own constants, so no two fold into one."""
+        for p in cutlass.range_constexpr(self.cfg.diag_ffma_passes):
+            for j in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[j] = acc_S[j] * Float32(1.0 - 2.0 ** -(p + 8)) + Float32(2.0 ** -(p + 10))
+        for _ in cutlass.range_constexpr(self.cfg.diag_ex2_passes):
+            for j in cutlass.range_constexpr(cute.size(acc_S)):
+                acc_S[j] = cute.math.exp2(acc_S[j], fastmath=True)
 
     @cute.jit
     def stamp(self, trace, n_block, event: cutlass.Constexpr[int]):
