@@ -112,8 +112,11 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
 # step, none behind a branch) and the softmax-free step (gemm_only, with or without elementwise FFMA /
 # EX2 passes in the softmax's place), alone and together: the WGMMAs
 # stay asynchronous and nothing spills
+_DIAG_PASSES = {"gemm_only": True, "diag_ffma_passes": 2, "diag_ex2_passes": 1}
+
+
 @pytest.mark.parametrize("fields", [{"trace": True}, {"gemm_only": True}, {"trace": True, "gemm_only": True},
-                                    {"trace": True, "gemm_only": True, "diag_ffma_passes": 2, "diag_ex2_passes": 1}])
+                                    {"trace": True, **_DIAG_PASSES}])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_forward_diagnostics_compile(hdim, fields):
     _check_forward("bf16", hdim, {}, **fields)
