@@ -1100,6 +1100,14 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_c)  # session 23: s23_b's FFMA passes at smaller counts (cost against count), alone and with the EX2 pass
+  G=gemm_only=true
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:$G,diag_ffma_passes=1 128:16384:$G,diag_ffma_passes=2 \
+    128:16384:$G,diag_ffma_passes=1,diag_ex2_passes=1 128:16384:$G,diag_ffma_passes=2,diag_ex2_passes=1 \
+    128:16384:$G,diag_ex2_passes=2
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | grep -E "==|busy|step|softmax|gap" | head -60
+  ;;
 s23_b)  # session 23: what of the softmax's cost is its instruction mix: gemm_only with elementwise FFMA / MUFU.EX2
   # passes in the softmax's place (diag_ffma_passes, diag_ex2_passes), timelines at hdim 128 16k and hdim 64 8k
   G=gemm_only=true
