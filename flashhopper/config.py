@@ -257,6 +257,12 @@ class FwdConfig(_KernelConfig):
     # part of the softmax's cost is its instruction mix and which its dependency chain.
     diag_ffma_passes: int = 0
     diag_ex2_passes: int = 0
+    # Diagnostic (exact only while no score exceeds the tile's first-block row max by ~127 / scale_log2,
+    # true of the random test inputs, not of all inputs): the overlapped steps use the running max left
+    # by the peeled first block as the exp2 offset without updating it, so they skip the row max, its
+    # shuffles, the row-scale exp2 and O's rescale. Times what a lazy max (raised only on overflow)
+    # could save before its fix-up path is built.
+    diag_stale_max: bool = False
 
     @property
     def hdim_v(self) -> int:

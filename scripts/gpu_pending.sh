@@ -1100,6 +1100,19 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_d)  # session 23: the running max of the peeled block kept as the offset (diag_stale_max): timelines, timing
+  # (3 rounds), then the forward tests with it on (random inputs, where it is exact)
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:diag_stale_max=true 64:8192:diag_stale_max=true \
+    256:8192:diag_stale_max=true 256:8192
+  run stale python3 scripts/tune_fwd.py stale
+  FH_TEST_FWD_OVERRIDES=diag_stale_max=True run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "hdim_dtype or seqlens or local or batch_gqa or softcap"
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/trace.log" | grep -E "==|busy|step|softmax|gap" | head -40
+  tests_summary tests
+  grep -E "FAILED|rc=" "$O/stale.log" | head -3
+  python3 scripts/tune_medians.py "$O/stale.log"
+  ;;
 s23_c)  # session 23: s23_b's FFMA passes at smaller counts (cost against count), alone and with the EX2 pass
   G=gemm_only=true
   run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:$G,diag_ffma_passes=1 128:16384:$G,diag_ffma_passes=2 \

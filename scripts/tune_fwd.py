@@ -26,6 +26,7 @@
     python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
     python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
     python scripts/tune_fwd.py rescale128 # s23: O rescaled before P @ V at hdim 64 / 128 vs the dispatch
+    python scripts/tune_fwd.py stale      # s23: first block's row max kept (diag_stale_max)
     python scripts/tune_fwd.py gemmonly   # s22: the loads and GEMMs alone (no softmax) vs the dispatch
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
 
@@ -293,6 +294,15 @@ RESCALE128 = [(hdim, causal, seqlen, over) for hdim, points in
                (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))))
               for causal, seqlen in points for over in ({}, {"rescale_o_before_pv": True})]
 
+# diagnostic: the running max of the peeled first block kept as the exp2 offset (diag_stale_max: no row max,
+# shuffles, row-scale exp2 or O rescale in the overlapped steps; exact on the random inputs used here), the
+# most a lazy max with an overflow fix-up could gain
+STALE = [(hdim, causal, seqlen, over) for hdim, points in
+         ((64, ((False, 8192), (False, 16384), (True, 8192))),
+          (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))),
+          (256, ((False, 8192), (True, 16384))))
+         for causal, seqlen in points for over in ({}, {"diag_stale_max": True})]
+
 # diagnostic: the loads and GEMMs alone (gemm_only: no softmax, wrong results) against the dispatch, for
 # the rate the tensor pipe sustains with this kernel's feed
 GEMMONLY = [(hdim, False, seqlen, over) for hdim in (64, 128, 256) for seqlen in (8192, 16384)
@@ -313,7 +323,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "oinv192": (OINV192, 3), "pingpong": (PINGPONG, 3),
                "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5),
                "rskip": (RSKIP, 5), "ktry": (KTRY, 5),
-               "gemmonly": (GEMMONLY, 3), "rescale128": (RESCALE128, 5)}
+               "gemmonly": (GEMMONLY, 3), "rescale128": (RESCALE128, 5),
+               "stale": (STALE, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -799,7 +799,8 @@ class FlashFwdSm90:
             pipe_q.consumer_release(q_state)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             if num_blocks > 0:
-                if cutlass.const_expr(self.cfg.rescale_o_before_pv and not idle):
+                rescale = self.cfg.rescale_o_before_pv and not self.cfg.diag_stale_max
+                if cutlass.const_expr(rescale and not idle):
                     # the last block's row scale (the last step left it for the next one)
                     S.rescale_rows(acc_O_rc, row_scale)
                 pipe_v.consumer_wait(v_state)
@@ -862,7 +863,8 @@ class FlashFwdSm90:
                          self.has_right, mask_seqlen)
         S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
                               max_chains=self.cfg.row_max_chains,
-                              sum_scaled_first=self.cfg.row_sum_scaled_first)
+                              sum_scaled_first=self.cfg.row_sum_scaled_first,
+                              stale_max=self.cfg.diag_stale_max)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
@@ -882,7 +884,7 @@ class FlashFwdSm90:
         self.pingpong_sync(wg)
         stamp(2)
         issue_qk(k_state.index)
-        if cutlass.const_expr(self.cfg.rescale_o_before_pv):
+        if cutlass.const_expr(self.cfg.rescale_o_before_pv and not self.cfg.diag_stale_max):
             S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
         stamp(3)
@@ -910,7 +912,7 @@ class FlashFwdSm90:
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
-        if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
+        if cutlass.const_expr(not self.cfg.rescale_o_before_pv and not self.cfg.diag_stale_max):
             S.rescale_rows(acc_O_rc, row_scale)
         if cutlass.const_expr(not self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
