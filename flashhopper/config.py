@@ -15,6 +15,9 @@ DTYPES = ("bf16", "fp16")
 
 # Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
 SMEM_CAPACITY = 232448
+# FwdConfig.lazy_max: a block whose row sum (with the stale max) exceeds 2^this is redone exactly;
+# it bounds every P by 256, inside fp16's range with room for the row sums
+LAZY_MAX_LOG2 = 8
 REGS_PER_SM = 65536
 WARPGROUP_THREADS = 128
 
@@ -257,12 +260,13 @@ class FwdConfig(_KernelConfig):
     # part of the softmax's cost is its instruction mix and which its dependency chain.
     diag_ffma_passes: int = 0
     diag_ex2_passes: int = 0
-    # Diagnostic (exact only while no score exceeds the tile's first-block row max by ~127 / scale_log2,
-    # true of the random test inputs, not of all inputs): the overlapped steps use the running max left
-    # by the peeled first block as the exp2 offset without updating it, so they skip the row max, its
-    # shuffles, the row-scale exp2 and O's rescale. Times what a lazy max (raised only on overflow)
-    # could save before its fix-up path is built.
-    diag_stale_max: bool = False
+    # Lazy row max, in the mask-free overlapped steps: P = exp2((S - m) * scale) with the running max m
+    # left as it is, so the step has no row max, shuffles, row-scale exp2 or O rescale (P may exceed 1;
+    # 16-bit P has the range). A warp any of whose rows has a block sum above 2^LAZY_MAX_LOG2 (or no
+    # max yet) redoes the block exactly from S, which stays in its registers: P goes to a second
+    # 16-bit fragment that replaces the P @ V operand once the previous P @ V is done. Not with
+    # rescale_o_before_pv; no effect without intra_wg_overlap or with softcap (whose kernel then spills).
+    lazy_max: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -292,6 +296,11 @@ class FwdConfig(_KernelConfig):
         otherwise (hdim 192, 256), or with o_in_q, O is staged in Q's buffer once Q is no longer read
         (or in V's ring with o_in_v)."""
         return not self.o_in_q and not self.o_in_v_ring and self._smem_bytes(True) <= SMEM_CAPACITY
+
+    @property
+    def lazy_max_active(self) -> bool:
+        """lazy_max in effect: with the overlapped step and without softcap."""
+        return self.lazy_max and self.intra_wg_overlap and not self.softcap
 
     @property
     def o_in_v_ring(self) -> bool:
@@ -348,6 +357,13 @@ class FwdConfig(_KernelConfig):
                                  f"{self.num_stages} x {self.tile_n} rows")
         if self.o_v_stages and not self.o_in_v:
             raise ValueError("o_v_stages needs o_in_v (it says where in V's ring O is staged)")
+        if self.lazy_max and self.rescale_o_before_pv:
+            raise ValueError("lazy_max leaves O unscaled in its steps; it does not take rescale_o_before_pv")
+        if self.lazy_max and self.hdim_v > 128:
+            raise ValueError(f"lazy_max takes hdim <= 128: at {self.hdim_v} S, O and two P operands spill")
+        if self.lazy_max and self.num_consumer_wg > 2:
+            raise ValueError(f"lazy_max needs two P operands beside S and O: {self.consumer_regs} registers "
+                             f"a thread ({self.num_consumer_wg} consumer warpgroups) do not hold them")
         if (self.diag_ffma_passes or self.diag_ex2_passes) and not self.gemm_only:
             raise ValueError("diag_ffma_passes / diag_ex2_passes take the place of the softmax: they need "
                              "gemm_only")

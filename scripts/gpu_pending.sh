@@ -1100,6 +1100,21 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_e)  # session 23: lazy_max (hdim <= 128): its forward GPU tests (hdim 64 on 128 x 128 tiles), the new rising-score
+  # tests on the dispatch, timing (3 rounds), timelines
+  LZ=lazy_max=True,tile_m=128,num_consumer_wg=2
+  FH_TEST_FWD_OVERRIDES=$LZ run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "(rising or hdim_dtype or seqlens or local or batch_gqa or packed or softcap) and not 192 and not 256"
+  run tests_dispatch python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k rising
+  run lazy python3 scripts/tune_fwd.py lazy
+  run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:lazy_max=true 128:8192:lazy_max=true \
+    64:8192:lazy_max=true,tile_m=128,num_consumer_wg=2
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary tests tests_dispatch
+  quiet "$O/trace.log" | grep -E "==|busy|step|softmax|gap" | head -30
+  grep -E "FAILED|rc=" "$O/lazy.log" | head -3
+  python3 scripts/tune_medians.py "$O/lazy.log"
+  ;;
 s23_d)  # session 23: the running max of the peeled block kept as the offset (diag_stale_max): timelines, timing
   # (3 rounds), then the forward tests with it on (random inputs, where it is exact)
   run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:diag_stale_max=true 64:8192:diag_stale_max=true \

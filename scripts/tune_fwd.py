@@ -26,6 +26,7 @@
     python scripts/tune_fwd.py chains     # s21: the row max in 4 independent FMNMX chains, 5 rounds
     python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
     python scripts/tune_fwd.py rescale128 # s23: O rescaled before P @ V at hdim 64 / 128 vs the dispatch
+    python scripts/tune_fwd.py lazy       # s23: lazy_max against the dispatch (hdim 64 / 96 / 128)
     python scripts/tune_fwd.py stale      # s23: first block's row max kept (diag_stale_max)
     python scripts/tune_fwd.py gemmonly   # s22: the loads and GEMMs alone (no softmax) vs the dispatch
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
@@ -303,6 +304,18 @@ STALE = [(hdim, causal, seqlen, over) for hdim, points in
           (256, ((False, 8192), (True, 16384))))
          for causal, seqlen in points for over in ({}, {"diag_stale_max": True})]
 
+# lazy_max (the running max kept in mask-free steps, exact redo by a warp whose block sum passes 2^8)
+# against the dispatch; hdim 64 on 128 x 128 tiles (its 192-row tile has no registers for a second P),
+# with and without lazy_max
+LAZY_128 = {"tile_m": 128, "num_consumer_wg": 2}
+LAZY = [(hdim, causal, seqlen, over) for hdim, points, overs in
+        ((128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384)),
+          ({}, {"lazy_max": True})),
+         (96, ((False, 8192),), ({}, {"lazy_max": True})),
+         (64, ((False, 8192), (False, 16384), (True, 8192)),
+          ({}, LAZY_128, {**LAZY_128, "lazy_max": True})))
+        for causal, seqlen in points for over in overs]
+
 # diagnostic: the loads and GEMMs alone (gemm_only: no softmax, wrong results) against the dispatch, for
 # the rate the tensor pipe sustains with this kernel's feed
 GEMMONLY = [(hdim, False, seqlen, over) for hdim in (64, 128, 256) for seqlen in (8192, 16384)
@@ -324,7 +337,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5),
                "rskip": (RSKIP, 5), "ktry": (KTRY, 5),
                "gemmonly": (GEMMONLY, 3), "rescale128": (RESCALE128, 5),
-               "stale": (STALE, 3)}
+               "stale": (STALE, 3), "lazy": (LAZY, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
-from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, fwd_config
+from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, FwdConfig, fwd_config
 
 _PERSISTENT = {"persistent": True, "dynamic_sched": True}
 MASKS = {
@@ -122,6 +122,24 @@ def test_forward_diagnostics_compile(hdim, fields):
     _check_forward("bf16", hdim, {}, **fields)
 
 
+# lazy_max (the running max kept in mask-free steps, a warp-uniform exact redo): two P operands and a
+# branch after the P @ V wait must leave every WGMMA asynchronous and spill nothing
+@pytest.mark.parametrize(("dtype", "hdim", "mask"), [
+    ("bf16", 128, "none"), ("bf16", 128, "causal"), ("fp16", 128, "local"), ("bf16", 128, "softcap"),
+    ("bf16", 96, "none"), ("bf16", 64, "none")])
+def test_forward_lazy_max_compiles(dtype, hdim, mask):
+    # hdim 64 with its own tile (3 consumer warpgroups, 160 registers) is refused; 128 x 128 compiles
+    tile = {"tile_m": 128, "num_consumer_wg": 2} if hdim == 64 else {}
+    _check_forward(dtype, hdim, MASKS[mask], lazy_max=True, **tile)
+
+
+def test_lazy_max_refuses_what_it_cannot_take():
+    with pytest.raises(ValueError, match="lazy_max"):
+        FwdConfig(dtype="bf16", hdim=128, lazy_max=True, rescale_o_before_pv=True).check()
+    with pytest.raises(ValueError, match="lazy_max needs two P operands"):
+        FwdConfig(dtype="bf16", hdim=64, tile_m=192, num_consumer_wg=3, lazy_max=True).check()
+
+
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
 # P @ V issue must not serialize the WGMMAs or spill either way
 @pytest.mark.parametrize("mask", ["none", "causal", "local"])
@@ -222,7 +240,9 @@ def _check_forward(dtype, hdim, mask, **overrides):
     assert report["smem_bytes"] <= SMEM_CAPACITY
     assert (sass["MUFU.TANH"] > 0) == mask.get("softcap", False)
     if overrides.get("intra_wg_overlap", True):
-        assert sass["HGMMA_WAITS"] == _commit_groups(**mask), "ptxas serialized the WGMMAs"
+        # lazy_max: the mask-free run is an exact odd step and a loop of lazy step pairs
+        extra = 4 if overrides.get("lazy_max") and not mask.get("softcap") else 0
+        assert sass["HGMMA_WAITS"] == _commit_groups(**mask) + extra, "ptxas serialized the WGMMAs"
     return report
 
 

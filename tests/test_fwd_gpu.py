@@ -45,10 +45,18 @@ def torch_attention(q, k, v, scale, causal, window, softcap):
 
 
 def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0,
-             layout="bshd"):
+             layout="bshd", growth=0.0):
     # a stable seed per case: hash() of a str differs per process, so a failure would not reproduce
-    torch.manual_seed(zlib.crc32(repr((b, sq, sk, hq, hk, d, causal, window, softcap, layout)).encode()))
-    if layout == "packed":  # q, k, v sliced out of one (b, s, 3, h, d) tensor: strided heads
+    case = (b, sq, sk, hq, hk, d, causal, window, softcap, layout) + ((growth,) if growth else ())
+    torch.manual_seed(zlib.crc32(repr(case).encode()))
+    if growth:  # scores rising toward key 0 by about `growth` (scaled, natural units) over the keys
+        u = torch.nn.functional.normalize(torch.randn(d, device=DEV), dim=0)
+        ramp = torch.linspace(1.0, 0.0, sk, device=DEV)[None, :, None, None]
+        amp = math.sqrt(growth * math.sqrt(d))
+        q = (torch.randn(b, sq, hq, d, device=DEV) + amp * u).to(dtype)
+        k = (torch.randn(b, sk, hk, d, device=DEV) + amp * ramp * u).to(dtype)
+        v = torch.randn(b, sk, hk, d, device=DEV, dtype=dtype)
+    elif layout == "packed":  # q, k, v sliced out of one (b, s, 3, h, d) tensor: strided heads
         assert sq == sk and hq == hk
         qkv = torch.randn(b, sq, 3, hq, d, device=DEV, dtype=dtype)
         q, k, v = qkv.unbind(2)
@@ -79,6 +87,17 @@ def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-
         lse_err = (lse[fin] - lse_ref[fin]).abs().max().item()
         assert lse_err <= 1e-3 * max(1.0, lse_ref[fin].abs().max().item()), lse_err
     return err.max().item(), err_pt.max().item()
+
+
+# Scores that keep rising over the key blocks (the kernel walks them from the last): the running max
+# moves by up to 20 (a row scale per block) or 300 (beyond exp2's range between blocks) in scaled
+# natural units; FwdConfig.lazy_max must redo those blocks exactly, not overflow
+@pytest.mark.parametrize("growth", [20.0, 300.0])
+@pytest.mark.parametrize("d", [96, 128])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+def test_rising_scores(growth, d, dtype, causal):
+    run_case(1, 1000, 2100, 2, 2, d, dtype, causal=causal, growth=growth)
 
 
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])

@@ -28,7 +28,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from flashhopper.config import FwdConfig
+from flashhopper.config import LAZY_MAX_LOG2, FwdConfig
 from flashhopper.hopper import fwd_cluster as C
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
@@ -627,6 +627,22 @@ class FlashFwdSm90:
             seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
             scale_log2=scale_log2, softcap_pre=softcap_pre,
         )
+        lazy = None
+        if cutlass.const_expr(self.cfg.lazy_max_active):
+            # the lazy steps' P (fp32, converted as it goes) and a second P @ V operand: lazy steps go
+            # in pairs, each writing the operand the other's P @ V reads, so no P @ V in flight has
+            # its registers written; S stays in acc_S for the exact redo
+            acc_P = cute.make_rmem_tensor(acc_S.layout, Float32)
+            tOrP_alt = cute.make_rmem_tensor(tOrP.layout, self.dtype)
+            block_sum = cute.make_rmem_tensor(num_rows, Float32)
+            lazy = (partial(self.lazy_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, acc_P=acc_P, row_max=row_max,
+                            block_sum=block_sum, scale_log2=scale_log2),
+                    partial(self.lazy_settle, acc_S=acc_S, acc_S_rc=acc_S_rc, acc_O_rc=acc_O_rc,
+                            row_max=row_max, row_sum=row_sum, row_scale=row_scale, block_sum=block_sum,
+                            scale_log2=scale_log2),
+                    block_sum,
+                    partial(self.issue_gemm, tiled_mma_pv, acc_O, tCrB=tOrV, zero_init=False),
+                    tOrP_alt)
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
         issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
         trace = None
@@ -637,7 +653,7 @@ class FlashFwdSm90:
             if q_state.count == 0 and cute.arch.block_idx()[0] < _TRACE_JUNK // (4 * self.num_consumer_wg):
                 slot = (cute.arch.block_idx()[0] * self.num_consumer_wg + wg) * 4 + (tidx % 128) // 32
             trace = (buf, slot * (_TRACE_STEPS * _TRACE_EVENTS), n_max)
-        loop = partial(self.mainloop, trace=trace, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
+        loop = partial(self.mainloop, trace=trace, lazy=lazy, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
                        issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
                        acc_O_rc=acc_O_rc, tOrP=tOrP,
                        row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
@@ -719,15 +735,16 @@ class FlashFwdSm90:
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
-                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], trace=None):
+                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], trace=None,
+                 lazy=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
         if cutlass.const_expr(idle):
             step = partial(self.step_idle, pipe_k=pipe_k, pipe_v=pipe_v, wg=wg)
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
-            step = partial(self.step_overlap, trace=trace, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
-                           issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
+            step = partial(self.step_overlap, trace=trace, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
+                           issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
+                           acc_O_rc=acc_O_rc, tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
@@ -780,10 +797,29 @@ class FlashFwdSm90:
                 v_state.advance()
         n_cur = n_top - count_right
         count_free = cutlass.max(n_cur - n_hi_left, 0)
-        for i in cutlass.range(count_free, unroll=1):
-            step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
-            k_state.advance()
-            v_state.advance()
+        if cutlass.const_expr(lazy is not None and not idle):
+            # an odd block first, exact (it reads and writes tOrP), then pairs of lazy steps: the
+            # first reads tOrP and writes the other operand, the second the other way round
+            odd = count_free % 2
+            for i in cutlass.range(odd, unroll=1):
+                step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
+                k_state.advance()
+                v_state.advance()
+            for i in cutlass.range(count_free // 2, unroll=1):
+                n_pair = n_cur - 1 - odd - 2 * i
+                step(n_block=n_pair, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False,
+                     p_cur=tOrP, p_next=lazy[4])
+                k_state.advance()
+                v_state.advance()
+                step(n_block=n_pair - 1, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False,
+                     p_cur=lazy[4], p_next=tOrP)
+                k_state.advance()
+                v_state.advance()
+        else:
+            for i in cutlass.range(count_free, unroll=1):
+                step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
+                k_state.advance()
+                v_state.advance()
         n_cur = n_cur - count_free
         if cutlass.const_expr(self.has_left):
             for i in cutlass.range(n_cur - n_min, unroll=1):
@@ -799,8 +835,7 @@ class FlashFwdSm90:
             pipe_q.consumer_release(q_state)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             if num_blocks > 0:
-                rescale = self.cfg.rescale_o_before_pv and not self.cfg.diag_stale_max
-                if cutlass.const_expr(rescale and not idle):
+                if cutlass.const_expr(self.cfg.rescale_o_before_pv and not idle):
                     # the last block's row scale (the last step left it for the next one)
                     S.rescale_rows(acc_O_rc, row_scale)
                 pipe_v.consumer_wait(v_state)
@@ -863,13 +898,13 @@ class FlashFwdSm90:
                          self.has_right, mask_seqlen)
         S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
                               max_chains=self.cfg.row_max_chains,
-                              sum_scaled_first=self.cfg.row_sum_scaled_first,
-                              stale_max=self.cfg.diag_stale_max)
+                              sum_scaled_first=self.cfg.row_sum_scaled_first)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, trace=None):
+                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, trace=None, lazy=None,
+                     p_cur=None, p_next=None):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
@@ -884,18 +919,26 @@ class FlashFwdSm90:
         self.pingpong_sync(wg)
         stamp(2)
         issue_qk(k_state.index)
-        if cutlass.const_expr(self.cfg.rescale_o_before_pv and not self.cfg.diag_stale_max):
+        if cutlass.const_expr(self.cfg.rescale_o_before_pv):
             S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
         stamp(3)
-        issue_pv(v_state.index)
+        if cutlass.const_expr(p_cur is not None):
+            lazy[3](tCrA=p_cur, stage=v_state.index)
+        else:
+            issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         stamp(4)
         warpgroup.wait_group(1)
         stamp(5)
         if cutlass.const_expr(not self.cfg.late_k_release):
             pipe_k.consumer_release(k_state)
-        if cutlass.const_expr(not self.cfg.gemm_only):
+        # FwdConfig.lazy_max: mask-free steps only (a masked step may leave a row without a max)
+        lazy_step = p_next is not None
+        need_exact = None
+        if cutlass.const_expr(lazy_step):
+            need_exact = lazy[0](p_next=p_next)
+        elif cutlass.const_expr(not self.cfg.gemm_only):
             to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         else:
             self.diag_work(acc_S)
@@ -906,16 +949,52 @@ class FlashFwdSm90:
         # GEMM to be done, in the middle of the exp2s (or before them). Tying the arrive to the
         # exp2 results keeps the wait after all of them, so they run under this warpgroup's P @ V.
         if cutlass.const_expr(self.cfg.late_k_release):
-            self.release_after(pipe_k, k_state, row_sum)
+            self.release_after(pipe_k, k_state, row_sum, lazy[2] if lazy_step else None)
         warpgroup.wait_group(0)
         stamp(7)
         pipe_v.consumer_release(v_state)
-        if cutlass.const_expr(self.cfg.cvt_before_rescale):
+        if cutlass.const_expr(lazy_step):
+            lazy[1](need_exact=need_exact, p_next=p_next)
+        elif cutlass.const_expr(self.cfg.cvt_before_rescale):
             acc_to_operand_a(acc_S, tOrP)
-        if cutlass.const_expr(not self.cfg.rescale_o_before_pv and not self.cfg.diag_stale_max):
+        if cutlass.const_expr(not self.cfg.rescale_o_before_pv and not lazy_step):
             S.rescale_rows(acc_O_rc, row_scale)
-        if cutlass.const_expr(not self.cfg.cvt_before_rescale):
+        if cutlass.const_expr(not self.cfg.cvt_before_rescale and not lazy_step):
             acc_to_operand_a(acc_S, tOrP)
+
+    @cute.jit
+    def lazy_probs(self, p_next, acc_S, acc_S_rc, acc_P, row_max, block_sum, scale_log2):
+        """FwdConfig.lazy_max, before the previous P @ V is waited for: P against the running max as
+        it is, converted into the next P @ V operand; returns whether this thread needs the exact
+        step (the caller votes after that wait)."""
+        need = S.lazy_softmax_block(acc_S_rc, L.acc_rows_cols(acc_P), row_max, block_sum, scale_log2,
+                                    Float32(2.0 ** LAZY_MAX_LOG2))
+        acc_to_operand_a(acc_P, p_next)
+        return need
+
+    @cute.jit
+    def lazy_settle(self, need_exact, p_next, acc_S, acc_S_rc, acc_O_rc, row_max, row_sum, row_scale,
+                    block_sum, scale_log2):
+        """After the previous P @ V is done: a warp with a row that needs it redoes the block exactly
+        from S (new max, O rescaled, P converted again); the others add their block sums. The
+        vote keeps the branch warp-uniform; no WGMMA is in flight here."""
+        if cute.arch.vote_any_sync(need_exact):
+            # keep `old` alive into this branch (a mask that is 0, unknown to the compiler): otherwise
+            # ptxas sinks the lazy conversion into the other branch and recomputes half the exp2s
+            # there rather than holding the fp32 P across the vote
+            p_words = cute.recast_tensor(p_next, Int32)
+            old = p_words.load()
+            keep_old = Int32(0)
+            if row_sum[0] < Float32(0.0):
+                keep_old = Int32(-1)
+            S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=False)
+            S.rescale_rows(acc_O_rc, row_scale)
+            acc_to_operand_a(acc_S, p_next)
+            for j in cutlass.range_constexpr(cute.size(p_words)):
+                p_words[j] = p_words[j] ^ ((old[j] ^ p_words[j]) & keep_old)
+        else:
+            for r in cutlass.range_constexpr(cute.size(row_sum)):
+                row_sum[r] = row_sum[r] + block_sum[r]
 
     @cute.jit
     def diag_work(self, acc_S):
@@ -940,12 +1019,17 @@ class FlashFwdSm90:
             buf[base + step * _TRACE_EVENTS + event] = cute.arch.clock()
 
     @cute.jit
-    def release_after(self, pipe, state, row_sum):
+    def release_after(self, pipe, state, row_sum, block_sum=None):
         """`pipe.consumer_release(state)`, issued only once every row sum is computed: the sums
-        are never negative (NaN fails `< 0` too), so the condition holds but ptxas cannot know."""
+        are never negative (NaN fails `< 0` too), so the condition holds but ptxas cannot know.
+        With `block_sum` (lazy_max's, not yet in the running sums) the condition takes both: a sum
+        of exp2s alone the compiler knows is not negative, and it would drop the condition."""
         total = row_sum[0]
         for r in cutlass.range_constexpr(1, cute.size(row_sum)):
             total = total + row_sum[r]
+        if cutlass.const_expr(block_sum is not None):
+            for r in cutlass.range_constexpr(cute.size(block_sum)):
+                total = total + block_sum[r]
         if not total < Float32(0.0):
             pipe.consumer_release(state)
 

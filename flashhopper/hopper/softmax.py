@@ -54,7 +54,6 @@ def online_softmax_step(
     is_first: cutlass.Constexpr[bool],
     max_chains: cutlass.Constexpr[int] = 1,
     sum_scaled_first: cutlass.Constexpr[bool] = False,
-    stale_max: cutlass.Constexpr[bool] = False,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
 
@@ -64,44 +63,53 @@ def online_softmax_step(
     """
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
-    if cutlass.const_expr(stale_max and not is_first):
-        # FwdConfig.diag_stale_max: the running max kept as the offset, row scale 1
-        for r in cutlass.range_constexpr(num_rows):
-            offset = row_max[r] * scale_log2
-            if row_max[r] == -Float32.inf:
-                offset = Float32(0.0)
-            block_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(num_cols):
-                p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
-                acc_S_rc[r, c] = p
-                block_sum += p
-            row_sum[r] = row_sum[r] + block_sum
-    else:
-        for r in cutlass.range_constexpr(num_rows):
-            block_max = row_block_max(acc_S_rc, r, num_cols, max_chains)
-            block_max = quad_allreduce_max(block_max)
-            new_max = block_max
-            if cutlass.const_expr(not is_first):
-                new_max = cute.arch.fmax(row_max[r], block_max)
-            offset = new_max * scale_log2
-            if new_max == -Float32.inf:
-                offset = Float32(0.0)
-            if cutlass.const_expr(is_first):
-                row_scale[r] = Float32(1.0)
-            else:
-                row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
-            row_max[r] = new_max
-            block_sum = Float32(0.0)
-            if cutlass.const_expr(sum_scaled_first and not is_first):
-                block_sum = row_sum[r] * row_scale[r]
-            for c in cutlass.range_constexpr(num_cols):
-                p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
-                acc_S_rc[r, c] = p
-                block_sum += p
-            if cutlass.const_expr(is_first or sum_scaled_first):
-                row_sum[r] = block_sum
-            else:
-                row_sum[r] = row_sum[r] * row_scale[r] + block_sum
+    for r in cutlass.range_constexpr(num_rows):
+        block_max = row_block_max(acc_S_rc, r, num_cols, max_chains)
+        block_max = quad_allreduce_max(block_max)
+        new_max = block_max
+        if cutlass.const_expr(not is_first):
+            new_max = cute.arch.fmax(row_max[r], block_max)
+        offset = new_max * scale_log2
+        if new_max == -Float32.inf:
+            offset = Float32(0.0)
+        if cutlass.const_expr(is_first):
+            row_scale[r] = Float32(1.0)
+        else:
+            row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
+        row_max[r] = new_max
+        block_sum = Float32(0.0)
+        if cutlass.const_expr(sum_scaled_first and not is_first):
+            block_sum = row_sum[r] * row_scale[r]
+        for c in cutlass.range_constexpr(num_cols):
+            p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
+            acc_S_rc[r, c] = p
+            block_sum += p
+        if cutlass.const_expr(is_first or sum_scaled_first):
+            row_sum[r] = block_sum
+        else:
+            row_sum[r] = row_sum[r] * row_scale[r] + block_sum
+
+
+@cute.jit
+def lazy_softmax_block(acc_S_rc: cute.Tensor, p_rc: cute.Tensor, row_max: cute.Tensor,
+                       block_sum: cute.Tensor, scale_log2: Float32, limit: Float32):
+    """One block's probabilities against the running max as it is (FwdConfig.lazy_max), into
+    `p_rc`; S stays in `acc_S_rc` for the exact step. Leaves the per-row block sums (not yet added
+    to the running sums) and returns whether this thread's rows need the exact step: a row without
+    a max yet, or a block sum above `limit` (also catches an exp2 that overflowed)."""
+    need = row_max[0] == -Float32.inf
+    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+        offset = row_max[r] * scale_log2
+        if row_max[r] == -Float32.inf:
+            offset = Float32(0.0)
+        s = Float32(0.0)
+        for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+            p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
+            p_rc[r, c] = p
+            s += p
+        block_sum[r] = s
+        need = need | (row_max[r] == -Float32.inf) | (s > limit)
+    return need
 
 
 @cute.jit
