@@ -80,6 +80,12 @@ def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
 # 512 (the short path below) +9.5%. At hdim 128, whose O has its own smem tile, it is -4..+0.3%.
 _O_V_STAGES = {"o_in_v": True, "o_v_stages": True}
 _FWD_O_V_STAGES = {256}
+# FwdConfig.lazy_max at hdim 96 / 128 (two consumer warpgroups; softcap has no lazy step). Session 23 on
+# the H200 (scripts/tune_fwd.py lazy, 3 rounds): hdim 128 +9.0..+13.2% (2k-16k, causal and not), hdim 96
+# +12.4% at 8k; the step 2,592 -> 2,177 cycles at hdim 128 16k. hdim 64's 192-row tile has no registers
+# for the second P operand; on 128-row tiles it ran 3.5% below the 192-row dispatch. hdim 96 only without
+# a mask: with one, its kernel spills (8 bytes causal bf16, 24 local). hdim -> also with a mask.
+_FWD_LAZY_MAX = {128: True, 96: False}
 
 # Causal hdim 192 / 256 on short sequences, per hdim (longest length, overrides) brackets, shortest first.
 # Queries and keys <= 512: 64-key tiles on the persistent grid with the dynamic scheduler. Session 7
@@ -263,9 +269,8 @@ class FwdConfig(_KernelConfig):
     # Lazy row max, in the mask-free overlapped steps: P = exp2((S - m) * scale) with the running max m
     # left as it is, so the step has no row max, shuffles, row-scale exp2 or O rescale (P may exceed 1;
     # 16-bit P has the range). A warp any of whose rows has a block sum above 2^LAZY_MAX_LOG2 (or no
-    # max yet) redoes the block exactly from S, which stays in its registers: P goes to a second
-    # 16-bit fragment that replaces the P @ V operand once the previous P @ V is done. Not with
-    # rescale_o_before_pv; no effect without intra_wg_overlap or with softcap (whose kernel then spills).
+    # max yet) redoes the block exactly from S, which stays in its registers: lazy steps go in pairs,
+    # each writing the P @ V operand the other reads. Where it takes effect: lazy_max_active.
     lazy_max: bool = False
 
     @property
@@ -299,8 +304,11 @@ class FwdConfig(_KernelConfig):
 
     @property
     def lazy_max_active(self) -> bool:
-        """lazy_max in effect: with the overlapped step and without softcap."""
-        return self.lazy_max and self.intra_wg_overlap and not self.softcap
+        """lazy_max in effect: the overlapped step without softcap or rescale_o_before_pv (its steps leave
+        O unscaled), at hdim <= 128 with two consumer warpgroups (elsewhere S, O and two P operands do
+        not fit the registers: hdim 192 / 256 spill, the 192-row tile's WGMMAs serialize)."""
+        return (self.lazy_max and self.intra_wg_overlap and not self.softcap and not self.rescale_o_before_pv
+                and self.hdim_v <= 128 and self.num_consumer_wg == 2)
 
     @property
     def o_in_v_ring(self) -> bool:
@@ -357,13 +365,6 @@ class FwdConfig(_KernelConfig):
                                  f"{self.num_stages} x {self.tile_n} rows")
         if self.o_v_stages and not self.o_in_v:
             raise ValueError("o_v_stages needs o_in_v (it says where in V's ring O is staged)")
-        if self.lazy_max and self.rescale_o_before_pv:
-            raise ValueError("lazy_max leaves O unscaled in its steps; it does not take rescale_o_before_pv")
-        if self.lazy_max and self.hdim_v > 128:
-            raise ValueError(f"lazy_max takes hdim <= 128: at {self.hdim_v} S, O and two P operands spill")
-        if self.lazy_max and self.num_consumer_wg > 2:
-            raise ValueError(f"lazy_max needs two P operands beside S and O: {self.consumer_regs} registers "
-                             f"a thread ({self.num_consumer_wg} consumer warpgroups) do not hold them")
         if (self.diag_ffma_passes or self.diag_ex2_passes) and not self.gemm_only:
             raise ValueError("diag_ffma_passes / diag_ex2_passes take the place of the softmax: they need "
                              "gemm_only")
@@ -448,6 +449,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         cfg = dataclasses.replace(cfg, **brackets[int(short) - 1][1])
     if qring and not local and hdim in _SHORT_QRING:
         cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
+    if hdim in _FWD_LAZY_MAX and not softcap and (_FWD_LAZY_MAX[hdim] or not (causal or local)):
+        cfg = dataclasses.replace(cfg, lazy_max=True)
     cfg.check()
     return cfg
 

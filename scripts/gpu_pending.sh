@@ -1100,6 +1100,23 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_f)  # session 23: the lazy_max dispatch (hdim 96 / 128): the forward GPU suite and the API suite, then the grid
+  # (1 round, JSON and plot)
+  bg fwd_tests 260 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py
+  wait
+  run api_tests python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py -x
+  run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid.json" --plot "$O/fwd_grid.png"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_tests api_tests
+  [ -f "$O/fwd_grid.log" ] && { echo "--- fwd_grid"; quiet "$O/fwd_grid.log" | tail -44; }
+  ;;
+s23_g)  # session 23: the forward grid again (1 round) and the ablation at hdim 128 8k
+  run fwd_grid python3 -m flashhopper.cli bench --json "$O/fwd_grid2.json"
+  run ablation python3 -m flashhopper.cli bench --ablation
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/fwd_grid.log" ] && { echo "--- fwd_grid"; quiet "$O/fwd_grid.log" | tail -44; }
+  [ -f "$O/ablation.log" ] && quiet "$O/ablation.log" | tail -14
+  ;;
 s23_e)  # session 23: lazy_max (hdim <= 128): its forward GPU tests (hdim 64 on 128 x 128 tiles), the new rising-score
   # tests on the dispatch, timing (3 rounds), timelines
   LZ=lazy_max=True,tile_m=128,num_consumer_wg=2

@@ -3,6 +3,8 @@ design needs visible in its SASS and no register spills."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
@@ -133,11 +135,15 @@ def test_forward_lazy_max_compiles(dtype, hdim, mask):
     _check_forward(dtype, hdim, MASKS[mask], lazy_max=True, **tile)
 
 
-def test_lazy_max_refuses_what_it_cannot_take():
-    with pytest.raises(ValueError, match="lazy_max"):
-        FwdConfig(dtype="bf16", hdim=128, lazy_max=True, rescale_o_before_pv=True).check()
-    with pytest.raises(ValueError, match="lazy_max needs two P operands"):
-        FwdConfig(dtype="bf16", hdim=64, tile_m=192, num_consumer_wg=3, lazy_max=True).check()
+def test_lazy_max_takes_effect_only_where_it_fits():
+    assert FwdConfig(dtype="bf16", hdim=128, lazy_max=True).lazy_max_active
+    assert FwdConfig(dtype="bf16", hdim=64, lazy_max=True).lazy_max_active  # 128 x 128
+    for fields in ({"rescale_o_before_pv": True}, {"softcap": True}, {"intra_wg_overlap": False},
+                   {"hdim": 256, "tile_n": 80}, {"hdim": 64, "tile_m": 192, "num_consumer_wg": 3}):
+        assert not FwdConfig(**{"dtype": "bf16", "hdim": 128, "lazy_max": True, **fields}).lazy_max_active
+    assert fwd_config("bf16", 128).lazy_max and fwd_config("bf16", 128, local=True).lazy_max
+    assert fwd_config("fp16", 96).lazy_max and not fwd_config("bf16", 96, causal=True).lazy_max
+    assert not fwd_config("bf16", 128, softcap=True).lazy_max and not fwd_config("bf16", 64).lazy_max
 
 
 # rescale_o_before_pv against its default (on for hdim > 128): O rescaled between the QK^T and the
@@ -241,7 +247,8 @@ def _check_forward(dtype, hdim, mask, **overrides):
     assert (sass["MUFU.TANH"] > 0) == mask.get("softcap", False)
     if overrides.get("intra_wg_overlap", True):
         # lazy_max: the mask-free run is an exact odd step and a loop of lazy step pairs
-        extra = 4 if overrides.get("lazy_max") and not mask.get("softcap") else 0
+        cfg = dataclasses.replace(fwd_config(dtype, hdim, **mask), **overrides)
+        extra = 4 if cfg.lazy_max_active else 0
         assert sass["HGMMA_WAITS"] == _commit_groups(**mask) + extra, "ptxas serialized the WGMMAs"
     return report
 
