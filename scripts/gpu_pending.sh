@@ -1100,6 +1100,12 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s23_h)  # session 23: the forward GPU tests s23_f's limit cut, those of the switch variants where lazy_max takes effect
+  run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "(persistent or dynamic or counter or wg_epilogue or skip_idle or q_ring or rescale_o_before_pv) and (128 or 96)"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_tests
+  ;;
 s23_f)  # session 23: the lazy_max dispatch (hdim 96 / 128): the forward GPU suite and the API suite, then the grid
   # (1 round, JSON and plot)
   bg fwd_tests 260 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py
@@ -1132,7 +1138,7 @@ s23_e)  # session 23: lazy_max (hdim <= 128): its forward GPU tests (hdim 64 on 
   grep -E "FAILED|rc=" "$O/lazy.log" | head -3
   python3 scripts/tune_medians.py "$O/lazy.log"
   ;;
-s23_d)  # session 23: the running max of the peeled block kept as the offset (diag_stale_max): timelines, timing
+s23_d)  # session 23 (needs 360dc51): the peeled block's running max kept as the offset (diag_stale_max): timelines, timing
   # (3 rounds), then the forward tests with it on (random inputs, where it is exact)
   run trace python3 scripts/fwd_trace.py --out "$O" 128:16384:diag_stale_max=true 64:8192:diag_stale_max=true \
     256:8192:diag_stale_max=true 256:8192

@@ -27,7 +27,7 @@
     python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
     python scripts/tune_fwd.py rescale128 # s23: O rescaled before P @ V at hdim 64 / 128 vs the dispatch
     python scripts/tune_fwd.py lazy       # s23: lazy_max against the dispatch (hdim 64 / 96 / 128)
-    python scripts/tune_fwd.py stale      # s23: first block's row max kept (diag_stale_max)
+    python scripts/tune_fwd.py stale      # s23: first block's max kept (360dc51's diag_stale_max)
     python scripts/tune_fwd.py gemmonly   # s22: the loads and GEMMs alone (no softmax) vs the dispatch
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
 
@@ -295,9 +295,9 @@ RESCALE128 = [(hdim, causal, seqlen, over) for hdim, points in
                (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))))
               for causal, seqlen in points for over in ({}, {"rescale_o_before_pv": True})]
 
-# diagnostic: the running max of the peeled first block kept as the exp2 offset (diag_stale_max: no row max,
-# shuffles, row-scale exp2 or O rescale in the overlapped steps; exact on the random inputs used here), the
-# most a lazy max with an overflow fix-up could gain
+# diagnostic (needs 360dc51): the peeled first block's running max kept as the exp2 offset (diag_stale_max:
+# no row max, shuffles, row-scale exp2 or O rescale in the overlapped steps; exact on the random inputs
+# used here), the most a lazy max with an overflow fix-up could gain
 STALE = [(hdim, causal, seqlen, over) for hdim, points in
          ((64, ((False, 8192), (False, 16384), (True, 8192))),
           (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))),

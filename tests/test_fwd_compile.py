@@ -82,8 +82,9 @@ def test_forward_hdim192_short_nomask_compiles(dtype, softcap):
 ])
 def test_forward_o_v_stages_compiles(dtype, hdim, mask, fields):
     report = _check_forward(dtype, hdim, MASKS[mask], o_in_v=True, o_v_stages=True, **fields)
+    # lazy_max (dispatched at hdim 128) does not take O in V: the comparison is without it too
     default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **fields, o_in_v=False,
-                             o_v_stages=False)["sass"]
+                             o_v_stages=False, lazy_max=False)["sass"]
     assert report["sass"]["HGMMA"] == default["HGMMA"] and report["sass"]["UTMASTG"] == default["UTMASTG"]
 
 
@@ -139,7 +140,8 @@ def test_lazy_max_takes_effect_only_where_it_fits():
     assert FwdConfig(dtype="bf16", hdim=128, lazy_max=True).lazy_max_active
     assert FwdConfig(dtype="bf16", hdim=64, lazy_max=True).lazy_max_active  # 128 x 128
     for fields in ({"rescale_o_before_pv": True}, {"softcap": True}, {"intra_wg_overlap": False},
-                   {"hdim": 256, "tile_n": 80}, {"hdim": 64, "tile_m": 192, "num_consumer_wg": 3}):
+                   {"hdim": 256, "tile_n": 80}, {"hdim": 64, "tile_m": 192, "num_consumer_wg": 3},
+                   {"tile_n": 144}, {"cluster_m": 2}, {"o_in_v": True}, {"gemm_only": True}):
         assert not FwdConfig(**{"dtype": "bf16", "hdim": 128, "lazy_max": True, **fields}).lazy_max_active
     assert fwd_config("bf16", 128).lazy_max and fwd_config("bf16", 128, local=True).lazy_max
     assert fwd_config("fp16", 96).lazy_max and not fwd_config("bf16", 96, causal=True).lazy_max
@@ -224,7 +226,8 @@ def test_forward_o_in_v_compiles(dtype, hdim, mask, fields):
     fields = {"o_v_stages": False, **fields}  # the one hand-off for all of sV (o_v_stages: below)
     report = _check_forward(dtype, hdim, MASKS[mask], o_in_v=True, **fields)
     cfg = fwd_config(dtype, hdim, **MASKS[mask])
-    base = {"wg_epilogue": cfg.wg_epilogue, "skip_idle_wg": cfg.skip_idle_wg, **fields, "o_in_v": False}
+    base = {"wg_epilogue": cfg.wg_epilogue, "skip_idle_wg": cfg.skip_idle_wg, **fields, "o_in_v": False,
+            "lazy_max": False}  # lazy_max does not take O in V (hdim 96 / 128 dispatch it)
     default = inspect_kernel("fwd", dtype=dtype, hdim=hdim, **MASKS[mask], **base)
     assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]
     assert report["sass"]["UTMASTG"] == default["sass"]["UTMASTG"]
