@@ -187,8 +187,13 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention_tiled_fwd(q, k, v, block_m=128, block_n=128, softmax_scale=None, causal=False,
-                        window_size=(-1, -1), softcap=0.0):
-    """Block-wise online softmax in float32. Returns (out (b, sq, hq, dv), lse (b, hq, sq))."""
+                        window_size=(-1, -1), softcap=0.0, lazy_max_log2=None):
+    """Block-wise online softmax in float32. Returns (out (b, sq, hq, dv), lse (b, hq, sq)).
+
+    `lazy_max_log2` (FwdConfig.lazy_max's model): in blocks with no masked entry after the first,
+    P is taken against the running max as it is; a row with no max yet or a block sum above
+    2^lazy_max_log2 takes the exact step instead (the kernel decides per warp of 16 rows, which
+    changes only how often the exact step runs)."""
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k, hdim_v = k.shape[1], v.shape[-1]
     pre, post = _score_transform(default_scale(q.shape[-1], softmax_scale), softcap)
@@ -210,12 +215,22 @@ def attention_tiled_fwd(q, k, v, block_m=128, block_n=128, softmax_scale=None, c
             s = q_blk @ kf[:, :, n0:n1].transpose(-1, -2)
             s = torch.tanh(s * pre) * post if pre is not None else s * post
             s = s.masked_fill(~mask[m0:m1, n0:n1], NEG_INF)
+            lazy = lazy_max_log2 is not None and n_block > lo and bool(mask[m0:m1, n0:n1].all())
+            if lazy:
+                stale = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
+                p_lazy = torch.exp2(s - stale.unsqueeze(-1))
+                sum_lazy = p_lazy.sum(dim=-1)
+                keep = ~torch.isinf(row_max) & (sum_lazy <= 2.0 ** lazy_max_log2)
             new_max = torch.maximum(row_max, s.amax(dim=-1))
             # A row that has seen only masked keys keeps max -inf; pinning it to 0 avoids
             # exp2(-inf - -inf) = NaN while still giving p = 0 and correction = 0.
             ref_max = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
             p = torch.exp2(s - ref_max.unsqueeze(-1))
             correction = torch.exp2(row_max - ref_max)
+            if lazy:  # rows that keep their max: no correction, P against the old max
+                new_max = torch.where(keep, row_max, new_max)
+                correction = torch.where(keep, torch.ones_like(correction), correction)
+                p = torch.where(keep.unsqueeze(-1), p_lazy, p)
             row_sum = row_sum * correction + p.sum(dim=-1)
             acc = acc * correction.unsqueeze(-1) + p @ vf[:, :, n0:n1]
             row_max = new_max

@@ -111,3 +111,26 @@ def test_tiled_handles_bf16_inputs_and_no_visible_key():
     assert torch.isneginf(lse[..., :50]).all() and torch.isfinite(lse[..., 50:]).all()
     want, _ = attention_ref(q, k, v, causal=True)
     assert_close32(out, want)
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=problems(), seed=st.integers(0, 2**16), growth=st.sampled_from([0.0, 20.0, 300.0]),
+       log2_limit=st.sampled_from([0.0, 8.0]))
+def test_tiled_forward_lazy_max_matches_exact(p, seed, growth, log2_limit):
+    """FwdConfig.lazy_max's arithmetic: the running max kept in mask-free blocks (P up to 2^limit),
+    the exact step where a row has no max or its block sum passes 2^limit. Scores that rise over the
+    keys by `growth` (scaled units) make rows take the exact step, and at 300 overflow exp2."""
+    q, k, v, _ = make_inputs(p, seed)
+    if growth:
+        u = torch.randn(p["hdim"], generator=torch.Generator().manual_seed(seed))
+        u = torch.nn.functional.normalize(u, dim=0)
+        amp = (growth * p["hdim"] ** 0.5) ** 0.5
+        q = q + amp * u
+        k = k + amp * torch.linspace(0.0, 1.0, p["seqlen_k"])[None, :, None, None] * u
+    kw = {**p["kwargs"], "softcap": 0.0}
+    out, lse = attention_tiled_fwd(q, k, v, p["block_m"], p["block_n"], lazy_max_log2=log2_limit, **kw)
+    want_out, want_lse = attention_ref(q, k, v, **kw)
+    assert_close32(out, want_out)
+    finite = ~want_lse.isinf()
+    scale = max(1.0, want_lse[finite].abs().max().item()) if finite.any() else 1.0
+    torch.testing.assert_close(lse, want_lse, atol=1e-4 * scale, rtol=1e-5)

@@ -18,7 +18,7 @@ from flashhopper.config import FwdConfig
 # joins the table by adding its name here. Kept out of config.py so that file only describes
 # kernels, not experiments.
 ABLATION_SWITCHES = ("pingpong", "intra_wg_overlap", "persistent", "dynamic_sched", "reg_realloc",
-                     "wg_epilogue")
+                     "wg_epilogue", "lazy_max")
 MODES = (("non-causal", False), ("causal", True))
 SEQLEN, HDIM = 8192, 128  # batch 2, 16 heads with the grid's 16384 tokens and hidden 2048
 # An ablation variant changes scheduling only; the output must match everything-on to bf16 noise.
