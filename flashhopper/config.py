@@ -305,12 +305,14 @@ class FwdConfig(_KernelConfig):
     @property
     def lazy_max_active(self) -> bool:
         """lazy_max in effect: the overlapped step without softcap or rescale_o_before_pv (its steps leave
-        O unscaled), at hdim <= 128 with two consumer warpgroups and at most 128 keys a block, not with
-        a cluster or O in V's ring (with those, or elsewhere, S, O and two P operands do not fit the
-        registers: hdim 192 / 256, the cluster, O in V and 144+ keys spill, the 192-row tile's WGMMAs
-        serialize), and not in the gemm_only diagnostic."""
+        O unscaled), at hdim <= 128 with two consumer warpgroups and at most 128 keys a block (three
+        warpgroups: at most 64 keys), not with a cluster or O in V's ring, and not in the gemm_only
+        diagnostic. Elsewhere S, O and two P operands do not fit the registers: hdim 192 / 256, the
+        cluster, O in V and 144+ keys spill; hdim 64's 192-row tile spills at 96 keys and serializes
+        its WGMMAs at 112 / 128."""
+        keys = self.tile_n <= (128 if self.num_consumer_wg == 2 else 64)
         return (self.lazy_max and self.intra_wg_overlap and not self.softcap and not self.rescale_o_before_pv
-                and self.hdim_v <= 128 and self.num_consumer_wg == 2 and self.tile_n <= 128
+                and self.hdim_v <= 128 and self.num_consumer_wg <= 3 and keys
                 and self.cluster_m == 1 and not self.o_in_v_ring and not self.gemm_only)
 
     @property

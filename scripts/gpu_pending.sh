@@ -1100,6 +1100,15 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s24_a)  # prepared in session 23, not yet run: hdim 64 on 192 x 64 tiles with lazy_max (the only hdim 64 tile whose 160
+  # registers hold it): its forward tests, timing (3 rounds) against the dispatch and the same tile without it
+  L64=lazy_max=True,tile_n=64
+  FH_TEST_FWD_OVERRIDES=$L64 run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "hdim_dtype and 64"
+  run lazy64 python3 scripts/tune_fwd.py lazy64
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary tests
+  python3 scripts/tune_medians.py "$O/lazy64.log"
+  ;;
 s23_h)  # session 23: the forward GPU tests s23_f's limit cut, those of the switch variants where lazy_max takes effect
   run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
     -k "(persistent or dynamic or counter or wg_epilogue or skip_idle or q_ring or rescale_o_before_pv) and (128 or 96)"

@@ -27,6 +27,7 @@
     python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
     python scripts/tune_fwd.py rescale128 # s23: O rescaled before P @ V at hdim 64 / 128 vs the dispatch
     python scripts/tune_fwd.py lazy       # s23: lazy_max against the dispatch (hdim 64 / 96 / 128)
+    python scripts/tune_fwd.py lazy64     # next: hdim 64's 192 x 64 tile with lazy_max (not yet run)
     python scripts/tune_fwd.py stale      # s23: first block's max kept (360dc51's diag_stale_max)
     python scripts/tune_fwd.py gemmonly   # s22: the loads and GEMMs alone (no softmax) vs the dispatch
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
@@ -295,6 +296,12 @@ RESCALE128 = [(hdim, causal, seqlen, over) for hdim, points in
                (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))))
               for causal, seqlen in points for over in ({}, {"rescale_o_before_pv": True})]
 
+# next: hdim 64 with lazy_max on its 192-row tile, which takes it only with 64-key blocks (compile-checked,
+# not timed), against the dispatch and the same tile without it
+LAZY64 = [(64, causal, seqlen, over) for causal, seqlen in ((False, 2048), (False, 8192), (False, 16384),
+                                                          (True, 8192), (True, 16384))
+          for over in ({}, {"tile_n": 64}, {"tile_n": 64, "lazy_max": True})]
+
 # diagnostic (needs 360dc51): the peeled first block's running max kept as the exp2 offset (diag_stale_max:
 # no row max, shuffles, row-scale exp2 or O rescale in the overlapped steps; exact on the random inputs
 # used here), the most a lazy max with an overflow fix-up could gain
@@ -337,7 +344,8 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "pingpong2": (PINGPONG2, 5), "poly": (POLY, 3), "rowsum": (RSUM, 3), "chains": (CHAINS, 5),
                "rskip": (RSKIP, 5), "ktry": (KTRY, 5),
                "gemmonly": (GEMMONLY, 3), "rescale128": (RESCALE128, 5),
-               "stale": (STALE, 3), "lazy": (LAZY, 3)}
+               "stale": (STALE, 3), "lazy": (LAZY, 3),
+               "lazy64": (LAZY64, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)
