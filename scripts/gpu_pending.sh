@@ -6,6 +6,8 @@
 # docs/benchmarks.md, "GPU runs of session 20". Session 21: s21_a (exp2 on the FMA pipe, timing and
 # tests), s21_b (row sums by WGMMA), s21_c (ncu of both at hdim 64; s21_a..c need c5982a2's switches),
 # s21_d (the row max in 4 chains: waiting, no machine could be started for it).
+# Session 24: s24_a (hdim 64 lazy_max at 192 x 64, the ablation), s24_b (lazy64 again, ping-pong with the
+# overlap off, the bf16 grid), s24_c (fp16 and bf16 grids, the 5-round ablation, ncu), s24_d (fp16 per MHz).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1100,14 +1102,59 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
-s24_a)  # prepared in session 23, not yet run: hdim 64 on 192 x 64 tiles with lazy_max (the only hdim 64 tile whose 160
-  # registers hold it): its forward tests, timing (3 rounds) against the dispatch and the same tile without it
+s24_d)  # session 24: fp16 against bf16 per MHz of SM clock with lazy_max (hdim 128 8k, hdim 64 8k; sustained
+  # streams, ours and FA4), then the forward GPU tests at hdim 192 / 256 and the API GPU suite on the final head
+  run clock128 bash -c "python3 scripts/clock_study.py --hdim 128 --seqlen 8192 --rounds 2 --seconds 1.0 \
+    --no-matmul --dtype bf16 && python3 scripts/clock_study.py --hdim 128 --seqlen 8192 --rounds 2 \
+    --seconds 1.0 --no-matmul --dtype fp16"
+  run clock64 bash -c "python3 scripts/clock_study.py --hdim 64 --seqlen 8192 --rounds 2 --seconds 1.0 \
+    --no-matmul --dtype fp16 && python3 scripts/clock_study.py --hdim 64 --seqlen 8192 --rounds 2 \
+    --seconds 1.0 --no-matmul --dtype bf16"
+  bg fwd_tests 150 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "192 or 256"
+  wait
+  run api_tests python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in clock128 clock64; do [ -f "$O/$f.log" ] && grep -A4 -E "^(forward|backward) " "$O/$f.log"; done
+  tests_summary fwd_tests api_tests
+  ;;
+s24_c)  # session 24: fp16 and bf16 grids (2 rounds each, fp16 first), the ablation (5 rounds, both masks), ncu of
+  # hdim 128 8k with ping-pong on / off, with the intra-warpgroup overlap on and off
+  run fwd_grid_fp16 python3 -m flashhopper.cli bench --dtype fp16 --rounds 2 --json "$O/fwd_grid_fp16.json"
+  run fwd_grid_bf16 python3 -m flashhopper.cli bench --rounds 2 --json "$O/fwd_grid_bf16.json"
+  run ablation python3 -m flashhopper.cli bench --ablation --rounds 5 --json "$O/ablation.json"
+  export OVERLAP="true false"
+  run ncu bash scripts/profile_fwd.sh
+  echo "== end at $(($(date +%s) - T0)) s"
+  for f in fwd_grid_fp16 fwd_grid_bf16; do [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | tail -4; }; done
+  [ -f "$O/ablation.log" ] && quiet "$O/ablation.log" | tail -12
+  [ -f "$O/ncu.log" ] && cat "$O/ncu.log"
+  ;;
+s24_b)  # session 24: the new default-dispatch tests (seqlens and rising scores at hdim 64), lazy_max at hdim 64's
+  # long points again (5 rounds), ping-pong with and without the intra-warpgroup overlap (3 rounds); the bf16 grid
+  # (2 rounds, JSON and plot)
+  bg tests 120 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "(seqlens or rising) and 64"
+  wait
+  run lazy64_long python3 scripts/tune_fwd.py lazy64_long
+  run pingpong3 python3 scripts/tune_fwd.py pingpong3
+  run fwd_grid python3 -m flashhopper.cli bench --rounds 2 --json "$O/fwd_grid.json" --plot "$O/fwd_grid.png"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary tests
+  for f in lazy64_long pingpong3; do [ -f "$O/$f.log" ] && python3 scripts/tune_medians.py "$O/$f.log"; done
+  [ -f "$O/fwd_grid.log" ] && { echo "--- fwd_grid"; quiet "$O/fwd_grid.log" | tail -44; }
+  ;;
+s24_a)  # session 24: hdim 64 on 192 x 64 tiles with lazy_max (the only hdim 64 tile whose 160 registers hold
+  # it): its forward tests (every hdim <= 128 under the override), timing (3 rounds) against the dispatch;
+  # then the ablation with lazy_max dispatched (3 rounds, both masks)
   L64=lazy_max=True,tile_n=64
-  FH_TEST_FWD_OVERRIDES=$L64 run tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "hdim_dtype and 64"
+  FH_TEST_FWD_OVERRIDES=$L64 bg tests 200 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \
+    -k "(rising or hdim_dtype or seqlens or batch_gqa or packed) and not 192 and not 256"
+  wait
   run lazy64 python3 scripts/tune_fwd.py lazy64
+  run ablation python3 -m flashhopper.cli bench --ablation --rounds 3 --json "$O/ablation.json"
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary tests
   python3 scripts/tune_medians.py "$O/lazy64.log"
+  [ -f "$O/ablation.log" ] && quiet "$O/ablation.log" | tail -14
   ;;
 s23_h)  # session 23: the forward GPU tests s23_f's limit cut, those of the switch variants where lazy_max takes effect
   run fwd_tests python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py \

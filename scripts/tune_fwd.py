@@ -27,7 +27,8 @@
     python scripts/tune_fwd.py ktry       # s22: the next K's barrier tested early (needs bc6dfc5)
     python scripts/tune_fwd.py rescale128 # s23: O rescaled before P @ V at hdim 64 / 128 vs the dispatch
     python scripts/tune_fwd.py lazy       # s23: lazy_max against the dispatch (hdim 64 / 96 / 128)
-    python scripts/tune_fwd.py lazy64     # next: hdim 64's 192 x 64 tile with lazy_max (not yet run)
+    python scripts/tune_fwd.py lazy64     # s24: hdim 64's 192 x 64 tile with lazy_max
+    python scripts/tune_fwd.py lazy64_long|pingpong3  # s24: its long points; ping-pong without the overlap
     python scripts/tune_fwd.py stale      # s23: first block's max kept (360dc51's diag_stale_max)
     python scripts/tune_fwd.py gemmonly   # s22: the loads and GEMMs alone (no softmax) vs the dispatch
     python scripts/tune_fwd.py rskip      # s22: O's rescale skipped where no row max changed (needs 5d7631d)
@@ -296,11 +297,21 @@ RESCALE128 = [(hdim, causal, seqlen, over) for hdim, points in
                (128, ((False, 2048), (False, 8192), (False, 16384), (True, 8192), (True, 16384))))
               for causal, seqlen in points for over in ({}, {"rescale_o_before_pv": True})]
 
-# next: hdim 64 with lazy_max on its 192-row tile, which takes it only with 64-key blocks (compile-checked,
-# not timed), against the dispatch and the same tile without it
-LAZY64 = [(64, causal, seqlen, over) for causal, seqlen in ((False, 2048), (False, 8192), (False, 16384),
-                                                          (True, 8192), (True, 16384))
-          for over in ({}, {"tile_n": 64}, {"tile_n": 64, "lazy_max": True})]
+# s24_a: hdim 64 with lazy_max on its 192-row tile, which takes it only with 64-key blocks, against the
+# dispatch at 1k-16k (1k: the Q-ring bracket) and, at 8k, the same tile without it
+LAZY64 = [(64, causal, seqlen, over) for causal in (False, True) for seqlen in (1024, 2048, 4096, 8192, 16384)
+          for over in ({}, {"tile_n": 64, "lazy_max": True}) + (({"tile_n": 64},) if seqlen == 8192 else ())]
+
+# s24_b: the long points of LAZY64 again, 5 rounds (s24_a: +3.7% at 4k and +3.8% at causal 16k, -0.4..+0.5% at
+# 8k / 16k, -3..-6% at 1k / 2k)
+LAZY64_LONG = [(64, causal, seqlen, over) for causal in (False, True) for seqlen in (4096, 8192, 16384)
+               for over in ({}, {"tile_n": 64, "lazy_max": True})]
+
+# s24_b: ping-pong with and without the intra-warpgroup overlap at hdim 128, 8k (the ablation, s24_a, has
+# ping-pong off -0.5..+0.2%: is its gain only hidden by the overlap, as the FA3 paper's schedule suggests?)
+PINGPONG3 = [(128, causal, 8192, over) for causal in (False, True)
+             for over in ({}, {"pingpong": False}, {"intra_wg_overlap": False},
+                          {"intra_wg_overlap": False, "pingpong": False})]
 
 # diagnostic (needs 360dc51): the peeled first block's running max kept as the exp2 offset (diag_stale_max:
 # no row max, shuffles, row-scale exp2 or O rescale in the overlapped steps; exact on the random inputs
@@ -345,7 +356,7 @@ INTERLEAVED = {"persistent_wide": (PERSISTENT_WIDE, 2), "short256": (SHORT256, 2
                "rskip": (RSKIP, 5), "ktry": (KTRY, 5),
                "gemmonly": (GEMMONLY, 3), "rescale128": (RESCALE128, 5),
                "stale": (STALE, 3), "lazy": (LAZY, 3),
-               "lazy64": (LAZY64, 3)}
+               "lazy64": (LAZY64, 3), "lazy64_long": (LAZY64_LONG, 5), "pingpong3": (PINGPONG3, 3)}
 
 if __name__ == "__main__":
     mode = next((m for m in INTERLEAVED if m in sys.argv), None)

@@ -154,7 +154,7 @@ def test_cli_bench_bwd_with_ablation_is_refused(capsys):
 def test_plot_title_says_the_direction():
     report = json.loads(GRID_JSON.read_text())
     report.pop("direction", None)  # grids written before --bwd have none: they are forward grids
-    assert "bf16 forward: flashhopper / max(cuDNN, FA4) geomean 1.05" in plot._title(report)
+    assert "bf16 forward: flashhopper / max(cuDNN, FA4) geomean 1.06" in plot._title(report)
     assert "bf16 backward: flashhopper / max(cuDNN, FA4)" in plot._title({**report, "direction": "bwd"})
     assert "backward" not in plot._title({**report, "direction": "fwd"})
 

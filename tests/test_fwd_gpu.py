@@ -93,7 +93,7 @@ def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-
 # moves by up to 20 (a row scale per block) or 300 (beyond exp2's range between blocks) in scaled
 # natural units; FwdConfig.lazy_max must redo those blocks exactly, not overflow
 @pytest.mark.parametrize("growth", [20.0, 300.0])
-@pytest.mark.parametrize("d", [96, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_rising_scores(growth, d, dtype, causal):
@@ -110,8 +110,9 @@ def test_hdim_dtype(d, dtype, causal):
 @pytest.mark.parametrize("sq,sk", [(1, 1), (17, 17), (127, 127), (1000, 1000), (4097, 4097),
                                    (1, 4097), (4097, 1), (17, 1000), (1000, 17), (127, 4097)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_seqlens(sq, sk, causal):
-    run_case(1, sq, sk, 2, 2, 128, causal=causal)
+@pytest.mark.parametrize("d", [64, 128])
+def test_seqlens(sq, sk, causal, d):
+    run_case(1, sq, sk, 2, 2, d, causal=causal)
 
 
 @pytest.mark.parametrize("b", [1, 3, 8])
