@@ -8,6 +8,7 @@
 # s21_d (the row max in 4 chains: waiting, no machine could be started for it).
 # Session 24: s24_a (hdim 64 lazy_max at 192 x 64, the ablation), s24_b (lazy64 again, ping-pong with the
 # overlap off, the bf16 grid), s24_c (fp16 and bf16 grids, the 5-round ablation, ncu), s24_d (fp16 per MHz).
+# Prepared for session 25, not run: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1101,6 +1102,26 @@ s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests 
 s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
+  ;;
+s25_qearly)  # prepared in session 24, not yet run: hdim 256 backward with dK^T issued under the first dQ chunk's
+  # hand-off and Q released before the second (sdp_q_early), alone and with one Q stage making room for a
+  # 7-box dQ ring (num_stages=1, dq_slot_ring=7: 226,864 B). Cases first (a new order of releases), then the
+  # hdim 256 GPU tests of each, then timing (3 rounds) against the dispatch
+  QE=sdp_q_early=True
+  Q1=sdp_q_early=True,num_stages=1,dq_slot_halves=True,dq_slot_ring=7
+  bg qearly_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config $QE \
+    --bwd-config $Q1
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/qearly_cases.log"; then
+    tests256 qearly_tests $QE
+    tests256 q1_tests $Q1
+    run qearly_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,2048,8192,16384 \
+      --bwd-config default --bwd-config $QE --bwd-config $Q1 --bwd-config num_stages=1,dq_slot_ring=7
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- qearly_cases"; grep -E "^FAIL|cases failed|rc=" "$O/qearly_cases.log" | tail -6
+  tests_summary qearly_tests q1_tests
+  [ -f "$O/qearly_time.log" ] && { echo "--- qearly_time"; quiet "$O/qearly_time.log" | tail -20; }
   ;;
 s24_d)  # session 24: fp16 against bf16 per MHz of SM clock with lazy_max (hdim 128 8k, hdim 64 8k; sustained
   # streams, ours and FA4), then the forward GPU tests at hdim 192 / 256 and the API GPU suite on the final head
