@@ -308,7 +308,7 @@ LAZY64_LONG = [(64, causal, seqlen, over) for causal in (False, True) for seqlen
                for over in ({}, {"tile_n": 64, "lazy_max": True})]
 
 # s24_b: ping-pong with and without the intra-warpgroup overlap at hdim 128, 8k (the ablation, s24_a, has
-# ping-pong off -0.5..+0.2%: is its gain only hidden by the overlap, as the FA3 paper's schedule suggests?)
+# ping-pong off -0.5..+0.2%: does it pay where the overlap is off? s24_b: no, off was 1-5% faster there)
 PINGPONG3 = [(128, causal, 8192, over) for causal in (False, True)
              for over in ({}, {"pingpong": False}, {"intra_wg_overlap": False},
                           {"intra_wg_overlap": False, "pingpong": False})]
