@@ -1118,10 +1118,12 @@ s25_qearly)  # prepared in session 24, not yet run: hdim 256 backward with dK^T 
     run qearly_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,2048,8192,16384 \
       --bwd-config default --bwd-config $QE --bwd-config $Q1 --bwd-config num_stages=1,dq_slot_ring=7
   fi
+  run parts256 python3 scripts/bwd_parts.py 256 512,2048,8192
   echo "== end at $(($(date +%s) - T0)) s"
   echo "--- qearly_cases"; grep -E "^FAIL|cases failed|rc=" "$O/qearly_cases.log" | tail -6
   tests_summary qearly_tests q1_tests
   [ -f "$O/qearly_time.log" ] && { echo "--- qearly_time"; quiet "$O/qearly_time.log" | tail -20; }
+  [ -f "$O/parts256.log" ] && { echo "--- parts256"; quiet "$O/parts256.log" | tail -8; }
   ;;
 s24_d)  # session 24: fp16 against bf16 per MHz of SM clock with lazy_max (hdim 128 8k, hdim 64 8k; sustained
   # streams, ours and FA4), then the forward GPU tests at hdim 192 / 256 and the API GPU suite on the final head
