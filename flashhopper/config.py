@@ -630,13 +630,6 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # with sdp_by_gemm: dK^T = Q^T dS is issued right after the first dQ chunk and runs under that chunk's
-    # hand-off, and Q's stage is released once dK^T is done, before the second dQ chunk (by default dK^T
-    # runs under the second chunk's hand-off and Q goes back at the step's end). The next query block's Q
-    # then loads under the second chunk's GEMM and hand-off, which is what would let one Q stage
-    # (num_stages 1, 32 KiB less at hdim 256) make room for a dq_slot_ring of 7 boxes (226,864 B): more
-    # reduce-adds in flight, about 1% each in session 17. Compile-checked only (session 24).
-    sdp_q_early: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -794,8 +787,6 @@ class BwdConfig(_KernelConfig):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
-        if self.sdp_q_early and not self.sdp_by_gemm:
-            raise ValueError("sdp_q_early reorders sdp_by_gemm's step: it needs sdp_by_gemm")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

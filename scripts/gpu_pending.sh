@@ -8,7 +8,8 @@
 # s21_d (the row max in 4 chains: waiting, no machine could be started for it).
 # Session 24: s24_a (hdim 64 lazy_max at 192 x 64, the ablation), s24_b (lazy64 again, ping-pong with the
 # overlap off, the bf16 grid), s24_c (fp16 and bf16 grids, the 5-round ablation, ncu), s24_d (fp16 per MHz).
-# Prepared for session 25, not run: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage).
+# Session 25: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage; the switch lives in
+# 4b25238, removed after 32a3003).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.

@@ -961,27 +961,3 @@ def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
-
-
-@pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
-@pytest.mark.parametrize("fields", [{}, {"num_stages": 1, "dq_slot_halves": True, "dq_slot_ring": 7}])
-def test_sdp_q_early_compiles(mask, fields):
-    # dK^T under the first dQ chunk's hand-off and Q released before the second; with one Q stage the
-    # 32 KiB it frees hold a 7-box dQ ring (the halves named: a local window's dispatch has none)
-    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
-    cfg = bwd_config("bf16", 256, sdp_q_early=True, **fields, **masks)
-    report = inspect_kernel("bwd", dtype="bf16", hdim=256, sdp_q_early=True, **fields, **masks)
-    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
-    base = inspect_kernel("bwd", dtype="bf16", hdim=256, **fields, **masks)
-    # the same GEMMs and reduce-adds, and no more WGMMA waits than the default order
-    for op in ("HGMMA", "UTMAREDG", "HGMMA_WAITS"):
-        assert report["sass"][op] == base["sass"][op], op
-
-
-def test_sdp_q_early_needs_sdp_by_gemm_and_one_q_stage_fits():
-    with pytest.raises(ValueError, match="sdp_q_early reorders sdp_by_gemm's step"):
-        bwd_config("bf16", 256, softcap=True, sdp_q_early=True)
-    one = bwd_config("bf16", 256, sdp_q_early=True, num_stages=1, dq_slot_ring=7)
-    assert one.smem_bytes() == 226864 <= SMEM_CAPACITY
-    with pytest.raises(ValueError, match="shared memory 235056 B exceeds"):
-        bwd_config("bf16", 256, num_stages=1, dq_slot_ring=8)

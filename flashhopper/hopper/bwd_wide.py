@@ -472,34 +472,20 @@ class FlashBwdWideSm90(BwdKernelBase):
                     cute.arch.fence_view_async_shared()
                 cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                if cutlass.const_expr(self.cfg.sdp_q_early):
-                    # dK^T under the first chunk's hand-off; Q free before the second chunk
-                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                          zero_init=False)
-                    warpgroup.wait_group(1)
-                else:
-                    warpgroup.wait_group(0)
+                warpgroup.wait_group(0)
                 # dV^T has read dO (and dP long before)
                 pipe_do.consumer_release(do_state)
                 self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem, m_block,
                              n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
                              softmax_scale, step)
-                if cutlass.const_expr(self.cfg.sdp_q_early):
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
-                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
-                    warpgroup.wait_group(0)
-                else:
-                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
-                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                          zero_init=False)
-                    warpgroup.wait_group(1)
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s, zero_init=False)
+                warpgroup.wait_group(1)
                 self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem, m_block,
                              n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
                              softmax_scale, step)
-                if cutlass.const_expr(not self.cfg.sdp_q_early):
-                    warpgroup.wait_group(0)
-                    pipe_q.consumer_release(state)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
             else:
                 issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
                 pipe_do.consumer_wait(do_state)
