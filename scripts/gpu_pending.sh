@@ -1104,6 +1104,29 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s25_persist)  # session 25: the wide backward kernel walks tiles (grid = one CTA per tile, or with
+  # BwdConfig.persistent at most one per SM). Cases of both grids (persistent capped at 3 CTAs, so that the
+  # small shapes walk many tiles), timing at hdim 256 (3 rounds) and 192 (2 rounds), then the new persistent
+  # test and the hdim 192 / 256 backward suite on the default grid
+  P=persistent=True
+  bg persist_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 192,256 --ctas-cap 3 \
+    --bwd-config default --bwd-config $P
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/persist_cases.log"; then
+    run persist_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,1024,2048,8192 \
+      --bwd-config default --bwd-config $P
+    run persist_time192 python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 192 --seqlens 512,2048,8192 \
+      --bwd-config default --bwd-config $P
+    run persist_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k persistent
+    run wide_tests python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "(192 or 256) and not persistent"
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- persist_cases"; grep -E "^FAIL|cases failed|rc=" "$O/persist_cases.log" | tail -8
+  for f in persist_time persist_time192; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | grep -vE "^fh[0-9]|overrides" | tail -12; }
+  done
+  tests_summary persist_tests wide_tests
+  ;;
 s25_qearly)  # prepared in session 24, not yet run: hdim 256 backward with dK^T issued under the first dQ chunk's
   # hand-off and Q released before the second (sdp_q_early), alone and with one Q stage making room for a
   # 7-box dQ ring (num_stages=1, dq_slot_ring=7: 226,864 B). Cases first (a new order of releases), then the
