@@ -562,14 +562,6 @@ class BwdConfig(_KernelConfig):
     # so the last CTAs to start are the shortest (FA3's backward LPT scheduler does the same). Not
     # with deterministic (its dQ order needs its own launch order).
     lpt: bool = False
-    # kv_split "hdim": a grid of at most one CTA per SM (the runtime passes the SM count), each walking
-    # tiles (key block, KV head, batch) b, b + G, .. in launch order (lpt's, where that is on).
-    # Between two tiles there is no CTA launch and no prologue, the next tile's first Q / dO load
-    # under this one's epilogue, and K / V load as soon as the epilogue's stores have read their
-    # buffers. At hdim 256 a CTA's fixed cost measured ~6 us against a ~3.2 us step (session 25),
-    # about a fifth of the kernel at 512 tokens. Without it the same kernel runs one CTA per tile.
-    # Not with deterministic (its CTAs wait for lower-ordered ones, which must all be resident or done).
-    persistent: bool = False
     # lpt's section budget: half the H100's 50 MB L2, so that the pairs of the resident CTAs stay
     # in L2 on the H100 and the H200 (tests set it small to get many sections)
     lpt_l2_kib: int = 24 * 1024
@@ -821,10 +813,6 @@ class BwdConfig(_KernelConfig):
             raise ValueError(f"ds_stages {self.ds_stages} not in (1, 2)")
         if self.lpt_l2_kib < 1:
             raise ValueError(f"lpt_l2_kib {self.lpt_l2_kib} must be >= 1")
-        if self.persistent and (self.kv_split != "hdim" or self.deterministic):
-            raise ValueError("persistent exists only for kv_split 'hdim' (hdim 192 / 256, "
-                             "hopper/bwd_wide.py) and not with deterministic, whose CTAs wait for others "
-                             "that must be running or done")
         if self.lpt and self.deterministic:
             raise ValueError("lpt and deterministic: deterministic mode launches the key blocks in the order "
                              "its dQ accumulation waits in; one of the two")
@@ -1056,10 +1044,6 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         # and the slot's halves only with one slot of whole 64-column parts
         if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
             cfg = dataclasses.replace(cfg, dq_slot_halves=False)
-        # and a persistent grid (a launch choice) only in the wide kernel and not in deterministic mode,
-        # whose dQ order needs one CTA per tile
-        if cfg.persistent and (cfg.deterministic or cfg.kv_split != "hdim"):
-            cfg = dataclasses.replace(cfg, persistent=False)
         # and the slot's ring only where it goes round in halves (asked for or not: not under a local
         # window, where the dispatch keeps the slot whole)
         if cfg.dq_slot_ring and not cfg.dq_slot_halves:

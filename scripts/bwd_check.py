@@ -225,9 +225,6 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="time flashhopper's configurations N times, taking turns")
     ap.add_argument("--case-hdims", default="", help="correctness cases of these hdims only, e.g. 192,256")
-    ap.add_argument("--ctas-cap", type=int, default=0,
-                    help="persistent grids of at most N CTAs (BwdConfig.persistent: the cases' small shapes "
-                         "then walk several tiles per CTA)")
     ap.add_argument("--no-softcap", action="store_true",
                     help="leave out the softcap cases (for configurations that exclude softcap)")
     ap.add_argument("--bwd-config", action="append", default=[],
@@ -249,8 +246,6 @@ def run(args, configs=({},)):
         cases = [c for c in cases if c[5] in {int(x) for x in args.case_hdims.split(",")}]
     if getattr(args, "no_softcap", False):
         cases = [c for c in cases if not c[8]]
-    # the cap only for the cases: timings run the grid the runtime picks
-    runtime.persistent_ctas_cap = getattr(args, "ctas_cap", 0) or None
     for overrides in configs if cases else ():
         if len(configs) > 1:
             print("cases with", overrides or "default", flush=True)
@@ -262,7 +257,6 @@ def run(args, configs=({},)):
                     ok, text = False, traceback.format_exc(limit=3)[-600:]
                 failures += not ok
                 print(f"{'ok  ' if ok else 'FAIL'} {case}: {text}", flush=True)
-    runtime.persistent_ctas_cap = None
     if cases:
         print(f"{failures} of {len(cases) * len(configs)} cases failed", flush=True)
     if not args.no_bench:

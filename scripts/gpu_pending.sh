@@ -9,7 +9,8 @@
 # Session 24: s24_a (hdim 64 lazy_max at 192 x 64, the ablation), s24_b (lazy64 again, ping-pong with the
 # overlap off, the bf16 grid), s24_c (fp16 and bf16 grids, the 5-round ablation, ncu), s24_d (fp16 per MHz).
 # Session 25: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage; the switch lives in
-# 4b25238, removed after 32a3003).
+# 4b25238, removed after 32a3003), s25_persist (the wide backward on a persistent grid, de528b8), s25_bgrid
+# (the backward grid).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1104,10 +1105,15 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
-s25_persist)  # session 25: the wide backward kernel walks tiles (grid = one CTA per tile, or with
-  # BwdConfig.persistent at most one per SM). Cases of both grids (persistent capped at 3 CTAs, so that the
-  # small shapes walk many tiles), timing at hdim 256 (3 rounds) and 192 (2 rounds), then the new persistent
-  # test and the hdim 192 / 256 backward suite on the default grid
+s25_bgrid)  # session 25, last call: the backward grid of the head (session 17's dispatch, cubins unchanged since), 2 rounds
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json" --plot "$O/bwd_grid.png"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -42; }
+  ;;
+s25_persist)  # session 25 (needs de528b8, removed after it): the wide backward kernel walks tiles (grid =
+  # one CTA per tile, or with BwdConfig.persistent at most one per SM). Cases of both grids (persistent
+  # capped at 3 CTAs, so that the small shapes walk many tiles), timing at hdim 256 (3 rounds) and 192
+  # (2 rounds), then the new persistent test and the hdim 192 / 256 backward suite on the default grid
   P=persistent=True
   bg persist_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 192,256 --ctas-cap 3 \
     --bwd-config default --bwd-config $P
@@ -1127,7 +1133,7 @@ s25_persist)  # session 25: the wide backward kernel walks tiles (grid = one CTA
   done
   tests_summary persist_tests wide_tests
   ;;
-s25_qearly)  # prepared in session 24, not yet run: hdim 256 backward with dK^T issued under the first dQ chunk's
+s25_qearly)  # prepared in session 24, run in session 25: hdim 256 backward with dK^T issued under the first dQ chunk's
   # hand-off and Q released before the second (sdp_q_early), alone and with one Q stage making room for a
   # 7-box dQ ring (num_stages=1, dq_slot_ring=7: 226,864 B). Cases first (a new order of releases), then the
   # hdim 256 GPU tests of each, then timing (3 rounds) against the dispatch

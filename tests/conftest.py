@@ -43,18 +43,10 @@ def _env_config_overrides():
     BwdConfig fields replaced (e.g. to GPU-test a candidate default before it is made one)."""
     fwd = parse_overrides(os.environ.get("FH_TEST_FWD_OVERRIDES", ""))
     bwd = parse_overrides(os.environ.get("FH_TEST_BWD_OVERRIDES", ""))
-    # FH_TEST_CTAS_CAP: persistent grids of at most that many CTAs, so that the tests' small shapes
-    # make every CTA walk several tiles
-    cap = int(os.environ.get("FH_TEST_CTAS_CAP", "0"))
-    if not (fwd or bwd or cap):
+    if not (fwd or bwd):
         yield
         return
     from flashhopper.hopper import runtime  # imports the DSL: only when asked
 
-    saved_cap = runtime.persistent_ctas_cap
-    runtime.persistent_ctas_cap = cap or saved_cap
-    try:
-        with runtime.config_overrides(**fwd), runtime.bwd_config_overrides(**bwd):
-            yield
-    finally:
-        runtime.persistent_ctas_cap = saved_cap
+    with runtime.config_overrides(**fwd), runtime.bwd_config_overrides(**bwd):
+        yield

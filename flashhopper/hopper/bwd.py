@@ -110,7 +110,6 @@ class FlashBwdSm90(BwdKernelBase):
         softmax_scale: Float32,
         window_left: Int32,
         window_right: Int32,
-        num_ctas: Int32,  # the wide kernel's grid (hopper/bwd_wide.py); here one CTA per key block
         stream: cuda.CUstream,
     ):
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [

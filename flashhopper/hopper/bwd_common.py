@@ -113,26 +113,6 @@ class BwdKernelBase:
         return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps
 
     @cute.jit
-    def tile_work(self, mQ, mK, window_left, window_right, linear):
-        """cta_work for tile `linear` of a 1-D grid walking tiles (hopper/bwd_wide.py): the same
-        (key block, KV head, batch) as the CTA of that launch index in cta_work's 3-D grid."""
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        ratio = mQ.shape[2] // mK.shape[2]
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
-        num_heads = mK.shape[2]
-        n_block = linear % num_n
-        pair = linear // num_n
-        if cutlass.const_expr(self.cfg.lpt):
-            section = lpt_section(seqlen_q, seqlen_k, ratio, self.hdim, self.cfg.lpt_l2_kib, cutlass.max)
-            n_block, pair = lpt_coords(linear, num_n, num_heads * mK.shape[3], section, cutlass.min)
-        n_block = self.launch_order_n_block(n_block, seqlen_k)
-        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
-        num_m = cutlass.max(m_max - m_min, 0)
-        return (n_block, pair % num_heads, pair // num_heads, seqlen_q, seqlen_k, ratio, m_min, num_m,
-                num_m * ratio)
-
-    @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
         """[m_min, m_max): query blocks with at least one query that sees a key of this block.
 
@@ -157,8 +137,17 @@ class BwdKernelBase:
         """Warp 0: K and V of this key block once, then Q + LSE row and dO + D row of every
         (query head, query block) step into the two rings, query block fastest. The dO ring has
         its own depth (`do_stages`) only in the wide kernel; otherwise it steps with the Q ring."""
+        one = cute.make_layout(1)
+        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipe_kv, kv_state, n_block, head_kv, batch)
+        pipe_kv.producer_acquire(kv_state)
+        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
+        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
         if cutlass.const_expr(self.cfg.pdl):
             # BwdConfig.pdl: K and V are inputs; the LSE / D rows are the preprocess's
             cute.arch.griddepcontrol_wait()
@@ -171,54 +160,34 @@ class BwdKernelBase:
             do_state = do_ring
             if cutlass.const_expr(self.do_stages == self.num_stages):
                 do_state = state
-            self.load_step(mQ, mdO, mLSE, mD, sQ, sdO, sLSE, sD, tma_atom_Q, tma_atom_dO, tma_atom_LSE,
-                           tma_atom_D, pipe_q, pipe_do, state, do_state, head_kv * ratio + step // num_m,
-                           m_min + step % num_m, batch)
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
+                                               cute.group_modes(gQ, 0, 2))
+            tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
+                                                   cute.group_modes(gdO, 0, 2))
+            # the host pads the rows to whole query blocks, so the row tile never runs past them
+            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
+            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
+            tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
+                                               cute.group_modes(gLSE, 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
+                                               cute.group_modes(gD, 0, 1))
+            pipe_q.producer_acquire(state)
+            cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(state))
+            pipe_do.producer_acquire(do_state)
+            cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, do_state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
+            cute.copy(tma_atom_D, tDgD, tDsD[None, do_state.index],
+                      tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
             state.advance()
             if cutlass.const_expr(self.do_stages != self.num_stages):
                 do_ring.advance()
-
-    @cute.jit
-    def load_kv(self, mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipe_kv, kv_state, n_block, head_kv, batch):
-        """K and V of key block n_block into their buffers, once the consumers are done with them."""
-        one = cute.make_layout(1)
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
-                                           cute.group_modes(gV, 0, 2))
-        pipe_kv.producer_acquire(kv_state)
-        cute.copy(tma_atom_K, tKgK, tKsK, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-        cute.copy(tma_atom_V, tVgV, tVsV, tma_bar_ptr=pipe_kv.producer_get_barrier(kv_state))
-
-    @cute.jit
-    def load_step(self, mQ, mdO, mLSE, mD, sQ, sdO, sLSE, sD, tma_atom_Q, tma_atom_dO, tma_atom_LSE,
-                  tma_atom_D, pipe_q, pipe_do, state, do_state, head, m_block, batch):
-        """Q + LSE row into the Q ring's stage `state`, dO + D row into the dO ring's `do_state`:
-        query block m_block of query head `head`."""
-        one = cute.make_layout(1)
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-        gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
-                                           cute.group_modes(gQ, 0, 2))
-        tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
-                                               cute.group_modes(gdO, 0, 2))
-        # the host pads the rows to whole query blocks, so the row tile never runs past them
-        gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
-        gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
-        tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
-                                           cute.group_modes(gLSE, 0, 1))
-        tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
-                                           cute.group_modes(gD, 0, 1))
-        pipe_q.producer_acquire(state)
-        cute.copy(tma_atom_Q, tQgQ, tQsQ[None, state.index], tma_bar_ptr=pipe_q.producer_get_barrier(state))
-        cute.copy(tma_atom_LSE, tLgL, tLsL[None, state.index], tma_bar_ptr=pipe_q.producer_get_barrier(state))
-        pipe_do.producer_acquire(do_state)
-        cute.copy(tma_atom_dO, tdOgdO, tdOsdO[None, do_state.index],
-                  tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
-        cute.copy(tma_atom_D, tDgD, tDsD[None, do_state.index],
-                  tma_bar_ptr=pipe_do.producer_get_barrier(do_state))
 
     @cute.jit
     def store_dkv(self, mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx):

@@ -150,7 +150,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         softmax_scale: Float32,
         window_left: Int32,
         window_right: Int32,
-        num_ctas: Int32,  # the grid: one CTA per tile, or fewer that walk several (BwdConfig.persistent)
         stream: cuda.CUstream,
     ):
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
@@ -232,6 +231,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.dq_part_layout(sdQ_layout, self.dq_slot_cols),
                 (self.tile_m, self.dq_slot_cols))
 
+        num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
+        grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQsem, tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
@@ -240,7 +241,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
             tiled_mma_dkv, tiled_mma_dq,
             SharedStorage, tma_atom_dQ, sdQ_layout, tiled_mma_dq_part,
-        ).launch(grid=(num_ctas, 1, 1), block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1,
+        ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1,
                  use_pdl=self.cfg.pdl)
 
     @cute.kernel
@@ -280,91 +281,34 @@ class FlashBwdWideSm90(BwdKernelBase):
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
+        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps = self.cta_work(
+            mQ, mK, window_left, window_right)
+
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
-                self.produce_tiles(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
-                                   tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
-                                   pipe_q, pipe_do, window_left, window_right)
+                self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
+                             tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
+                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
             if cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
-                    self.write_dq_tiles(mQ, mK, mdQaccum, mdQsem, sdQ, tma_atom_dQ, window_left, window_right)
+                    writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
+                    writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
+                           num_steps, seqlen_q, seqlen_k, window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
-            self.consume(mQ, mK, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV,
-                         sdO, sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part,
-                         pipe_kv, pipe_q, pipe_do, tidx - 128, scale_log2, softcap_pre, softmax_scale,
-                         window_left, window_right)
+            self.consume(sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
+                         sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv,
+                         pipe_q, pipe_do,
+                         tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
+                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
-    def tiles(self, mK):
-        """This CTA's tiles (key block, KV head, batch): tile b, b + G, .. of a grid of G CTAs, in
-        launch order (BwdKernelBase.tile_work). The runtime launches one CTA per tile, or with
-        BwdConfig.persistent at most one per SM, each then walking several: the next tile's first
-        Q / dO load under this one's epilogue, and no CTA launch or prologue between them."""
-        first, _, _ = cute.arch.block_idx()
-        stride, _, _ = cute.arch.grid_dim()
-        num_n = (mK.shape[0] + self.tile_n - 1) // self.tile_n
-        return first, num_n * mK.shape[2] * mK.shape[3], stride
-
-    @cute.jit
-    def produce_tiles(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
-                      tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do,
-                      window_left, window_right):
-        """Warp 0, per tile: the first step's Q / dO (their stages are free before the previous tile's
-        epilogue), then K / V (free once that epilogue's stores have read them), then the other
-        steps' Q / dO, query block fastest."""
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        # the dO ring's own state, used only when its depth differs from the Q ring's
-        do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
-        if cutlass.const_expr(self.cfg.pdl):
-            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the LSE / D rows are the preprocess's
-        first, num_tiles, stride = self.tiles(mK)
-        for tile in cutlass.range(first, num_tiles, stride, unroll=1):
-            n_block, head_kv, batch, _, _, ratio, m_min, num_m, num_steps = self.tile_work(
-                mQ, mK, window_left, window_right, tile)
-            for step in cutlass.range(num_steps, unroll=1):
-                do_state = do_ring
-                if cutlass.const_expr(self.do_stages == self.num_stages):
-                    do_state = state
-                self.load_step(mQ, mdO, mLSE, mD, sQ, sdO, sLSE, sD, tma_atom_Q, tma_atom_dO, tma_atom_LSE,
-                               tma_atom_D, pipe_q, pipe_do, state, do_state, head_kv * ratio + step // num_m,
-                               m_min + step % num_m, batch)
-                if step == 0:
-                    self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipe_kv, kv_state, n_block, head_kv,
-                                 batch)
-                state.advance()
-                if cutlass.const_expr(self.do_stages != self.num_stages):
-                    do_ring.advance()
-            if num_steps == 0:  # the consumers still write this tile's (zero) dK / dV through K / V's buffers
-                self.load_kv(mK, mV, sK, sV, tma_atom_K, tma_atom_V, pipe_kv, kv_state, n_block, head_kv,
-                             batch)
-            kv_state.advance()
-
-    @cute.jit
-    def write_dq_tiles(self, mQ, mK, mdQaccum, mdQsem, sdQ, tma_atom_dQ, window_left, window_right):
-        """dq_tma, warp 1: every tile's steps through the writer (`step0` counts the steps of this CTA's
-        earlier tiles, so that the slot's ring goes on where the last tile left it), then waits for
-        the last reads of smem."""
-        if cutlass.const_expr(self.cfg.pdl):
-            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
-        writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
-        step0 = Int32(0)
-        first, num_tiles, stride = self.tiles(mK)
-        for tile in cutlass.range(first, num_tiles, stride, unroll=1):
-            n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps = self.tile_work(
-                mQ, mK, window_left, window_right, tile)
-            writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                   num_steps, seqlen_q, seqlen_k, window_left, window_right, step0)
-            step0 += num_steps
-        # smem must outlive the last reads
-        cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def consume(self, mQ, mK, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV,
-                sdO, sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv,
-                pipe_q, pipe_do, tidx, scale_log2, softcap_pre, softmax_scale, window_left, window_right):
+    def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
+                sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv, pipe_q,
+                pipe_do, tidx,
+                n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
+                softcap_pre, softmax_scale, window_left, window_right):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
@@ -446,6 +390,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 dq_copy = cute.make_tiled_copy_C(st_dq, tiled_mma_dq).get_slice(tidx)
                 tdQsdQ = [[dq_copy.partition_D(cute.local_tile(sdQ, (self.tile_m, dq_cols), (0, c)))]
                           for c in range(self.dq_chunks)]
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
         # four 8 x 8 matrices (16 keys) per stmatrix where the warpgroup's keys come in 16s; two
         # (8 keys) at 40 or 24 keys per warpgroup (tile_n 80, 48)
         num_matrices = 4 if (self.tile_n // self.sdp_wgs) % 16 == 0 else 2
@@ -465,209 +411,192 @@ class FlashBwdWideSm90(BwdKernelBase):
         pds = Int32(0)
 
         issue = issue_gemm
-        nthr = self.num_consumer_threads
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of
         # `state` made before the loop would be carried as a second, never advanced, state)
         do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
+        diag = seqlen_k - seqlen_q
         num_rows = cute.size(acc_S_rc, mode=[0])
         num_cols = cute.size(acc_S_rc, mode=[1])
-        step0 = Int32(0)  # this CTA's steps in earlier tiles: the dQ slot's ring goes on across tiles
-        first, num_tiles, stride = self.tiles(mK)
-        for tile in cutlass.range(first, num_tiles, stride, unroll=1):
-            n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps = self.tile_work(
-                mQ, mK, window_left, window_right, tile)
-            acc_dV.fill(0.0)
-            acc_dK.fill(0.0)
-            pipe_kv.consumer_wait(kv_state)
-            diag = seqlen_k - seqlen_q
-            for step in cutlass.range(num_steps, unroll=1):
-                do_state = do_ring
-                if cutlass.const_expr(self.do_stages == self.num_stages):
-                    do_state = state
-                head = head_kv * ratio + step // num_m
-                m_block = m_min + step % num_m
-                pipe_q.consumer_wait(state)
-                if cutlass.const_expr(self.cfg.sdp_by_gemm):
-                    pipe_do.consumer_wait(do_state)
-                    if wg == 0:
-                        issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
-                    else:
-                        issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV,
-                              zero_init=True)
-                    lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block,
-                                                         n_block, seqlen_k, diag, window_left, window_right,
-                                                         num_rows)
+        for step in cutlass.range(num_steps, unroll=1):
+            do_state = do_ring
+            if cutlass.const_expr(self.do_stages == self.num_stages):
+                do_state = state
+            head = head_kv * ratio + step // num_m
+            m_block = m_min + step % num_m
+            pipe_q.consumer_wait(state)
+            if cutlass.const_expr(self.cfg.sdp_by_gemm):
+                pipe_do.consumer_wait(do_state)
+                if wg == 0:
+                    issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                else:
+                    issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
+                lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
+                                                     seqlen_k, diag, window_left, window_right, num_rows)
+                warpgroup.wait_group(0)
+                tVrP_s = self.pds_buffer(tVrP, pds)
+                tKrdS_s = self.pds_buffer(tKrdS, pds)
+                tQrdS_s = self.pds_buffer(tQrdS, pds)
+                if cutlass.const_expr(self.cfg.ds_stages == 1):
+                    # every warpgroup's GEMMs of the previous query block are done with sP / sdS
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+                if wg == 0:
+                    # a thread's key columns are thread 0's (compile-time) plus one offset: the bounds
+                    # shifted once per row, each element compared against an immediate (hopper/mask.py)
+                    col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord0_rc[r, c][1], lse[r],
+                                                       lo[r] - col_offset, hi[r] - col_offset, scale_log2)
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    rP.store(acc_S.load().to(self.dtype))
+                    cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
+                    # generic-proxy smem writes, read next by WGMMA (async proxy) and by ldmatrix
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier_arrive(barrier_id=_BAR_P_FULL,
+                                             number_of_threads=self.num_consumer_threads)
+                    # this warpgroup's dV^T reads what all its threads wrote
+                    cute.arch.barrier(barrier_id=_BAR_WG_PDS, number_of_threads=128)
+                else:
+                    cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.num_consumer_threads)
+                issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s, zero_init=False)
+                if wg != 0:
+                    # dS = P (dP - D), P as warpgroup 0's thread held it, under dV^T
+                    ld_copy, tPsP_src = tPsP_ld
+                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                    cute.copy(ld_atom, self.pds_buffer(tPsP_src, pds), ld_copy.retile(rP))
+                    rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
+                    cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
+                    cute.arch.fence_view_async_shared()
+                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+                warpgroup.wait_group(0)
+                # dV^T has read dO (and dP long before)
+                pipe_do.consumer_release(do_state)
+                self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem, m_block,
+                             n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
+                             softmax_scale, step)
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
+                issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s, zero_init=False)
+                warpgroup.wait_group(1)
+                self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem, m_block,
+                             n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
+                             softmax_scale, step)
+                warpgroup.wait_group(0)
+                pipe_q.consumer_release(state)
+            else:
+                issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
+                pipe_do.consumer_wait(do_state)
+                issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
+
+                lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
+                                                     seqlen_k, diag, window_left, window_right, num_rows)
+
+                warpgroup.wait_group(1)
+                if cutlass.const_expr(self.has_softcap):
+                    # only tanh before the dP wait: P and the tanh derivative are formed from it after,
+                    # so (1 - tanh^2) never has to be held next to P
+                    for j in cutlass.range(cute.size(acc_S), unroll_full=True):
+                        acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
                     warpgroup.wait_group(0)
-                    tVrP_s = self.pds_buffer(tVrP, pds)
-                    tKrdS_s = self.pds_buffer(tKrdS, pds)
-                    tQrdS_s = self.pds_buffer(tQrdS, pds)
-                    if cutlass.const_expr(self.cfg.ds_stages == 1):
-                        # every warpgroup's GEMMs of the previous query block are done with sP / sdS
-                        cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=nthr)
-                    if wg == 0:
-                        # a thread's key columns are thread 0's (compile-time) plus one offset: the bounds
-                        # shifted once per row, each element compared against an immediate (hopper/mask.py)
-                        col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
-                        for r in cutlass.range_constexpr(num_rows):
-                            for c in cutlass.range_constexpr(num_cols):
-                                acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord0_rc[r, c][1], lse[r],
-                                                           lo[r] - col_offset, hi[r] - col_offset, scale_log2)
-                        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                        rP.store(acc_S.load().to(self.dtype))
-                        cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
-                        # generic-proxy smem writes, read next by WGMMA (async proxy) and by ldmatrix
-                        cute.arch.fence_view_async_shared()
-                        cute.arch.barrier_arrive(barrier_id=_BAR_P_FULL, number_of_threads=nthr)
-                        # this warpgroup's dV^T reads what all its threads wrote
-                        cute.arch.barrier(barrier_id=_BAR_WG_PDS, number_of_threads=128)
-                    else:
-                        cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=nthr)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            t = acc_S_rc[r, c]
+                            p = self.prob(t, coord_rc[r, c][1], lse[r], lo[r], hi[r], scale_log2)
+                            acc_S_rc[r, c] = p
+                            acc_dP_rc[r, c] = p * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
+                                                                  softmax_scale) * (Float32(1.0) - t * t)
+                else:
+                    # P under the dP GEMM, dS once it lands
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord_rc[r, c][1], lse[r], lo[r],
+                                                       hi[r], scale_log2)
+                    warpgroup.wait_group(0)
+                    for r in cutlass.range_constexpr(num_rows):
+                        for c in cutlass.range_constexpr(num_cols):
+                            acc_dP_rc[r, c] = acc_S_rc[r, c] * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
+                                                                               softmax_scale)
+                rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+                rP.store(acc_S.load().to(self.dtype))
+                rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+                rdS.store(acc_dP.load().to(self.dtype))
+
+                # Every warpgroup reads every warpgroup's P and dS columns: overwrite them only once
+                # all GEMMs of the previous query block are done (each warpgroup waited for its own
+                # before coming here), and issue the GEMMs only once all of them are written. With
+                # two buffers the first barrier goes: this step's buffer was last read two steps back,
+                # and every warpgroup finished those GEMMs before it arrived at the last step's "full".
+                if cutlass.const_expr(self.cfg.ds_stages == 1):
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+                cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
+                cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
+                # generic-proxy smem writes, read next by WGMMA (async proxy)
+                cute.arch.fence_view_async_shared()
+                tVrP_s = self.pds_buffer(tVrP, pds)
+                tKrdS_s = self.pds_buffer(tKrdS, pds)
+                tQrdS_s = self.pds_buffer(tQrdS, pds)
+                if cutlass.const_expr(self.cfg.dkv_early):
+                    # dV^T reads only this warpgroup's P columns: it starts once this warpgroup has
+                    # written them; dQ reads every warpgroup's dS and waits for all of them
+                    cute.arch.barrier(barrier_id=_BAR_WG_PDS + wg, number_of_threads=128)
                     issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
                           zero_init=False)
-                    if wg != 0:
-                        # dS = P (dP - D), P as warpgroup 0's thread held it, under dV^T
-                        ld_copy, tPsP_src = tPsP_ld
-                        rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                        cute.copy(ld_atom, self.pds_buffer(tPsP_src, pds), ld_copy.retile(rP))
-                        rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
-                        cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
-                        cute.arch.fence_view_async_shared()
-                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=nthr)
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
                     issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                    warpgroup.wait_group(0)
-                    # dV^T has read dO (and dP long before)
-                    pipe_do.consumer_release(do_state)
+                else:
+                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                    # dQ first, so its atomics run under dV and dK
+                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
+                          zero_init=False)
+                if cutlass.const_expr(self.dq_chunks == 2):
+                    # dQ in two halves through the same registers: the first's atomics under dV^T, the
+                    # second's under dK^T
+                    warpgroup.wait_group(1)
                     self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
                                  m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale, step0 + step)
+                                 tidx, softmax_scale, step)
                     issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
                     issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                           zero_init=False)
                     warpgroup.wait_group(1)
+                    # dV^T has read dO
+                    pipe_do.consumer_release(do_state)
                     self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem,
                                  m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
-                                 tidx, softmax_scale, step0 + step)
+                                 tidx, softmax_scale, step)
                     warpgroup.wait_group(0)
                     pipe_q.consumer_release(state)
                 else:
-                    issue(tiled_mma_sdp, acc_S, tSrQ[None, None, None, state.index], tSrK, zero_init=True)
-                    pipe_do.consumer_wait(do_state)
-                    issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV,
-                          zero_init=True)
-
-                    lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block,
-                                                         n_block, seqlen_k, diag, window_left, window_right,
-                                                         num_rows)
-
-                    warpgroup.wait_group(1)
-                    if cutlass.const_expr(self.has_softcap):
-                        # only tanh before the dP wait: P and the tanh derivative are formed from it after,
-                        # so (1 - tanh^2) never has to be held next to P
-                        for j in cutlass.range(cute.size(acc_S), unroll_full=True):
-                            acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
-                        warpgroup.wait_group(0)
-                        for r in cutlass.range_constexpr(num_rows):
-                            for c in cutlass.range_constexpr(num_cols):
-                                t = acc_S_rc[r, c]
-                                p = self.prob(t, coord_rc[r, c][1], lse[r], lo[r], hi[r], scale_log2)
-                                acc_S_rc[r, c] = p
-                                acc_dP_rc[r, c] = p * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
-                                                                      softmax_scale) * (Float32(1.0) - t * t)
-                    else:
-                        # P under the dP GEMM, dS once it lands
-                        for r in cutlass.range_constexpr(num_rows):
-                            for c in cutlass.range_constexpr(num_cols):
-                                acc_S_rc[r, c] = self.prob(acc_S_rc[r, c], coord_rc[r, c][1], lse[r], lo[r],
-                                                           hi[r], scale_log2)
-                        warpgroup.wait_group(0)
-                        for r in cutlass.range_constexpr(num_rows):
-                            for c in cutlass.range_constexpr(num_cols):
-                                acc_dP_rc[r, c] = acc_S_rc[r, c] * self.dp_minus_d(acc_dP_rc[r, c], d_row[r],
-                                                                                   softmax_scale)
-                    rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
-                    rP.store(acc_S.load().to(self.dtype))
-                    rdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-                    rdS.store(acc_dP.load().to(self.dtype))
-
-                    # Every warpgroup reads every warpgroup's P and dS columns: overwrite them only once
-                    # all GEMMs of the previous query block are done (each warpgroup waited for its own
-                    # before coming here), and issue the GEMMs only once all of them are written. With
-                    # two buffers the first barrier goes: this step's buffer was last read two steps back,
-                    # and every warpgroup finished those GEMMs before it arrived at the last step's "full".
-                    if cutlass.const_expr(self.cfg.ds_stages == 1):
-                        cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=nthr)
-                    cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
-                    cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
-                    # generic-proxy smem writes, read next by WGMMA (async proxy)
-                    cute.arch.fence_view_async_shared()
-                    tVrP_s = self.pds_buffer(tVrP, pds)
-                    tKrdS_s = self.pds_buffer(tKrdS, pds)
-                    tQrdS_s = self.pds_buffer(tQrdS, pds)
-                    if cutlass.const_expr(self.cfg.dkv_early):
-                        # dV^T reads only this warpgroup's P columns: it starts once this warpgroup has
-                        # written them; dQ reads every warpgroup's dS and waits for all of them
-                        cute.arch.barrier(barrier_id=_BAR_WG_PDS + wg, number_of_threads=128)
-                        issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
-                              zero_init=False)
-                        cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=nthr)
-                        issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                    else:
-                        cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=nthr)
-                        # dQ first, so its atomics run under dV and dK
-                        issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                        issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
-                              zero_init=False)
-                    if cutlass.const_expr(self.dq_chunks == 2):
-                        # dQ in two halves through the same registers: the first's atomics under dV^T, the
-                        # second's under dK^T
+                    issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
+                          zero_init=False)
+                    # dQ has landed (issued first, or second after dV^T with dkv_early)
+                    warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
+                    self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
+                                 m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
+                                 tidx, softmax_scale, step)
+                    if cutlass.const_expr(self.do_stages == 1):
+                        # one dO stage: hand it back as soon as dV^T has read it (usually done under
+                        # the atomics already), so the next block's dO loads under dK^T, not after it
                         warpgroup.wait_group(1)
-                        self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
-                                     m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
-                                     window_right, tidx, softmax_scale, step0 + step)
-                        issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
-                        issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                              zero_init=False)
-                        warpgroup.wait_group(1)
-                        # dV^T has read dO
                         pipe_do.consumer_release(do_state)
-                        self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem,
-                                     m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
-                                     window_right, tidx, softmax_scale, step0 + step)
                         warpgroup.wait_group(0)
                         pipe_q.consumer_release(state)
                     else:
-                        issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
-                              zero_init=False)
-                        # dQ has landed (issued first, or second after dV^T with dkv_early)
-                        warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
-                        self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
-                                     m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left,
-                                     window_right, tidx, softmax_scale, step0 + step)
-                        if cutlass.const_expr(self.do_stages == 1):
-                            # one dO stage: hand it back as soon as dV^T has read it (usually done under
-                            # the atomics already), so the next block's dO loads under dK^T, not after it
-                            warpgroup.wait_group(1)
-                            pipe_do.consumer_release(do_state)
-                            warpgroup.wait_group(0)
-                            pipe_q.consumer_release(state)
-                        else:
-                            warpgroup.wait_group(0)
-                            pipe_q.consumer_release(state)
-                            pipe_do.consumer_release(do_state)
-                state.advance()
-                if cutlass.const_expr(self.do_stages != self.num_stages):
-                    do_ring.advance()
-                if cutlass.const_expr(self.cfg.ds_stages == 2):
-                    pds = pds ^ 1
+                        warpgroup.wait_group(0)
+                        pipe_q.consumer_release(state)
+                        pipe_do.consumer_release(do_state)
+            state.advance()
+            if cutlass.const_expr(self.do_stages != self.num_stages):
+                do_ring.advance()
+            if cutlass.const_expr(self.cfg.ds_stages == 2):
+                pds = pds ^ 1
 
-            self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                          n_block, head_kv, batch, softmax_scale)
-            # the epilogue's stores have read K's and V's buffers: the next tile's K / V may load
-            pipe_kv.consumer_release(kv_state)
-            kv_state.advance()
-            step0 += num_steps
+        self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                      n_block, head_kv, batch, softmax_scale)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
@@ -695,8 +624,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
-        # the stores have read the buffers (store_dkv's warp waited): K / V of the next tile may load
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
 
     @property
     def num_dq_parts(self) -> int:
@@ -828,10 +755,12 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                 num_steps, seqlen_q, seqlen_k, window_left, window_right, step0):
+                 num_steps, seqlen_q, seqlen_k, window_left, window_right):
         """dq_tma, one warp of the producer warpgroup: each warpgroup's dQ part(s) of every step added
         into dQaccum by TMA reduce-adds (rows past seqlen_q clipped by the TMA unit), one bulk group
         per warpgroup in warpgroup order; a part is handed back once its group has been read."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
@@ -856,13 +785,17 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
+        # smem must outlive the last reads
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                      num_steps, seqlen_q, seqlen_k, window_left, window_right, step0):
+                      num_steps, seqlen_q, seqlen_k, window_left, window_right):
         """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
         0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
         the grant and the hand-back are that warpgroup's own barriers."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
@@ -885,7 +818,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
                         if cutlass.const_expr(self.dq_ring > self.dq_halves):
-                            box = self.ring_box(step0 + step, c, w, h)
+                            box = self.ring_box(step, c, w, h)
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, box))
                         elif cutlass.const_expr(self.dq_halves > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
@@ -895,6 +828,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
             cute.arch.sync_warp()
+        # smem must outlive the last read
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,

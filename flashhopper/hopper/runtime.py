@@ -255,7 +255,7 @@ def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     args = (*_fake_bwd(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Float32(1.0),
-            cutlass.Int32(-1), cutlass.Int32(-1), cutlass.Int32(1), stream)
+            cutlass.Int32(-1), cutlass.Int32(-1), stream)
     return cute.compile(kernel_cls(cfg), *args, options=opts.strip())
 
 
@@ -382,13 +382,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    # the wide kernel's grid: a CTA per (key block, KV head, batch) tile, or with persistent at most one
-    # per SM (the narrow kernel ignores it)
-    num_ctas = -(-k.shape[1] // cfg.tile_n) * k.shape[2] * b
-    if cfg.persistent:
-        num_ctas = min(num_ctas, persistent_ctas_cap or _sm_count(q.device.index))
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
-       softmax_scale, wl, wr, num_ctas)
+       softmax_scale, wl, wr)
     if dq is not None:
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
