@@ -1105,6 +1105,14 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
+s25_diag)  # session 25 (needs the diag_no_epilogue commit): the hdim 256 backward without its epilogue
+  # (dK / dV never written; the GEMMs kept), against the dispatch, 2 rounds: the epilogue's part of a CTA's
+  # fixed cost
+  run diag_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 512,2048,8192 \
+    --bwd-config default --bwd-config diag_no_epilogue=True
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/diag_time.log" ] && { echo "--- diag_time"; quiet "$O/diag_time.log" | grep -vE "^fh[0-9]|overrides" | tail -9; }
+  ;;
 s25_bgrid)  # session 25, last call: the backward grid of the head (session 17's dispatch, cubins unchanged since), 2 rounds
   run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json" --plot "$O/bwd_grid.png"
   echo "== end at $(($(date +%s) - T0)) s"
