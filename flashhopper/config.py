@@ -562,10 +562,6 @@ class BwdConfig(_KernelConfig):
     # so the last CTAs to start are the shortest (FA3's backward LPT scheduler does the same). Not
     # with deterministic (its dQ order needs its own launch order).
     lpt: bool = False
-    # Diagnostic, wrong results (dK / dV never written; kv_split "hdim" only): the CTA ends after its
-    # last step, without the epilogue (conversion, stmatrix into K's / V's buffers, TMA stores and
-    # the wait for their reads). Measures the epilogue's share of a CTA's fixed cost (session 25).
-    diag_no_epilogue: bool = False
     # lpt's section budget: half the H100's 50 MB L2, so that the pairs of the resident CTAs stay
     # in L2 on the H100 and the H200 (tests set it small to get many sections)
     lpt_l2_kib: int = 24 * 1024

@@ -10,7 +10,7 @@
 # overlap off, the bf16 grid), s24_c (fp16 and bf16 grids, the 5-round ablation, ncu), s24_d (fp16 per MHz).
 # Session 25: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage; the switch lives in
 # 4b25238, removed after 32a3003), s25_persist (the wide backward on a persistent grid, de528b8), s25_bgrid
-# (the backward grid).
+# (the backward grid), s25_diag (hdim 256 without the epilogue, f06fe71).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1105,9 +1105,9 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
-s25_diag)  # session 25 (needs the diag_no_epilogue commit): the hdim 256 backward without its epilogue
-  # (dK / dV never written; the GEMMs kept), against the dispatch, 2 rounds: the epilogue's part of a CTA's
-  # fixed cost
+s25_diag)  # session 25 (needs f06fe71; diag_no_epilogue removed after it): the hdim 256 backward
+  # without its epilogue (dK / dV never written; the GEMMs kept), against the dispatch, 2 rounds: the
+  # epilogue's part of a CTA's fixed cost
   run diag_time python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 512,2048,8192 \
     --bwd-config default --bwd-config diag_no_epilogue=True
   echo "== end at $(($(date +%s) - T0)) s"

@@ -595,17 +595,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.ds_stages == 2):
                 pds = pds ^ 1
 
-        if cutlass.const_expr(not self.cfg.diag_no_epilogue):
-            self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                          n_block, head_kv, batch, softmax_scale)
-        else:
-            # every accumulator register feeds a store that never happens, so that ptxas keeps the
-            # dK^T / dV^T GEMMs (unread, it drops them)
-            sink = Float32(0.0)
-            for i in cutlass.range_constexpr(cute.size(acc_dK)):
-                sink += acc_dK[i] + acc_dV[i]
-            if sink == Float32(-3.0e38):
-                mdQsem[0, 0, 0] = Int32(1)
+        self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                      n_block, head_kv, batch, softmax_scale)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
