@@ -630,6 +630,13 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
+    # with sdp_by_gemm: dV leaves in the last step instead of the epilogue. dV^T is final once the
+    # last step's dV^T GEMM has landed (before its first dQ hand-off), and V's buffer is free once
+    # every dP has (the dS barrier), so dV is converted, stored into V's buffer and sent by TMA under
+    # that step's second dQ chunk and dK^T. The epilogue then stages and stores only dK. The epilogue
+    # costs ~1.7 us a CTA at hdim 256 (session 25, a diagnostic without it: +5.4% at 512 tokens, +8.5%
+    # causal). Compile-checked only (session 25).
+    dv_early: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -787,6 +794,8 @@ class BwdConfig(_KernelConfig):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
+        if self.dv_early and not self.sdp_by_gemm:
+            raise ValueError("dv_early stores dV inside sdp_by_gemm's last step: it needs sdp_by_gemm")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

@@ -11,6 +11,7 @@
 # Session 25: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage; the switch lives in
 # 4b25238, removed after 32a3003), s25_persist (the wide backward on a persistent grid, de528b8), s25_bgrid
 # (the backward grid), s25_diag (hdim 256 without the epilogue, f06fe71).
+# Prepared for session 26, not run: s26_dvearly (hdim 256 backward, BwdConfig.dv_early).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1104,6 +1105,24 @@ s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests 
 s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
+  ;;
+s26_dvearly)  # prepared in session 25, not yet run: hdim 256 backward with dV stored in the last step
+  # (BwdConfig.dv_early; the epilogue stores only dK). Cases first (a new store in the step), then its GPU
+  # test (NaN-poisoned dK / dV, key blocks no query sees), the hdim 256 tests with the override, then
+  # timing (3 rounds) against the dispatch. Predicted +2..+4% at 512, +1..+2% at 1k-2k, ~0 at 8k.
+  DV=dv_early=True
+  bg dv_cases 240 python3 scripts/bwd_check.py --no-bench --case-hdims 256 --no-softcap --bwd-config $DV
+  wait
+  if grep -qE "^0 of [0-9]+ cases failed" "$O/dv_cases.log"; then
+    run dv_test python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k dv_early
+    tests256 dv_tests $DV
+    run dv_time python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,1024,2048,8192 \
+      --bwd-config default --bwd-config $DV
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  echo "--- dv_cases"; grep -E "^FAIL|cases failed|rc=" "$O/dv_cases.log" | tail -6
+  tests_summary dv_test dv_tests
+  [ -f "$O/dv_time.log" ] && { echo "--- dv_time"; quiet "$O/dv_time.log" | grep -vE "^fh[0-9]|overrides" | tail -12; }
   ;;
 s25_diag)  # session 25 (needs f06fe71; diag_no_epilogue removed after it): the hdim 256 backward
   # without its epilogue (dK / dV never written; the GEMMs kept), against the dispatch, 2 rounds: the

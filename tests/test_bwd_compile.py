@@ -961,3 +961,24 @@ def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "local", "deterministic"])
+def test_dv_early_compiles(mask):
+    # dV stored in the last step under the second dQ chunk and dK^T; the epilogue stores dK alone
+    masks = {**MASKS, "deterministic": {"causal": True, "deterministic": True}}[mask]
+    cfg = bwd_config("bf16", 256, dv_early=True, **masks)
+    report = inspect_kernel("bwd", dtype="bf16", hdim=256, dv_early=True, **masks)
+    _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
+    base = inspect_kernel("bwd", dtype="bf16", hdim=256, **masks)
+    # the same GEMMs, reduce-adds and WGMMA waits (the conversion does not serialize them)
+    for op in ("HGMMA", "UTMAREDG", "HGMMA_WAITS"):
+        assert report["sass"][op] == base["sass"][op], op
+    # dV's store in the last step and dK's in the epilogue, plus the whole epilogue for a tile with no
+    # query block (its dV never went out)
+    assert report["sass"]["UTMASTG"] == 2 * base["sass"]["UTMASTG"]
+
+
+def test_dv_early_needs_sdp_by_gemm():
+    with pytest.raises(ValueError, match="dv_early stores dV inside sdp_by_gemm's last step"):
+        bwd_config("bf16", 256, softcap=True, dv_early=True)
