@@ -610,15 +610,30 @@ class FlashBwdWideSm90(BwdKernelBase):
             self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                           n_block, head_kv, batch, softmax_scale)
 
+    def transposing_stmatrix(self, tiled_mma_dkv, tidx):
+        """The epilogue's stmatrix: (hdim, keys) accumulator fragments into a (keys, hdim) buffer."""
+        op = cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4)
+        atom = cute.make_copy_atom(op, self.dtype)
+        return atom, cute.make_tiled_copy_C(atom, tiled_mma_dkv).get_slice(tidx)
+
+    @cute.jit
+    def dk_out(self, acc_dK, softmax_scale):
+        """dK^T in the input dtype, with the softmax scale (dS is the gradient of the scaled scores)
+        unless dS already carried it (scale_in_ds)."""
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        if cutlass.const_expr(self.cfg.scale_in_ds):
+            rdK.store(acc_dK.load().to(self.dtype))
+        else:
+            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        return rdK
+
     @cute.jit
     def send_dv(self, acc_dV, tidx, tiled_mma_dkv, sV, mdV, tma_atom_dV, n_block, head_kv, batch):
         """dv_early, in the last step, after the dS barrier and this warpgroup's wait for its dV^T GEMM:
         dV^T into V's buffer (transposing stmatrix, 8 values converted at a time so that no second
         copy of the accumulator is live beside the in-flight dQ and dK^T accumulators), then one TMA
         store once both warpgroups have written theirs. Its smem reads are waited for by the epilogue."""
-        st_t_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(tidx)
+        st_t_atom, st_t_copy = self.transposing_stmatrix(tiled_mma_dkv, tidx)
         src = st_t_copy.retile(acc_dV)
         dst = st_t_copy.partition_D(L.transpose_view(sV))
         for i in cutlass.range_constexpr(cute.size(src, mode=[1])):
@@ -630,10 +645,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         if tidx < 32:
-            gV = cute.local_tile(mdV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-            tsV, tgV = cpasync.tma_partition(tma_atom_dV, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
-                                             cute.group_modes(gV, 0, 2))
-            cute.copy(tma_atom_dV, tsV, tgV)
+            self.store_key_tile(mdV, sV, tma_atom_dV, n_block, head_kv, batch)
             cute.arch.cp_async_bulk_commit_group()
 
     @cute.jit
@@ -641,24 +653,15 @@ class FlashBwdWideSm90(BwdKernelBase):
                     softmax_scale):
         """dv_early's epilogue: dK^T alone through K's buffer (as `epilogue`); the wait for the store's
         reads also covers send_dv's, issued by the same warp."""
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        if cutlass.const_expr(self.cfg.scale_in_ds):
-            rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
-        else:
-            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdK = self.dk_out(acc_dK, softmax_scale)
         # every warpgroup's dQ GEMMs (and warpgroup 0's S) have read K
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        st_t_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(tidx)
+        st_t_atom, st_t_copy = self.transposing_stmatrix(tiled_mma_dkv, tidx)
         cute.copy(st_t_atom, st_t_copy.retile(rdK), st_t_copy.partition_D(L.transpose_view(sK)))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         if tidx < 32:
-            gK = cute.local_tile(mdK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-            tsK, tgK = cpasync.tma_partition(tma_atom_dK, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                             cute.group_modes(gK, 0, 2))
-            cute.copy(tma_atom_dK, tsK, tgK)
+            self.store_key_tile(mdK, sK, tma_atom_dK, n_block, head_kv, batch)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -667,11 +670,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                  n_block, head_kv, batch, softmax_scale):
         """dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows past
         seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores."""
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        if cutlass.const_expr(self.cfg.scale_in_ds):
-            rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
-        else:
-            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
+        rdK = self.dk_out(acc_dK, softmax_scale)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
         # Every warpgroup's S / dP read all head-dim columns of its keys' K / V rows, and its dQ
@@ -679,9 +678,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         # The fragments are (hdim, keys), the buffers (keys, hdim) with hdim contiguous: the
         # transposing stmatrix writes each 8 x 8 block into the (hdim, keys) view of the buffer.
-        st_t_atom = cute.make_copy_atom(
-            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(tidx)
+        st_t_atom, st_t_copy = self.transposing_stmatrix(tiled_mma_dkv, tidx)
         cute.copy(st_t_atom, st_t_copy.retile(rdK), st_t_copy.partition_D(L.transpose_view(sK)))
         cute.copy(st_t_atom, st_t_copy.retile(rdV), st_t_copy.partition_D(L.transpose_view(sV)))
         # generic-proxy smem writes, read next by the TMA unit (async proxy)
