@@ -56,7 +56,7 @@ def _print_inspection(r: dict) -> None:
         ("registers", f"{r['registers']} at launch; setmaxnreg {sass['USETMAXREG'] or 'none'}"),
         ("spill bytes", r["spill_bytes"]),
         ("smem bytes", f"{r['smem_bytes']} ({r['smem_bytes'] / 1024:.1f} KiB)"),
-        ("instructions", r["instructions"]),
+        ("instructions", f"{r['instructions']} (SASS sha256 {r['sass_sha256'][:16]})"),
         ("SASS", counts),
     ]
     for key, value in rows:

@@ -7,6 +7,7 @@ The CuTe DSL compiles for sm_90a on a CPU-only machine as long as the arch is fi
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -126,6 +127,14 @@ def parse_sass(text: str) -> list[tuple[str, str]]:
     return instructions
 
 
+def sass_digest(text: str) -> str:
+    """sha256 of the instructions in `cuobjdump -sass` text (their addresses and encodings left out):
+    the same for the same code compiled twice, so a change that should leave a kernel alone can be
+    checked without a GPU (`flashhopper inspect`, scripts/cubin_hashes.py)."""
+    body = "\n".join(m.group(1) for m in map(_SASS_LINE.match, text.splitlines()) if m)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
 def count_opcodes(instructions, names=SASS_OPCODES) -> dict[str, int]:
     return {
         name: sum(1 for op, _ in instructions if op == name or op.startswith(name + "."))
@@ -177,7 +186,8 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
         with open(path, "wb") as f:
             f.write(cubin)
         usage = parse_resource_usage(_run([cuobjdump, "--dump-resource-usage", path], env))
-        instructions = parse_sass(_run([cuobjdump, "-sass", path], env))
+        sass_text = _run([cuobjdump, "-sass", path], env)
+    instructions = parse_sass(sass_text)
     if not usage:
         raise RuntimeError("cuobjdump found no kernel in the cubin")
     name, main = max(usage.items(), key=lambda item: item[1].get("REG", 0))
@@ -203,6 +213,7 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
         "spill_bytes": max(local_stack, parse_ptxas_spills(ptxas_log)),
         "smem_bytes": smem_bytes if smem_bytes is not None else main.get("SHARED", 0),
         "instructions": len(instructions),
+        "sass_sha256": sass_digest(sass_text),
         "sass": sass,
         "usetmaxreg": setmaxnreg,
         "resource_usage": usage,

@@ -19,6 +19,7 @@ from flashhopper.compile import (
     inspect_cubin,
     parse_ptxas_spills,
     parse_sass,
+    sass_digest,
     setmaxnreg_values,
 )
 
@@ -128,6 +129,17 @@ def test_parse_sass_lines():
     assert setmaxnreg_values(ins) == [{"kind": "TRY_ALLOC.CTAPOOL", "regs": 240},
                                       {"kind": "DEALLOC.CTAPOOL", "regs": 24}]
     assert parse_ptxas_spills("no spills here") == 0
+
+
+def test_sass_digest_ignores_addresses_and_encodings():
+    a = """
+        /*0070*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24, gsb0 ;   /* 0x000000f0000079c8 */
+        /*0080*/              @!P0 BRA 0x60 ;                                  /* 0xfffffffc00f08947 */
+    """
+    moved = a.replace("0070", "0170").replace("0080", "0180").replace("0x000000f0000079c8", "0x0000000000000000")
+    assert sass_digest(a) == sass_digest(moved)
+    assert sass_digest(a) != sass_digest(a.replace("@!P0 BRA", "@P0 BRA"))
+    assert len(sass_digest(a)) == 64
 
 
 def test_missing_tools_name_the_pip_packages(monkeypatch, tmp_path):
