@@ -20,6 +20,7 @@ import sys
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from flashhopper.compile import inspect_kernel  # noqa: E402
+from flashhopper.config import parse_overrides  # noqa: E402
 
 FWD = [("bf16", d, m) for d in (64, 96, 128, 192, 256) for m in ({}, {"causal": True})] + [
     ("bf16", 128, {"local": True}), ("bf16", 128, {"softcap": True}), ("fp16", 128, {}), ("fp16", 256, {})]
@@ -27,12 +28,6 @@ BWD = [("bf16", d, m) for d in (64, 96, 128, 192, 256) for m in ({}, {"causal": 
     ("bf16", d, m) for d in (128, 192, 256)
     for m in ({"local": True}, {"causal": True, "deterministic": True}, {"softcap": True})] + [
     ("bf16", 256, {"causal": True, "lpt": True}), ("fp16", 128, {}), ("fp16", 256, {})]
-
-
-def parse_value(text: str):
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    return int(text)
 
 
 def main() -> int:
@@ -43,7 +38,7 @@ def main() -> int:
                     help="a config field set on every kernel (e.g. dv_early=True)")
     ap.add_argument("--compare", metavar="FILE", help="an earlier output: print only the lines that differ")
     args = ap.parse_args()
-    extra = {k: parse_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    extra = parse_overrides(",".join(args.set))
     kinds = [k for k, on in (("fwd", not args.bwd), ("bwd", not args.fwd)) if on]
     old = {}
     if args.compare:
