@@ -664,10 +664,22 @@ class BwdConfig(_KernelConfig):
     # locality (docs/notes/bwd-hdim192.md). The cast to dQ writes q's order. A runtime choice only:
     # the kernels compiled for it are the same.
     dq_accum_head_major: bool = False
+    # Host schedule, not the kernels: the call split into this many chunks (of the batch, else of the
+    # KV heads). The preprocess of chunk i + 1 and the dQ cast of chunk i - 1 run on a high-priority
+    # side stream beside chunk i's main kernel, each on a capped grid of overlap_ctas CTAs
+    # (hopper/bwd_pre.py BwdPreprocessCapped, DqCast), so that only the first chunk's preprocess and
+    # the last chunk's cast are left in the open. Those two memory-bound kernels are ~120 us at every
+    # length of the grid (a quarter of the backward at hdim 256, causal 512). 0 / 1: one chunk.
+    overlap_chunks: int = 0
+    overlap_ctas: int = 16
 
     @property
     def num_do_stages(self) -> int:
         return self.do_stages or self.num_stages
+
+    def kernel_fields(self) -> BwdConfig:
+        """This config with the host-schedule fields at their defaults: the kernels' cache key."""
+        return dataclasses.replace(self, overlap_chunks=0, overlap_ctas=16)
 
     def _hdim_split_regs(self, dq_chunks: int) -> tuple[int, int, int]:
         """fp32 accumulator registers per consumer thread for kv_split "hdim": (dK^T + dV^T,

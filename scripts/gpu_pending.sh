@@ -1106,7 +1106,41 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
-s26_dvearly)  # prepared in session 25, not yet run: hdim 256 backward with dV stored in the last step
+s26_overlap)  # the backward in chunks (BwdConfig.overlap_chunks): later preprocesses and earlier dQ casts
+  # on a high-priority side stream with capped grids, beside the main kernels. Tests first (a new stream
+  # protocol), then timing at hdim 256 (3 rounds) and 64 / 128 (2 rounds). Predicted at 512: +5..+12%
+  # (up to ~90 us of the ~120 us of preprocess and cast hidden, less the SMs they take), ~+1% at 8k.
+  bg ov_tests 200 python3 -m pytest -q -rf --tb=short -x tests/test_bwd_gpu.py -k "overlap or pre_zero_dq"
+  wait
+  if grep -qE "passed" "$O/ov_tests.log" && ! grep -qE "failed|error" "$O/ov_tests.log"; then
+    OV="--bwd-config default --bwd-config overlap_chunks=2 --bwd-config overlap_chunks=4 \
+      --bwd-config overlap_chunks=4,overlap_ctas=32"
+    run ov_time256 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 \
+      --seqlens 512,1024,2048,8192 $OV
+    run ov_time128 python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 64,128 --seqlens 512,2048 $OV
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary ov_tests
+  for f in ov_time256 ov_time128; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | grep -vE "overrides" | tail -14; }
+  done
+  ;;
+s26_overlap2)  # after s26_overlap: the padded accumulator (hdim 256) in the chunks, narrow() views, two
+  # side-stream switches a call; tests, the timeline with host time per call, timing at 512-2k
+  bg ov_tests 200 python3 -m pytest -q -rf --tb=short -x tests/test_bwd_gpu.py -k "overlap"
+  wait
+  if grep -qE "passed" "$O/ov_tests.log" && ! grep -qE "failed|error" "$O/ov_tests.log"; then
+    run ov_trace python3 scripts/overlap_trace.py 256:1:512 256:0:1024 128:0:512
+    run ov_time256 python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 256 --seqlens 512,1024,2048 \
+      --bwd-config default --bwd-config overlap_chunks=2 --bwd-config overlap_chunks=4 \
+      --bwd-config overlap_chunks=2,overlap_ctas=32
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary ov_tests
+  [ -f "$O/ov_trace.log" ] && quiet "$O/ov_trace.log" | grep -E "^--"
+  [ -f "$O/ov_time256.log" ] && { echo "--- ov_time256"; quiet "$O/ov_time256.log" | grep -vE "overrides" | tail -9; }
+  ;;
+s26_dvearly)  # session 26, measured: +0.0..+0.7% (one -1.1%), removed, not yet run: hdim 256 backward with dV stored in the last step
   # (BwdConfig.dv_early; the epilogue stores only dK). Cases first (a new store in the step), then its GPU
   # test (NaN-poisoned dK / dV, key blocks no query sees), the hdim 256 tests with the override, then
   # timing (3 rounds) against the dispatch. Predicted +2..+4% at 512, +1..+2% at 1k-2k, ~0 at 8k.

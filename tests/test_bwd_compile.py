@@ -982,3 +982,55 @@ def test_dv_early_compiles(mask):
 def test_dv_early_needs_sdp_by_gemm():
     with pytest.raises(ValueError, match="dv_early stores dV inside sdp_by_gemm's last step"):
         bwd_config("bf16", 256, softcap=True, dv_early=True)
+
+
+@pytest.mark.parametrize(("hdim", "dtype"), [(64, "bf16"), (96, "fp16"), (128, "bf16"), (192, "bf16"),
+                                             (256, "fp16")])
+def test_overlap_kernels_compile(hdim, dtype):
+    """BwdConfig.overlap_chunks's capped grids: the preprocess loops over its items with the plain
+    one's 16-byte loads and zero stores, and the dQ cast reads the accumulator with 16-byte loads
+    (hdim / 4 per row) and writes dQ with 8-byte stores, no spills in either."""
+    import tempfile
+
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.bwd_pre import ROWS_PER_CTA, WARPS
+    from flashhopper.hopper.runtime import compile_bwd_pre, compile_bwd_pre_capped, compile_dq_cast
+
+    reports = {}
+    for name, compile_fn in (("zero", lambda o: compile_bwd_pre(dtype, hdim, options=o, tvm_ffi=False,
+                                                                zero_dq=True)),
+                             ("capped", lambda o: compile_bwd_pre_capped(dtype, hdim, options=o,
+                                                                         tvm_ffi=False)),
+                             ("cast", lambda o: compile_dq_cast(dtype, hdim, options=o, tvm_ffi=False))):
+        with tempfile.TemporaryDirectory() as tmp:
+            reports[name] = inspect_cubin(compile_fn(f"--keep-cubin --dump-dir {tmp}").__cubin__)
+    for report in reports.values():
+        assert report["spill_bytes"] == 0 and report["sass"]["LDL"] == 0
+    for op in ("LDG.128", "STG.128"):
+        assert reports["capped"]["sass"][op] == reports["zero"]["sass"][op]
+    loads_per_thread = ROWS_PER_CTA * hdim // 4 // (32 * WARPS)
+    assert reports["cast"]["sass"]["LDG.128"] == loads_per_thread
+    assert reports["cast"]["sass"]["STG.64"] == loads_per_thread
+
+
+@pytest.mark.parametrize(("b", "hk", "group", "n", "want"), [
+    (4, 2, 1, 2, [(0, 0, 2, 0, 2), (0, 2, 2, 2, 2)]),
+    (5, 8, 2, 3, [(0, 0, 1, 0, 1), (0, 1, 2, 1, 2), (0, 3, 2, 3, 2)]),
+    (1, 3, 2, 2, [(2, 0, 2, 0, 1), (2, 2, 4, 1, 2)]),  # the KV heads, each with its 2 query heads
+    (1, 1, 4, 2, None),  # nothing to split
+    (4, 2, 1, 1, None),
+])
+def test_overlap_chunks(b, hk, group, n, want):
+    """BwdConfig.overlap_chunks splits the batch where it has enough entries, else the KV heads
+    (the query heads of each going with it), in near-equal parts: (dim, query start, length, KV start,
+    length) per chunk."""
+    from flashhopper.config import bwd_config
+    from flashhopper.hopper import runtime
+
+    cfg = bwd_config("bf16", 256, overlap_chunks=n)
+    got = runtime._overlap_slices(cfg, b, hk, group, deterministic=False)
+    if not runtime._HAVE_TVM_FFI or want is None:
+        assert got is None
+        return
+    assert runtime._overlap_slices(cfg, b, hk, group, deterministic=True) is None
+    assert got == want
