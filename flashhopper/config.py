@@ -672,6 +672,11 @@ class BwdConfig(_KernelConfig):
     # length of the grid (a quarter of the backward at hdim 256, causal 512). 0 / 1: one chunk.
     overlap_chunks: int = 0
     overlap_ctas: int = 16
+    # With pre_zero_dq: the preprocess walks the (batch, head) rows last to first, so the ones it
+    # leaves in L2 (dO, the cleared accumulator) are those the main kernel's first CTAs read, and the
+    # dQ cast (hopper/bwd_pre.py DqCast, two CTAs an SM) walks the accumulator last to first, so it
+    # starts on the rows the main kernel's last reduce-adds left in L2.
+    l2_reverse: bool = False
 
     @property
     def num_do_stages(self) -> int:
@@ -679,7 +684,7 @@ class BwdConfig(_KernelConfig):
 
     def kernel_fields(self) -> BwdConfig:
         """This config with the host-schedule fields at their defaults: the kernels' cache key."""
-        return dataclasses.replace(self, overlap_chunks=0, overlap_ctas=16)
+        return dataclasses.replace(self, overlap_chunks=0, overlap_ctas=16, l2_reverse=False)
 
     def _hdim_split_regs(self, dq_chunks: int) -> tuple[int, int, int]:
         """fp32 accumulator registers per consumer thread for kv_split "hdim": (dK^T + dV^T,

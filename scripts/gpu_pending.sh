@@ -1140,6 +1140,22 @@ s26_overlap2)  # after s26_overlap: the padded accumulator (hdim 256) in the chu
   [ -f "$O/ov_trace.log" ] && quiet "$O/ov_trace.log" | grep -E "^--"
   [ -f "$O/ov_time256.log" ] && { echo "--- ov_time256"; quiet "$O/ov_time256.log" | grep -vE "overrides" | tail -9; }
   ;;
+s26_l2rev)  # BwdConfig.l2_reverse: preprocess and dQ cast walk the rows last to first (L2 reuse with the
+  # main kernel's first and last CTAs). Predicted +1..+3.5% at 512, +0.5..+1.5% at 1k-2k, ~0 at 8k.
+  bg rev_tests 150 python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "l2_reverse"
+  wait
+  if grep -qE "passed" "$O/rev_tests.log" && ! grep -qE "failed|error" "$O/rev_tests.log"; then
+    run rev_time256 python3 scripts/bwd_check.py --no-cases --rounds 3 --hdims 256 --seqlens 512,1024,2048,8192 \
+      --bwd-config default --bwd-config l2_reverse=True
+    run rev_time128 python3 scripts/bwd_check.py --no-cases --rounds 2 --hdims 64,128 --seqlens 512,2048 \
+      --bwd-config default --bwd-config l2_reverse=True
+  fi
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary rev_tests
+  for f in rev_time256 rev_time128; do
+    [ -f "$O/$f.log" ] && { echo "--- $f"; quiet "$O/$f.log" | grep -vE "overrides|^fh[0-9]" | tail -10; }
+  done
+  ;;
 s26_dvearly)  # session 26, measured: +0.0..+0.7% (one -1.1%), removed, not yet run: hdim 256 backward with dV stored in the last step
   # (BwdConfig.dv_early; the epilogue stores only dK). Cases first (a new store in the step), then its GPU
   # test (NaN-poisoned dK / dV, key blocks no query sees), the hdim 256 tests with the override, then

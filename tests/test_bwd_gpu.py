@@ -689,6 +689,19 @@ def test_backward_overlap(d, chunks, ctas, b, sq, sk, hq, hk, causal, window, so
         assert err <= 2 * err_pt + 1e-3, (f"d{name}", err, err_pt)
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
+    (3, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
+    (2, 17, 17, 4, 2, True, (-1, -1), 0.0), (1, 1, 17, 2, 2, False, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0)])
+def test_backward_l2_reverse(d, b, sq, sk, hq, hk, causal, window, softcap, monkeypatch):
+    """BwdConfig.l2_reverse: the preprocess and the dQ cast walk the rows last to first; the
+    accumulator starts as NaN, so a row either missed shows in dQ."""
+    monkeypatch.setattr(runtime, "poison_dq_accum", True)
+    with runtime.bwd_config_overrides(l2_reverse=True):
+        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
+
+
 def test_backward_overlap_side_stream_order():
     """The overlapped backward on a non-default stream, its result consumed on that stream with no
     synchronize in between: the caller's stream must wait for the side stream's casts."""

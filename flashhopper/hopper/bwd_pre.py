@@ -55,6 +55,7 @@ class BwdPreprocess:
         self.lanes = lanes_per_row(hdim)
         self.rows_per_pass = 32 * WARPS // self.lanes
         self.pdl = False  # BwdPreprocessZeroDq's option
+        self.reverse = False  # BwdPreprocessZeroDq's option
         if ROWS_PER_CTA % self.rows_per_pass:
             raise ValueError(f"hdim {hdim}: {self.rows_per_pass} rows per pass do not divide {ROWS_PER_CTA}")
 
@@ -86,6 +87,11 @@ class BwdPreprocess:
         if cutlass.const_expr(item is None):
             tidx, _, _ = cute.arch.thread_idx()
             m_block, head, batch = cute.arch.block_idx()
+            if cutlass.const_expr(self.reverse):
+                # the last (batch, head) first: the rows written last, still in L2 when the main
+                # kernel starts, are the ones its first CTAs read (BwdConfig.l2_reverse)
+                head = mD.shape[1] - 1 - head
+                batch = mD.shape[0] - 1 - batch
         else:
             tidx, m_block, head, batch = item
         seqlen_q = mO.shape[1]
@@ -163,10 +169,12 @@ class BwdPreprocessZeroDq(BwdPreprocess):
     its O and dO rows are read, so the backward needs no fill kernel before it (`scale_d`: D times
     the softmax scale, as BwdPreprocessScaled)."""
 
-    def __init__(self, dtype: str, hdim: int, scale_d: bool = False, pdl: bool = False):
+    def __init__(self, dtype: str, hdim: int, scale_d: bool = False, pdl: bool = False,
+                 reverse: bool = False):
         super().__init__(dtype, hdim)
         self.scale_d = scale_d
         self.pdl = pdl
+        self.reverse = reverse
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
@@ -182,7 +190,7 @@ class BwdPreprocessZeroDq(BwdPreprocess):
 
 
 @cute.jit
-def capped_items(nblk, nh, nb, body):
+def capped_items(nblk, nh, nb, body, reverse=False):
     """A capped grid's loop (BwdConfig.overlap_chunks): each CTA of SUBS x 256 threads runs SUBS
     independent 256-thread groups, and group g of CTA c takes the work items (m_block, head, batch)
     c * SUBS + g, then every gridDim * SUBS further. A few CTAs of many threads keep as many loads in
@@ -191,7 +199,11 @@ def capped_items(nblk, nh, nb, body):
     cta, _, _ = cute.arch.block_idx()
     nctas, _, _ = cute.arch.grid_dim()
     group_threads = 32 * WARPS
-    for t in cutlass.range(cta * SUBS + tidx // group_threads, nblk * nh * nb, nctas * SUBS):
+    total = nblk * nh * nb
+    for i in cutlass.range(cta * SUBS + tidx // group_threads, total, nctas * SUBS):
+        t = i
+        if cutlass.const_expr(reverse):  # the accumulator's last rows (still in L2) first
+            t = total - 1 - i
         m_block = t % nblk
         head = (t // nblk) % nh
         body((tidx % group_threads, m_block, head, t // (nblk * nh)))
@@ -223,7 +235,8 @@ class DqCast:
     of the next. A group of lanes shares a row, each lane loading 16-byte vectors (4 fp32) and
     storing 8-byte ones; every load of a 64-row item is issued before the first store."""
 
-    def __init__(self, dtype: str, hdim: int):
+    def __init__(self, dtype: str, hdim: int, reverse: bool = False):
+        self.reverse = reverse
         if hdim % 4:
             raise ValueError(f"hdim {hdim} must be a multiple of 4 for the dQ cast")
         self.dtype = L.CUTE_DTYPES[dtype]
@@ -244,7 +257,7 @@ class DqCast:
     def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
         nblk = (cute.size(mAcc.shape[1]) + ROWS_PER_CTA - 1) // ROWS_PER_CTA
         capped_items(nblk, cute.size(mAcc.shape[2]), cute.size(mAcc.shape[0]),
-                     lambda item: self.rows(mAcc, mdQ, item))
+                     lambda item: self.rows(mAcc, mdQ, item), self.reverse)
 
     @cute.jit
     def rows(self, mAcc: cute.Tensor, mdQ: cute.Tensor, item):

@@ -282,7 +282,7 @@ def _fake_dq_accum(hdim: int):
 
 
 def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
-                    scale_d: bool = False, zero_dq: bool = False, pdl: bool = False):
+                    scale_d: bool = False, zero_dq: bool = False, pdl: bool = False, reverse: bool = False):
     """The backward preprocess (D and log2-LSE rows), compiled without a GPU. `scale_d`: D times
     a runtime softmax scale (BwdConfig.scale_in_ds); `zero_dq`: it also clears the fp32 dQ
     accumulator, which then comes after D and takes the scale argument either way
@@ -294,7 +294,7 @@ def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | No
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     if zero_dq:
-        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d, pdl), *_fake_pre(dtype, hdim),
+        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d, pdl, reverse), *_fake_pre(dtype, hdim),
                             _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=opts.strip())
     if scale_d:
         return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
@@ -316,7 +316,8 @@ def compile_bwd_pre_capped(dtype: str, hdim: int, scale_d: bool = False, options
                         options=opts.strip())
 
 
-def compile_dq_cast(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None):
+def compile_dq_cast(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
+                    reverse: bool = False):
     """The fp32 dQ accumulator to dQ on a capped grid (hopper/bwd_pre.py DqCast)."""
     from flashhopper.hopper.bwd_pre import DqCast
 
@@ -324,7 +325,7 @@ def compile_dq_cast(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | No
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     dq = _fake_pre(dtype, hdim)[0]
-    return cute.compile(DqCast(dtype, hdim), _fake_dq_accum(hdim), dq, cutlass.Int32(1), stream,
+    return cute.compile(DqCast(dtype, hdim, reverse), _fake_dq_accum(hdim), dq, cutlass.Int32(1), stream,
                         options=opts.strip())
 
 
@@ -364,11 +365,12 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     fn = _cache.get(kernel_cfg)
     if fn is None:
         fn = _cache[kernel_cfg] = compile_bwd(kernel_cfg)
-    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq, cfg.pdl)
+    reverse = cfg.l2_reverse and cfg.pre_zero_dq
+    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq, cfg.pdl, reverse)
     pre = _cache.get(pre_key)
     if pre is None:
         pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds,
-                                                zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl)
+                                                zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl, reverse=reverse)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
@@ -418,6 +420,14 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
        softmax_scale, wl, wr)
     if dq is not None:
+        return dq, dk, dv
+    if reverse:
+        cast_key = ("dq_cast_reverse", cfg.dtype, cfg.hdim)
+        cast = _cache.get(cast_key)
+        if cast is None:
+            cast = _cache[cast_key] = compile_dq_cast(cfg.dtype, cfg.hdim, reverse=True)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        cast(dq_accum, dq, 2 * _sm_count(q.device.index))
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
     return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
