@@ -201,7 +201,6 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
     # 16-byte global loads (the backward preprocess is written to use only these for O and dO)
     sass["LDG.128"] = sum(1 for op, _ in instructions if op.startswith("LDG") and op.endswith(".128"))
     sass["STG.128"] = sum(1 for op, _ in instructions if op.startswith("STG") and op.endswith(".128"))
-    sass["STG.64"] = sum(1 for op, _ in instructions if op.startswith("STG") and op.endswith(".64"))
     # thread-block clusters: multicast TMA loads, mbarrier arrives that go through the cluster's
     # shared window (.RED: to a peer CTA, or to our own by its cluster address), cluster barriers
     ops = [op for op, _ in instructions]

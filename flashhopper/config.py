@@ -630,13 +630,6 @@ class BwdConfig(_KernelConfig):
     # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
-    # with sdp_by_gemm: dV leaves in the last step instead of the epilogue. dV^T is final once the
-    # last step's dV^T GEMM has landed (before its first dQ hand-off), and V's buffer is free once
-    # every dP has (the dS barrier), so dV is converted, stored into V's buffer and sent by TMA under
-    # that step's second dQ chunk and dK^T. The epilogue then stages and stores only dK. The epilogue
-    # costs ~1.7 us a CTA at hdim 256 (session 25, a diagnostic without it: +5.4% at 512 tokens, +8.5%
-    # causal). Compile-checked only (session 25).
-    dv_early: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
@@ -664,27 +657,10 @@ class BwdConfig(_KernelConfig):
     # locality (docs/notes/bwd-hdim192.md). The cast to dQ writes q's order. A runtime choice only:
     # the kernels compiled for it are the same.
     dq_accum_head_major: bool = False
-    # Host schedule, not the kernels: the call split into this many chunks (of the batch, else of the
-    # KV heads). The preprocess of chunk i + 1 and the dQ cast of chunk i - 1 run on a high-priority
-    # side stream beside chunk i's main kernel, each on a capped grid of overlap_ctas CTAs
-    # (hopper/bwd_pre.py BwdPreprocessCapped, DqCast), so that only the first chunk's preprocess and
-    # the last chunk's cast are left in the open. Those two memory-bound kernels are ~120 us at every
-    # length of the grid (a quarter of the backward at hdim 256, causal 512). 0 / 1: one chunk.
-    overlap_chunks: int = 0
-    overlap_ctas: int = 16
-    # With pre_zero_dq: the preprocess walks the (batch, head) rows last to first, so the ones it
-    # leaves in L2 (dO, the cleared accumulator) are those the main kernel's first CTAs read, and the
-    # dQ cast (hopper/bwd_pre.py DqCast, two CTAs an SM) walks the accumulator last to first, so it
-    # starts on the rows the main kernel's last reduce-adds left in L2.
-    l2_reverse: bool = False
 
     @property
     def num_do_stages(self) -> int:
         return self.do_stages or self.num_stages
-
-    def kernel_fields(self) -> BwdConfig:
-        """This config with the host-schedule fields at their defaults: the kernels' cache key."""
-        return dataclasses.replace(self, overlap_chunks=0, overlap_ctas=16, l2_reverse=False)
 
     def _hdim_split_regs(self, dq_chunks: int) -> tuple[int, int, int]:
         """fp32 accumulator registers per consumer thread for kv_split "hdim": (dK^T + dV^T,
@@ -811,8 +787,6 @@ class BwdConfig(_KernelConfig):
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
                              "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
                              "dkv_by_keys or dkv_early")
-        if self.dv_early and not self.sdp_by_gemm:
-            raise ValueError("dv_early stores dV inside sdp_by_gemm's last step: it needs sdp_by_gemm")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "

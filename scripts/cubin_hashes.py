@@ -5,7 +5,7 @@ the forward's per-call variants for short sequences are not in it (add them with
 
     python3 scripts/cubin_hashes.py > before.txt          # at the old commit
     python3 scripts/cubin_hashes.py --compare before.txt  # at the new one: the lines that differ
-    python3 scripts/cubin_hashes.py --bwd --set dv_early=True   # a config field on every kernel
+    python3 scripts/cubin_hashes.py --bwd --set lpt=True          # a config field on every kernel
 
 Each line: kernel, its configuration, the first 16 hex digits of flashhopper.compile.sass_digest,
 and the instruction count.
@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("--fwd", action="store_true", help="forward kernels only")
     ap.add_argument("--bwd", action="store_true", help="backward kernels only")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config field set on every kernel (e.g. dv_early=True)")
+                    help="a config field set on every kernel (e.g. lpt=True)")
     ap.add_argument("--compare", metavar="FILE", help="an earlier output: print only the lines that differ")
     args = ap.parse_args()
     extra = parse_overrides(",".join(args.set))

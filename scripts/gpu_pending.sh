@@ -11,7 +11,9 @@
 # Session 25: s25_qearly (hdim 256 backward, BwdConfig.sdp_q_early with one Q stage; the switch lives in
 # 4b25238, removed after 32a3003), s25_persist (the wide backward on a persistent grid, de528b8), s25_bgrid
 # (the backward grid), s25_diag (hdim 256 without the epilogue, f06fe71).
-# Prepared for session 26, not run: s26_dvearly (hdim 256 backward, BwdConfig.dv_early).
+# Session 26: s26_dvearly (hdim 256 backward, BwdConfig.dv_early), s26_overlap / s26_overlap2 (the
+# backward in chunks beside capped preprocess / cast grids, aef4924), s26_l2rev (preprocess and cast in
+# reverse order, c5442b3); all three switches live in c5442b3 and were removed after it.
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.

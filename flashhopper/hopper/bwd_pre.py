@@ -31,7 +31,6 @@ LOG2E = math.log2(math.e)
 ROWS_PER_CTA = 64
 WARPS = 8
 VEC = 8  # 16-bit elements per 16-byte load
-SUBS = 2  # 256-thread groups per CTA of a capped grid (BwdPreprocessCapped, DqCast)
 
 
 def lanes_per_row(hdim: int) -> int:
@@ -55,7 +54,6 @@ class BwdPreprocess:
         self.lanes = lanes_per_row(hdim)
         self.rows_per_pass = 32 * WARPS // self.lanes
         self.pdl = False  # BwdPreprocessZeroDq's option
-        self.reverse = False  # BwdPreprocessZeroDq's option
         if ROWS_PER_CTA % self.rows_per_pass:
             raise ValueError(f"hdim {hdim}: {self.rows_per_pass} rows per pass do not divide {ROWS_PER_CTA}")
 
@@ -79,21 +77,11 @@ class BwdPreprocess:
 
     @cute.jit
     def rows(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-             mD: cute.Tensor, d_scale, mdQaccum=None, item=None):
+             mD: cute.Tensor, d_scale, mdQaccum=None):
         """`d_scale` None (a trace-time choice): D unscaled, the kernel unchanged. `mdQaccum`
-        (b, sq, h, d) fp32: also cleared, row by row as O and dO are read (BwdPreprocessZeroDq).
-        `item` (thread in its 256, m_block, head, batch): the work item of a capped grid's loop;
-        None: the CTA's own (one CTA per item)."""
-        if cutlass.const_expr(item is None):
-            tidx, _, _ = cute.arch.thread_idx()
-            m_block, head, batch = cute.arch.block_idx()
-            if cutlass.const_expr(self.reverse):
-                # the last (batch, head) first: the rows written last, still in L2 when the main
-                # kernel starts, are the ones its first CTAs read (BwdConfig.l2_reverse)
-                head = mD.shape[1] - 1 - head
-                batch = mD.shape[0] - 1 - batch
-        else:
-            tidx, m_block, head, batch = item
+        (b, sq, h, d) fp32: also cleared, row by row as O and dO are read (BwdPreprocessZeroDq)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
         lanes = self.lanes
         passes = ROWS_PER_CTA // self.rows_per_pass
@@ -169,12 +157,10 @@ class BwdPreprocessZeroDq(BwdPreprocess):
     its O and dO rows are read, so the backward needs no fill kernel before it (`scale_d`: D times
     the softmax scale, as BwdPreprocessScaled)."""
 
-    def __init__(self, dtype: str, hdim: int, scale_d: bool = False, pdl: bool = False,
-                 reverse: bool = False):
+    def __init__(self, dtype: str, hdim: int, scale_d: bool = False, pdl: bool = False):
         super().__init__(dtype, hdim)
         self.scale_d = scale_d
         self.pdl = pdl
-        self.reverse = reverse
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
@@ -186,100 +172,7 @@ class BwdPreprocessZeroDq(BwdPreprocess):
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
                mD: cute.Tensor, mdQaccum: cute.Tensor, d_scale: Float32):
-        self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale if self.scale_d else None, mdQaccum)
-
-
-@cute.jit
-def capped_items(nblk, nh, nb, body, reverse=False):
-    """A capped grid's loop (BwdConfig.overlap_chunks): each CTA of SUBS x 256 threads runs SUBS
-    independent 256-thread groups, and group g of CTA c takes the work items (m_block, head, batch)
-    c * SUBS + g, then every gridDim * SUBS further. A few CTAs of many threads keep as many loads in
-    flight per SM as the full grid does on the SMs the main kernel leaves free."""
-    tidx, _, _ = cute.arch.thread_idx()
-    cta, _, _ = cute.arch.block_idx()
-    nctas, _, _ = cute.arch.grid_dim()
-    group_threads = 32 * WARPS
-    total = nblk * nh * nb
-    for i in cutlass.range(cta * SUBS + tidx // group_threads, total, nctas * SUBS):
-        t = i
-        if cutlass.const_expr(reverse):  # the accumulator's last rows (still in L2) first
-            t = total - 1 - i
-        m_block = t % nblk
-        head = (t // nblk) % nh
-        body((tidx % group_threads, m_block, head, t // (nblk * nh)))
-
-
-class BwdPreprocessCapped(BwdPreprocessZeroDq):
-    """BwdPreprocessZeroDq on a grid of `ctas` CTAs (a runtime argument) that loop over the row
-    blocks: for a preprocess that runs beside the main kernel of another chunk of the batch, on the
-    SMs it leaves free (BwdConfig.overlap_chunks)."""
-
-    @cute.jit
-    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                 mD: cute.Tensor, mdQaccum: cute.Tensor, d_scale: Float32, ctas: cutlass.Int32,
-                 stream: cuda.CUstream):
-        self.kernel(mO, mdO, mLSE, mLSE2, mD, mdQaccum, d_scale).launch(
-            grid=[ctas, 1, 1], block=[32 * WARPS * SUBS, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-               mD: cute.Tensor, mdQaccum: cute.Tensor, d_scale: Float32):
-        scale = d_scale if self.scale_d else None
-        capped_items(cute.size(mD.shape[2]) // ROWS_PER_CTA, cute.size(mD.shape[1]), cute.size(mD.shape[0]),
-                     lambda item: self.rows(mO, mdO, mLSE, mLSE2, mD, scale, mdQaccum, item))
-
-
-class DqCast:
-    """dQ = the fp32 accumulator converted to bf16 / fp16 (the softmax scale is already in it), on a
-    capped grid like BwdPreprocessCapped: the cast of one chunk of the batch beside the main kernel
-    of the next. A group of lanes shares a row, each lane loading 16-byte vectors (4 fp32) and
-    storing 8-byte ones; every load of a 64-row item is issued before the first store."""
-
-    def __init__(self, dtype: str, hdim: int, reverse: bool = False):
-        self.reverse = reverse
-        if hdim % 4:
-            raise ValueError(f"hdim {hdim} must be a multiple of 4 for the dQ cast")
-        self.dtype = L.CUTE_DTYPES[dtype]
-        self.hdim = hdim
-        vectors, lanes = hdim // 4, 1
-        while lanes < 32 and vectors % (2 * lanes) == 0:
-            lanes *= 2
-        self.lanes = lanes
-        self.rows_per_pass = 32 * WARPS // lanes
-        if ROWS_PER_CTA % self.rows_per_pass:
-            raise ValueError(f"hdim {hdim}: {self.rows_per_pass} rows per pass do not divide {ROWS_PER_CTA}")
-
-    @cute.jit
-    def __call__(self, mAcc: cute.Tensor, mdQ: cute.Tensor, ctas: cutlass.Int32, stream: cuda.CUstream):
-        self.kernel(mAcc, mdQ).launch(grid=[ctas, 1, 1], block=[32 * WARPS * SUBS, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, mAcc: cute.Tensor, mdQ: cute.Tensor):
-        nblk = (cute.size(mAcc.shape[1]) + ROWS_PER_CTA - 1) // ROWS_PER_CTA
-        capped_items(nblk, cute.size(mAcc.shape[2]), cute.size(mAcc.shape[0]),
-                     lambda item: self.rows(mAcc, mdQ, item), self.reverse)
-
-    @cute.jit
-    def rows(self, mAcc: cute.Tensor, mdQ: cute.Tensor, item):
-        tidx, m_block, head, batch = item
-        lanes = self.lanes
-        passes = ROWS_PER_CTA // self.rows_per_pass
-        vecs = self.hdim // 4 // lanes
-        group_row = tidx // lanes
-        lane = tidx % lanes
-        rAcc = cute.make_rmem_tensor((4, vecs, passes), Float32)
-        rAcc.fill(0.0)
-        for p in cutlass.range_constexpr(passes):
-            row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
-            if row < mAcc.shape[1]:
-                gAcc = mAcc[batch, row, head, None]
-                for v in cutlass.range_constexpr(vecs):
-                    cute.autovec_copy(cute.local_tile(gAcc, (4,), (lane + v * lanes,)), rAcc[None, v, p])
-        rOut = cute.make_rmem_tensor((4, vecs, passes), self.dtype)
-        rOut.store(rAcc.load().to(self.dtype))
-        for p in cutlass.range_constexpr(passes):
-            row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
-            if row < mAcc.shape[1]:
-                gdQ = mdQ[batch, row, head, None]
-                for v in cutlass.range_constexpr(vecs):
-                    cute.autovec_copy(rOut[None, v, p], cute.local_tile(gdQ, (4,), (lane + v * lanes,)))
+        if cutlass.const_expr(self.scale_d):
+            self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale, mdQaccum)
+        else:
+            self.rows(mO, mdO, mLSE, mLSE2, mD, None, mdQaccum)

@@ -480,10 +480,6 @@ class FlashBwdWideSm90(BwdKernelBase):
                              softmax_scale, step)
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[1], zero_init=True)
                 issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s, zero_init=False)
-                if cutlass.const_expr(self.cfg.dv_early):
-                    if step == num_steps - 1:
-                        self.send_dv(acc_dV, tidx, tiled_mma_dkv, sV, mdV, tma_atom_dV, n_block, head_kv,
-                                     batch)
                 warpgroup.wait_group(1)
                 self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 1, wg, mdQaccum, mdQsem, m_block,
                              n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right, tidx,
@@ -599,16 +595,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(self.cfg.ds_stages == 2):
                 pds = pds ^ 1
 
-        if cutlass.const_expr(self.cfg.dv_early):
-            if num_steps > 0:  # dV went out in the last step
-                self.epilogue_dk(acc_dK, tidx, tiled_mma_dkv, sK, mdK, tma_atom_dK, n_block, head_kv, batch,
-                                 softmax_scale)
-            else:
-                self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                              n_block, head_kv, batch, softmax_scale)
-        else:
-            self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                          n_block, head_kv, batch, softmax_scale)
+        self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
+                      n_block, head_kv, batch, softmax_scale)
 
     def transposing_stmatrix(self, tiled_mma_dkv, tidx):
         """The epilogue's stmatrix: (hdim, keys) accumulator fragments into a (keys, hdim) buffer."""
@@ -626,44 +614,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         else:
             rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         return rdK
-
-    @cute.jit
-    def send_dv(self, acc_dV, tidx, tiled_mma_dkv, sV, mdV, tma_atom_dV, n_block, head_kv, batch):
-        """dv_early, in the last step, after the dS barrier and this warpgroup's wait for its dV^T GEMM:
-        dV^T into V's buffer (transposing stmatrix, 8 values converted at a time so that no second
-        copy of the accumulator is live beside the in-flight dQ and dK^T accumulators), then one TMA
-        store once both warpgroups have written theirs. Its smem reads are waited for by the epilogue."""
-        st_t_atom, st_t_copy = self.transposing_stmatrix(tiled_mma_dkv, tidx)
-        src = st_t_copy.retile(acc_dV)
-        dst = st_t_copy.partition_D(L.transpose_view(sV))
-        for i in cutlass.range_constexpr(cute.size(src, mode=[1])):
-            for j in cutlass.range_constexpr(cute.size(src, mode=[2])):
-                piece = cute.make_rmem_tensor_like(src[None, i, j], self.dtype)
-                piece.store(src[None, i, j].load().to(self.dtype))
-                cute.copy(st_t_atom, piece, dst[None, i, j])
-        # generic-proxy smem writes, read next by the TMA unit (async proxy)
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        if tidx < 32:
-            self.store_key_tile(mdV, sV, tma_atom_dV, n_block, head_kv, batch)
-            cute.arch.cp_async_bulk_commit_group()
-
-    @cute.jit
-    def epilogue_dk(self, acc_dK, tidx, tiled_mma_dkv, sK, mdK, tma_atom_dK, n_block, head_kv, batch,
-                    softmax_scale):
-        """dv_early's epilogue: dK^T alone through K's buffer (as `epilogue`); the wait for the store's
-        reads also covers send_dv's, issued by the same warp."""
-        rdK = self.dk_out(acc_dK, softmax_scale)
-        # every warpgroup's dQ GEMMs (and warpgroup 0's S) have read K
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        st_t_atom, st_t_copy = self.transposing_stmatrix(tiled_mma_dkv, tidx)
-        cute.copy(st_t_atom, st_t_copy.retile(rdK), st_t_copy.partition_D(L.transpose_view(sK)))
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        if tidx < 32:
-            self.store_key_tile(mdK, sK, tma_atom_dK, n_block, head_kv, batch)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,

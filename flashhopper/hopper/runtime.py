@@ -282,7 +282,7 @@ def _fake_dq_accum(hdim: int):
 
 
 def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
-                    scale_d: bool = False, zero_dq: bool = False, pdl: bool = False, reverse: bool = False):
+                    scale_d: bool = False, zero_dq: bool = False, pdl: bool = False):
     """The backward preprocess (D and log2-LSE rows), compiled without a GPU. `scale_d`: D times
     a runtime softmax scale (BwdConfig.scale_in_ds); `zero_dq`: it also clears the fp32 dQ
     accumulator, which then comes after D and takes the scale argument either way
@@ -294,39 +294,12 @@ def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | No
     opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
     if zero_dq:
-        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d, pdl, reverse), *_fake_pre(dtype, hdim),
+        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d, pdl), *_fake_pre(dtype, hdim),
                             _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=opts.strip())
     if scale_d:
         return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
                             stream, options=opts.strip())
     return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream, options=opts.strip())
-
-
-def compile_bwd_pre_capped(dtype: str, hdim: int, scale_d: bool = False, options: str = "",
-                           tvm_ffi: bool | None = None):
-    """BwdPreprocessZeroDq on a capped grid (the CTA count a runtime argument): the preprocess of a
-    later chunk of the batch beside the main kernel (BwdConfig.overlap_chunks)."""
-    from flashhopper.hopper.bwd_pre import BwdPreprocessCapped
-
-    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
-    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-    return cute.compile(BwdPreprocessCapped(dtype, hdim, scale_d), *_fake_pre(dtype, hdim),
-                        _fake_dq_accum(hdim), cutlass.Float32(1.0), cutlass.Int32(1), stream,
-                        options=opts.strip())
-
-
-def compile_dq_cast(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
-                    reverse: bool = False):
-    """The fp32 dQ accumulator to dQ on a capped grid (hopper/bwd_pre.py DqCast)."""
-    from flashhopper.hopper.bwd_pre import DqCast
-
-    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
-    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-    dq = _fake_pre(dtype, hdim)[0]
-    return cute.compile(DqCast(dtype, hdim, reverse), _fake_dq_accum(hdim), dq, cutlass.Int32(1), stream,
-                        options=opts.strip())
 
 
 @functools.cache
@@ -361,16 +334,14 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
               **_bwd_overrides}
     cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
                      deterministic=deterministic, **fields)
-    kernel_cfg = cfg.kernel_fields()  # the host schedule's fields do not change the kernel
-    fn = _cache.get(kernel_cfg)
+    fn = _cache.get(cfg)
     if fn is None:
-        fn = _cache[kernel_cfg] = compile_bwd(kernel_cfg)
-    reverse = cfg.l2_reverse and cfg.pre_zero_dq
-    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq, cfg.pdl, reverse)
+        fn = _cache[cfg] = compile_bwd(cfg)
+    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq, cfg.pdl)
     pre = _cache.get(pre_key)
     if pre is None:
         pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds,
-                                                zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl, reverse=reverse)
+                                                zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
@@ -385,9 +356,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         if poison_dq_accum:
             dq_accum_all.fill_(float("nan"))
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
-        chunks = _overlap_slices(cfg, b, k.shape[2], h // k.shape[2], deterministic)
-        if not chunks:
-            pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
+        pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
         if cfg.scale_in_ds:
             pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
@@ -413,110 +382,12 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     dk = torch.empty_like(k) if dk is None else dk
     dv = torch.empty_like(v) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    if cfg.pre_zero_dq and chunks:
-        scalars = (scale_log2, softcap_pre, softmax_scale, wl, wr)
-        return _backward_overlapped(cfg, chunks, fn, pre, (q, k, v, out, dout, lse), lse_log2, d_rows,
-                                    (dq_accum, dq_accum_all), dq_sem, dk, dv, scalars)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
        softmax_scale, wl, wr)
     if dq is not None:
         return dq, dk, dv
-    if reverse:
-        cast_key = ("dq_cast_reverse", cfg.dtype, cfg.hdim)
-        cast = _cache.get(cast_key)
-        if cast is None:
-            cast = _cache[cast_key] = compile_dq_cast(cfg.dtype, cfg.hdim, reverse=True)
-        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        cast(dq_accum, dq, 2 * _sm_count(q.device.index))
-        return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
     return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
-
-
-def _overlap_slices(cfg: BwdConfig, b: int, hk: int, group: int, deterministic: bool):
-    """BwdConfig.overlap_chunks: per chunk (dim, query start, query length, KV start, KV length): a
-    part of the batch (dim 0) where it has enough entries, else of the KV heads (dim 2 of q-shaped
-    tensors) with their query heads; None where the call runs as one chunk."""
-    n = cfg.overlap_chunks
-    if (n < 2 or not _HAVE_TVM_FFI or deterministic or not cfg.pre_zero_dq or cfg.fused_dq_cast or cfg.pdl
-            or cfg.dq_accum_head_major or max(b, hk) < n):
-        return None
-    total = b if b >= n else hk
-    ends = [(i * total) // n for i in range(n + 1)]
-    pairs = list(zip(ends[:-1], ends[1:], strict=True))
-    if b >= n:
-        return [(0, lo, hi - lo, lo, hi - lo) for lo, hi in pairs]
-    return [(2, lo * group, (hi - lo) * group, lo, hi - lo) for lo, hi in pairs]
-
-
-_side_streams: dict = {}
-
-
-def _side_stream(device) -> torch.cuda.Stream:
-    """The overlapped backward's second stream, one per device, at the highest priority: its capped
-    grids then take the SMs that free up first, and the main kernel the rest."""
-    key = torch.device(device).index
-    if key not in _side_streams:
-        _side_streams[key] = torch.cuda.Stream(device=device, priority=-100)  # clamped to the highest
-    return _side_streams[key]
-
-
-def _backward_overlapped(cfg: BwdConfig, chunks, fn, pre, inputs, lse_log2, d_rows, dq_accums, dq_sem, dk,
-                         dv, scalars):
-    """The backward in chunks (BwdConfig.overlap_chunks): chunk 0's preprocess and the last chunk's
-    cast on the caller's stream with full grids; the other preprocesses and casts on the side stream
-    with capped grids, beside the main kernels. Events order each chunk's three kernels; the caller's
-    stream waits for the side stream before returning, so what follows on it (and the allocator's
-    reuse of these buffers there) comes after all of it."""
-    import tvm_ffi
-
-    q, k, v, out, dout, lse = inputs
-    dq_accum, dq_accum_all = dq_accums  # the main kernel's may have padded rows (dq_rows_interleaved)
-    softmax_scale = scalars[2]
-    pre_key = ("bwd_pre_capped", cfg.dtype, cfg.hdim, cfg.scale_in_ds)
-    pre_capped = _cache.get(pre_key)
-    if pre_capped is None:
-        pre_capped = _cache[pre_key] = compile_bwd_pre_capped(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds)
-    cast_key = ("dq_cast", cfg.dtype, cfg.hdim)
-    cast = _cache.get(cast_key)
-    if cast is None:
-        cast = _cache[cast_key] = compile_dq_cast(cfg.dtype, cfg.hdim)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    ctas = cfg.overlap_ctas
-
-    def part(i):
-        """Chunk i's views: (b, s, h, d) tensors are cut in dim 0 or 2, (b, h, rows) ones in dim 0 or 1."""
-        dim, qs, ql, ks, kl = chunks[i]
-        rdim = 0 if dim == 0 else 1
-        return ([t.narrow(dim, qs, ql) for t in (q, out, dout, dq_accum, dq_accum_all, dq)],
-                [t.narrow(dim, ks, kl) for t in (k, v, dk, dv)],
-                [t.narrow(rdim, qs, ql) for t in (lse, lse_log2, d_rows)])
-
-    parts = [part(i) for i in range(len(chunks))]
-    main = torch.cuda.current_stream(q.device)
-    side = _side_stream(q.device)
-    (_, o0, do0, acc0, _, _), _, (lse0, lse2_0, d0) = parts[0]
-    pre(o0, do0, lse0, lse2_0, d0, acc0, softmax_scale)
-    side.wait_stream(main)  # the inputs, and chunk 0's preprocess off the memory bus
-    pre_done = [None]
-    with tvm_ffi.use_torch_stream(torch.cuda.stream(side)):
-        for (_, oi, doi, acci, _, _), _, (lsei, lse2i, di) in parts[1:]:
-            pre_capped(oi, doi, lsei, lse2i, di, acci, softmax_scale, ctas)
-            pre_done.append(side.record_event())
-    main_done = []
-    for i, ((qi, _, doi, _, acc_all_i, _), (ki, vi, dki, dvi), (_, lse2i, di)) in enumerate(parts):
-        if i:
-            main.wait_event(pre_done[i])
-        fn(qi, ki, vi, doi, lse2i, di, acc_all_i, dq_sem, None, dki, dvi, *scalars)
-        main_done.append(main.record_event())
-    with tvm_ffi.use_torch_stream(torch.cuda.stream(side)):
-        for i, ((_, _, _, acci, _, dqi), _, _) in enumerate(parts[:-1]):
-            side.wait_event(main_done[i])
-            cast(acci, dqi, ctas)
-    (_, _, _, acc_last, _, dq_last), _, _ = parts[-1]
-    dq_last.copy_(acc_last)
-    main.wait_stream(side)
-    return dq, dk, dv
 
 
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
