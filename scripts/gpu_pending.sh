@@ -14,6 +14,7 @@
 # Session 26: s26_dvearly (hdim 256 backward, BwdConfig.dv_early), s26_overlap / s26_overlap2 (the
 # backward in chunks beside capped preprocess / cast grids, aef4924), s26_l2rev (preprocess and cast in
 # reverse order, c5442b3); all three switches live in c5442b3 and were removed after it.
+# Prepared for session 27, not run: s27_host (the backward's host time per call, scripts/host_overhead.py).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1107,6 +1108,11 @@ s19_oinv)  # session 19: O staged in V's ring (FwdConfig.o_in_v): its GPU tests 
 s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdConfig.o_v_stages): the o_in_v GPU
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
+  ;;
+s27_host)  # prepared in session 26, not yet run: the backward's host time per call (108-186 us at the
+  # 512-token points in session 26, the forward's 32 us) by hdim / mask / size, and a cProfile of it
+  run host python3 scripts/host_overhead.py --bwd
+  quiet "$O/host.log" | grep -vE "^ *$" | head -60
   ;;
 s26_overlap)  # the backward in chunks (BwdConfig.overlap_chunks): later preprocesses and earlier dQ casts
   # on a high-priority side stream with capped grids, beside the main kernels. Tests first (a new stream
