@@ -197,18 +197,12 @@ class BwdKernelBase:
         them."""
         if tidx < 32:
             for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
-                self.store_key_tile(mX, sX, atom, n_block, head_kv, batch)
+                gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+                tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                                 cute.group_modes(gX, 0, 2))
+                cute.copy(atom, tsX, tgX)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def store_key_tile(self, mX, sX, atom, n_block, head_kv, batch):
-        """One warp: TMA store of the (tile_n, hdim) smem tile sX into key block n_block of mX (dK or
-        dV), rows past seqlen_k dropped by the TMA unit; the caller commits and waits."""
-        gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                         cute.group_modes(gX, 0, 2))
-        cute.copy(atom, tsX, tgX)
 
     @cute.jit
     def last_n_block(self, m_block, seqlen_q, seqlen_k, window_right):

@@ -598,29 +598,16 @@ class FlashBwdWideSm90(BwdKernelBase):
         self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                       n_block, head_kv, batch, softmax_scale)
 
-    def transposing_stmatrix(self, tiled_mma_dkv, tidx):
-        """The epilogue's stmatrix: (hdim, keys) accumulator fragments into a (keys, hdim) buffer."""
-        op = cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4)
-        atom = cute.make_copy_atom(op, self.dtype)
-        return atom, cute.make_tiled_copy_C(atom, tiled_mma_dkv).get_slice(tidx)
-
-    @cute.jit
-    def dk_out(self, acc_dK, softmax_scale):
-        """dK^T in the input dtype, with the softmax scale (dS is the gradient of the scaled scores)
-        unless dS already carried it (scale_in_ds)."""
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        if cutlass.const_expr(self.cfg.scale_in_ds):
-            rdK.store(acc_dK.load().to(self.dtype))
-        else:
-            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
-        return rdK
-
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
                  n_block, head_kv, batch, softmax_scale):
         """dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows past
         seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores."""
-        rdK = self.dk_out(acc_dK, softmax_scale)
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        if cutlass.const_expr(self.cfg.scale_in_ds):
+            rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
+        else:
+            rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
         # Every warpgroup's S / dP read all head-dim columns of its keys' K / V rows, and its dQ
@@ -628,7 +615,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
         # The fragments are (hdim, keys), the buffers (keys, hdim) with hdim contiguous: the
         # transposing stmatrix writes each 8 x 8 block into the (hdim, keys) view of the buffer.
-        st_t_atom, st_t_copy = self.transposing_stmatrix(tiled_mma_dkv, tidx)
+        st_t_atom = cute.make_copy_atom(
+            cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+        st_t_copy = cute.make_tiled_copy_C(st_t_atom, tiled_mma_dkv).get_slice(tidx)
         cute.copy(st_t_atom, st_t_copy.retile(rdK), st_t_copy.partition_D(L.transpose_view(sK)))
         cute.copy(st_t_atom, st_t_copy.retile(rdV), st_t_copy.partition_D(L.transpose_view(sV)))
         # generic-proxy smem writes, read next by the TMA unit (async proxy)
