@@ -94,6 +94,8 @@ class _HopperAttention(torch.autograd.Function):
 
         out, lse = forward(q, k, v, scale, causal, window, softcap)
         ctx.mark_non_differentiable(lse)
+        # lse never has a gradient: without this autograd would fill a zero tensor for it every step
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.config = (scale, causal, window, softcap, deterministic)
         return out, lse
@@ -102,6 +104,8 @@ class _HopperAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         from flashhopper.hopper import backward
 
+        if dout is None:  # no gradient reached out (grads are not materialized)
+            return (None,) * 8
         q, k, v, out, lse = ctx.saved_tensors
         scale, causal, window, softcap, deterministic = ctx.config
         dq, dk, dv = backward(q, k, v, out, _tma_ready(dout), lse, scale, causal, window, softcap,

@@ -14,7 +14,7 @@
 # Session 26: s26_dvearly (hdim 256 backward, BwdConfig.dv_early), s26_overlap / s26_overlap2 (the
 # backward in chunks beside capped preprocess / cast grids, aef4924), s26_l2rev (preprocess and cast in
 # reverse order, c5442b3); all three switches live in c5442b3 and were removed after it.
-# Prepared for session 27, not run: s27_host (the backward's host time per call, scripts/host_overhead.py).
+# Session 27: s27_host (the backward's host time, scripts/host_overhead.py --bwd), s27_verify, s27_counter, s27_plan.
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1109,10 +1109,54 @@ s19_oinv2)  # session 19: each warpgroup's O part in a V stage of its own (FwdCo
   # tests under their own limit, then tune_fwd.py oinv2 (O in Q / in V / per V stage, 3 rounds)
   oinv_tests_then_tune 300 oinv2
   ;;
-s27_host)  # prepared in session 26, not yet run: the backward's host time per call (108-186 us at the
-  # 512-token points in session 26, the forward's 32 us) by hdim / mask / size, and a cProfile of it
+s27_host)  # session 27: the backward's host time per call (108-186 us at the 512-token points in session 26,
+  # the forward's 32 us) by hdim / mask / size, the autograd step against SDPA's, and cProfiles
   run host python3 scripts/host_overhead.py --bwd
   quiet "$O/host.log" | grep -vE "^ *$" | head -60
+  ;;
+s27_plan)  # session 27: the forward's and backward's dispatch cached per (dtype, shapes, flags) (runtime._fwd_plan,
+  # _bwd_plan), the faster argument checks: the forward's dispatched-path tests, the backward shape list and
+  # autograd tests, the API suite in parallel; then the host times against SDPA's
+  F=tests/test_fwd_gpu.py
+  bg fwd_tests 330 python3 -m pytest -q -rf --tb=short $F -k "hdim_dtype or seqlens or batch_gqa or test_local \
+    or test_softcap or packed or recompile or without_tvm_ffi or test_persistent or counter or short_"
+  bg bwd_tests 330 python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py::test_backward
+  bg autograd_tests 330 python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py -k "noncontiguous \
+    or unaligned_offset or unwritten or test_deterministic_is_bitwise_reproducible or finite or short_causal"
+  bg api 330 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  wait
+  run host python3 scripts/host_overhead.py --bwd
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary fwd_tests bwd_tests autograd_tests api
+  quiet "$O/host.log" | grep -E "host time|period|step|launch|torch|SDPA|per-call" | head -30
+  ;;
+s27_counter)  # session 27: the forward's tile counter keyed by the raw stream handle (runtime._tile_counter):
+  # the scheduler-counter tests (streams included) and the API suite, then the host times against SDPA's
+  bg counter_tests 300 python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "counter"
+  bg api 300 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  wait
+  run host python3 scripts/host_overhead.py --bwd
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary counter_tests api
+  quiet "$O/host.log" | grep -E "host time|period|step|launch|torch|SDPA|per-call" | head -30
+  ;;
+s27_verify)  # session 27: autograd without a zero-filled LSE gradient a step, LSE / D rows in one allocation
+  # (interface.py, runtime.backward): the backward shape list at every hdim, the autograd-path tests and
+  # the API suite, in parallel; then s27_host's measurement again and the 512-token backward points (the
+  # step no longer fills a (b, h, sq) zero tensor: predicted +0.5..1% there)
+  B=tests/test_bwd_gpu.py
+  bg main_tests 420 python3 -m pytest -q -rf --tb=short $B::test_backward
+  bg autograd_tests 420 python3 -m pytest -q -rf --tb=short $B -k "noncontiguous or unaligned_offset \
+    or unwritten or test_deterministic_is_bitwise_reproducible or finite or backends_agree or fp16 or packed \
+    or lpt_causal_dispatch"
+  bg api 420 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  wait
+  run host python3 scripts/host_overhead.py --bwd
+  run b512 python3 -m flashhopper.cli bench --bwd --hdim 64 256 --seqlen 512 --rounds 3
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary main_tests autograd_tests api
+  [ -f "$O/b512.log" ] && quiet "$O/b512.log" | tail -8
+  quiet "$O/host.log" | grep -E "host time|period|step|launch|torch" | head -30
   ;;
 s26_overlap)  # the backward in chunks (BwdConfig.overlap_chunks): later preprocesses and earlier dQ casts
   # on a high-priority side stream with capped grids, beside the main kernels. Tests first (a new stream

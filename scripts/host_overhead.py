@@ -11,6 +11,7 @@ import cProfile
 import io
 import math
 import pstats
+import statistics
 import sys
 import time
 
@@ -60,6 +61,19 @@ def forward_overhead():
           f"{list(runtime.compile_seconds.values())[0]:.2f} s")
     print(f"per-call host time (no sync, tiny problem): {host * 1e6:.1f} us; "
           f"back-to-back period {per_call:.1f} us")
+    # the launch alone: the DSL's compiled function (a kwargs wrapper in front) against its raw
+    # tvm_ffi.Function, same positional arguments
+    cfg, fn = next((key, f) for key, f in runtime._cache.items() if not isinstance(key, tuple))
+    seen = []
+    runtime._cache[cfg] = lambda *a: seen.append(a)  # the arguments runtime.forward launches with
+    runtime.forward(q, k, v, 0.125, False, (-1, -1), 0.0)
+    runtime._cache[cfg] = fn
+    args = seen[0]
+    raw = fn.__tvm_ffi_object__()
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    print(f"launch: compiled function {host_us(lambda: fn(*args)):.1f} us, raw tvm_ffi.Function "
+          f"{host_us(lambda: raw(*args)):.1f} us, raw with q, k, v requiring grad "
+          f"{host_us(lambda: raw(qg, kg, vg, *args[3:])):.1f} us", flush=True)
 
 
 def backward_overhead():
@@ -87,21 +101,83 @@ def backward_overhead():
         return torch.autograd.grad(out, (q, k, v), do)
 
     fwd_only = host_us(lambda: flash_attn_func(q, k, v))
+    with torch.no_grad():
+        out, lse = runtime.forward(q, k, v, 0.125, False, (-1, -1), 0.0)
+
+    def bwd():
+        return runtime.backward(q, k, v, out, do, lse, 0.125, False, (-1, -1), 0.0)
+
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+
+    def bwd_detached():
+        return runtime.backward(qd, kd, vd, out, do, lse, 0.125, False, (-1, -1), 0.0)
+
+    print(f"torch {torch.__version__}, DLPack C exchange API: "
+          f"{hasattr(torch.Tensor, '__dlpack_c_exchange_api__')}", flush=True)
+    print(f"GPU period back to back: step {gpu_us(step):.1f} us, runtime.backward alone {gpu_us(bwd):.1f} us"
+          f" (host {host_us(bwd):.1f} us; q, k, v detached {host_us(bwd_detached):.1f} us)", flush=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) views of the same leaves
+    qdt, kdt, vdt = (t.transpose(1, 2) for t in (qd, kd, vd))
+    dot = do.transpose(1, 2)
+
+    def sdpa_step():
+        return torch.autograd.grad(sdpa(qt, kt, vt), (q, k, v), dot)
+
+    # the host is shared and its speed drifts: ours and SDPA's (its FA2 kernels) taking turns, 5 rounds
+    pairs = {"step": (step, sdpa_step),
+             "forward, no grad": (lambda: flash_attn_func(qd, kd, vd), lambda: sdpa(qdt, kdt, vdt))}
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        for name, (ours, theirs) in pairs.items():
+            times = [(host_us(ours, 200), host_us(theirs, 200)) for _ in range(5)]
+            print(f"{name}: flashhopper {statistics.median(t[0] for t in times):.1f} us, SDPA (FA2) "
+                  f"{statistics.median(t[1] for t in times):.1f} us a call (medians of 5 rounds)", flush=True)
+    profile("autograd step (tiny, hdim 64)", step)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(50):
+            step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
     print(f"autograd forward + backward, tiny: {host_us(step):.1f} us a step "
           f"(forward with grad alone {fwd_only:.1f} us)", flush=True)
-    # where the Python side of runtime.backward spends it (hdim 256, tiny problem)
+    # where the Python side of runtime.backward / runtime.forward spends it (hdim 256, tiny problem)
     q, k, v, do = (torch.randn(1, 128, 1, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = runtime.forward(q, k, v, 1 / 16, False, (-1, -1), 0.0)
-    host_us(lambda: runtime.backward(q, k, v, out, do, lse, 1 / 16, False, (-1, -1), 0.0), 50)
+    profile("runtime.backward", lambda: runtime.backward(q, k, v, out, do, lse, 1 / 16, False, (-1, -1), 0.0))
+    profile("runtime.forward", lambda: runtime.forward(q, k, v, 1 / 16, False, (-1, -1), 0.0))
+    # the pieces alone: an allocation, a fill, a cast
+    acc = torch.empty(q.shape, dtype=torch.float32, device="cuda")
+    f32 = {"dtype": torch.float32, "device": "cuda"}
+    print(f"torch.empty (b, h, s) fp32: {host_us(lambda: torch.empty((1, 1, 128), **f32)):.1f} us; "
+          f"torch.zeros: {host_us(lambda: torch.zeros((1, 1, 128), **f32)):.1f} us; "
+          f"fp32 -> bf16 .to(): {host_us(lambda: acc.to(torch.bfloat16)):.1f} us", flush=True)
+
+
+def gpu_us(fn, n=200) -> float:
+    """Back-to-back period per call by CUDA events: the GPU's time when the host keeps up."""
+    for _ in range(20):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / n * 1e3
+
+
+def profile(name, fn, n=300):
+    host_us(fn, 50)
     prof = cProfile.Profile()
     prof.enable()
-    for _ in range(300):
-        runtime.backward(q, k, v, out, do, lse, 1 / 16, False, (-1, -1), 0.0)
+    for _ in range(n):
+        fn()
     prof.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
-    print(text.getvalue())
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+    print(f"--- cProfile of {n} calls of {name}")
+    print(text.getvalue(), flush=True)
 
 
 if __name__ == "__main__":

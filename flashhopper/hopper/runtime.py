@@ -168,11 +168,33 @@ def _tile_counter(device) -> torch.Tensor:
     when it finishes (FlashFwdSm90.retire_cta), so launches need no memset; the static schedule
     never touches it. Launches on one stream run in order, so one counter per stream is enough;
     two streams must not share one (their kernels may run at the same time)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    # the raw stream handle: torch.cuda.current_stream builds a Stream object, ~5 us a call
+    key = (device, torch._C._cuda_getCurrentRawStream(device.index))
     counter = _tile_counters.get(key)
     if counter is None:
         counter = _tile_counters[key] = torch.zeros(2, dtype=torch.int32, device=device)
     return counter
+
+
+def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causal: bool, window_size,
+                       softcap: bool):
+    """What a forward call launches, from its shapes and flags alone: (config, window_left,
+    window_right, L2 section)."""
+    causal, local, wl, wr = _mask_kind(causal, window_size)
+    cfg = fwd_config(_TORCH_TO_NAME[dtype], hdim, causal=causal, local=local, softcap=softcap,
+                     narrow=fwd_narrow_tile(hdim, sq, causal and not local),
+                     short=(fwd_short_causal(hdim, sq, sk, not local) if causal
+                            else fwd_short_nomask(hdim, sq, sk, local)),
+                     qring=fwd_short_qring(hdim, sq, sk, local))
+    if _overrides:
+        cfg = dataclasses.replace(cfg, **_overrides)
+    section = _l2_section(sk, cfg, h * b) if cfg.causal or cfg.local else 1
+    return cfg, wl, wr, section
+
+
+# the dispatch above is ~5 us of Python, a visible share of a small call's ~30 us of host time;
+# test / tuning overrides (_overrides) bypass the cache
+_fwd_plan = functools.lru_cache(maxsize=4096)(_fwd_plan_uncached)
 
 
 def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
@@ -180,15 +202,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
 
     `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements).
     """
-    causal, local, wl, wr = _mask_kind(causal, window_size)
-    cfg = fwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
-                     narrow=fwd_narrow_tile(q.shape[-1], q.shape[1], causal and not local),
-                     short=(fwd_short_causal(q.shape[-1], q.shape[1], k.shape[1], not local) if causal
-                            else fwd_short_nomask(q.shape[-1], q.shape[1], k.shape[1], local)),
-                     qring=fwd_short_qring(q.shape[-1], q.shape[1], k.shape[1], local))
-    if _overrides:
-        cfg = dataclasses.replace(cfg, **_overrides)
-    b, sq, h, _ = q.shape
+    b, sq, h, d = q.shape
+    plan = _fwd_plan_uncached if _overrides else _fwd_plan
+    cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0)
     if cfg.trace:  # the stamps go to the LSE's memory, far past b * h * sq floats
         from flashhopper.hopper.fwd import trace_words
 
@@ -202,8 +218,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
         lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
-                         else None)
-    section = _l2_section(k.shape[1], cfg, h * b) if cfg.causal or cfg.local else 1
+                        else None)
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
     if _HAVE_TVM_FFI:
         fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
@@ -325,15 +340,27 @@ def _dq_rows(dq_accum_all, cfg: BwdConfig, sq: int):
     return dq_accum_all[:, :sq] if cfg.dq_rows_interleaved else dq_accum_all
 
 
+def _bwd_plan_uncached(dtype, hdim: int, sq: int, sk: int, causal: bool, window_size, softcap: bool,
+                       deterministic: bool):
+    """The backward's config and mask for a call's shapes and flags: (config, causal kernel,
+    local kernel, window_left, window_right)."""
+    causal, local, wl, wr = _mask_kind(causal, window_size)
+    # the per-call fields, then the test / tuning overrides over them
+    fields = {**bwd_per_call(hdim, sq, sk, causal, deterministic, softcap), **_bwd_overrides}
+    cfg = bwd_config(_TORCH_TO_NAME[dtype], hdim, causal=causal, local=local, softcap=softcap,
+                     deterministic=deterministic, **fields)
+    return cfg, causal, local, wl, wr
+
+
+_bwd_plan = functools.lru_cache(maxsize=4096)(_bwd_plan_uncached)  # as _fwd_plan; overrides bypass it
+
+
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
-    causal, local, wl, wr = _mask_kind(causal, window_size)
-    # the per-call fields, then the test / tuning overrides over them
-    fields = {**bwd_per_call(q.shape[-1], q.shape[1], k.shape[1], causal, deterministic, softcap > 0.0),
-              **_bwd_overrides}
-    cfg = bwd_config(_TORCH_TO_NAME[q.dtype], q.shape[-1], causal=causal, local=local, softcap=softcap > 0.0,
-                     deterministic=deterministic, **fields)
+    plan = _bwd_plan_uncached if _bwd_overrides else _bwd_plan
+    cfg, causal, local, wl, wr = plan(q.dtype, q.shape[-1], q.shape[1], k.shape[1], causal,
+                                      tuple(window_size), softcap > 0.0, deterministic)
     fn = _cache.get(cfg)
     if fn is None:
         fn = _cache[cfg] = compile_bwd(cfg)
