@@ -1,11 +1,11 @@
 """First-call compile time and per-call host overhead of flash_attn_func on a tiny problem; with
---bwd, the backward's host time per call (runtime.backward at hdim 64 / 128 / 256, tiny and
-grid-sized, and the whole autograd step on the tiny problem) and a cProfile of its Python side.
+--sdpa, the tiny training step and a forward without grad against PyTorch's SDPA (FA2) taking turns;
+with --bwd, that and the backward's host time per call (runtime.backward at hdim 64 / 128 / 256, tiny
+and grid-sized), cProfiles and the torch profiler's op table of the step.
 
-    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/host_overhead.py [--bwd]
+    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/host_overhead.py [--sdpa | --bwd]
 
-Session 26 measured 108-186 us of host time per backward call at the grid's 512-token points
-(scripts/overlap_trace.py in aef4924), against 32 us for the forward: --bwd says where it goes.
+Session 27 (docs/benchmarks.md): 42-73 us of host time per backward call, the step at 1.8x SDPA's.
 """
 import cProfile
 import io
@@ -91,7 +91,10 @@ def backward_overhead():
                 n = 100 if s > 128 else 500
                 print(f"backward host time, hdim {d} causal {causal!s:>5} (b, s, h) = {(b, s, h)}: "
                       f"{host_us(call, n):7.1f} us a call", flush=True)
-    # the whole training step's backward on the tiny problem: autograd, the interface, the kernels
+
+
+def tiny_step():
+    """The tiny problem's leaves, its output gradient and one training step's attention through autograd."""
     q, k, v = (torch.randn(1, 128, 1, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     do = torch.randn_like(q)
@@ -100,7 +103,35 @@ def backward_overhead():
         out = flash_attn_func(q, k, v)
         return torch.autograd.grad(out, (q, k, v), do)
 
-    fwd_only = host_us(lambda: flash_attn_func(q, k, v))
+    return q, k, v, do, step
+
+
+def against_sdpa():
+    """Host time of the tiny step and of a forward without grad, ours and SDPA's (FA2) taking turns."""
+    q, k, v, do, step = tiny_step()
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) views of the same leaves
+    qdt, kdt, vdt = (t.transpose(1, 2) for t in (qd, kd, vd))
+    dot = do.transpose(1, 2)
+
+    def sdpa_step():
+        return torch.autograd.grad(sdpa(qt, kt, vt), (q, k, v), dot)
+
+    # the host is shared and its speed drifts: 5 rounds, medians
+    pairs = {"step": (step, sdpa_step),
+             "forward, no grad": (lambda: flash_attn_func(qd, kd, vd), lambda: sdpa(qdt, kdt, vdt))}
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        for name, (ours, theirs) in pairs.items():
+            times = [(host_us(ours, 200), host_us(theirs, 200)) for _ in range(5)]
+            print(f"{name}: flashhopper {statistics.median(t[0] for t in times):.1f} us, SDPA (FA2) "
+                  f"{statistics.median(t[1] for t in times):.1f} us a call (medians of 5 rounds)", flush=True)
+
+
+def step_profiles():
+    """Where the tiny step's host time goes: GPU period, cProfile, the torch profiler's op table; then
+    cProfiles of runtime.backward / runtime.forward and the cost of an allocation, a fill, a cast."""
+    q, k, v, do, step = tiny_step()
     with torch.no_grad():
         out, lse = runtime.forward(q, k, v, 0.125, False, (-1, -1), 0.0)
 
@@ -116,35 +147,16 @@ def backward_overhead():
           f"{hasattr(torch.Tensor, '__dlpack_c_exchange_api__')}", flush=True)
     print(f"GPU period back to back: step {gpu_us(step):.1f} us, runtime.backward alone {gpu_us(bwd):.1f} us"
           f" (host {host_us(bwd):.1f} us; q, k, v detached {host_us(bwd_detached):.1f} us)", flush=True)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) views of the same leaves
-    qdt, kdt, vdt = (t.transpose(1, 2) for t in (qd, kd, vd))
-    dot = do.transpose(1, 2)
-
-    def sdpa_step():
-        return torch.autograd.grad(sdpa(qt, kt, vt), (q, k, v), dot)
-
-    # the host is shared and its speed drifts: ours and SDPA's (its FA2 kernels) taking turns, 5 rounds
-    pairs = {"step": (step, sdpa_step),
-             "forward, no grad": (lambda: flash_attn_func(qd, kd, vd), lambda: sdpa(qdt, kdt, vdt))}
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        for name, (ours, theirs) in pairs.items():
-            times = [(host_us(ours, 200), host_us(theirs, 200)) for _ in range(5)]
-            print(f"{name}: flashhopper {statistics.median(t[0] for t in times):.1f} us, SDPA (FA2) "
-                  f"{statistics.median(t[1] for t in times):.1f} us a call (medians of 5 rounds)", flush=True)
     profile("autograd step (tiny, hdim 64)", step)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(50):
             step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
-    print(f"autograd forward + backward, tiny: {host_us(step):.1f} us a step "
-          f"(forward with grad alone {fwd_only:.1f} us)", flush=True)
-    # where the Python side of runtime.backward / runtime.forward spends it (hdim 256, tiny problem)
+    # the Python side of runtime.backward / runtime.forward (hdim 256, tiny problem)
     q, k, v, do = (torch.randn(1, 128, 1, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     out, lse = runtime.forward(q, k, v, 1 / 16, False, (-1, -1), 0.0)
     profile("runtime.backward", lambda: runtime.backward(q, k, v, out, do, lse, 1 / 16, False, (-1, -1), 0.0))
     profile("runtime.forward", lambda: runtime.forward(q, k, v, 1 / 16, False, (-1, -1), 0.0))
-    # the pieces alone: an allocation, a fill, a cast
     acc = torch.empty(q.shape, dtype=torch.float32, device="cuda")
     f32 = {"dtype": torch.float32, "device": "cuda"}
     print(f"torch.empty (b, h, s) fp32: {host_us(lambda: torch.empty((1, 1, 128), **f32)):.1f} us; "
@@ -182,5 +194,8 @@ def profile(name, fn, n=300):
 
 if __name__ == "__main__":
     forward_overhead()
+    if "--sdpa" in sys.argv or "--bwd" in sys.argv:
+        against_sdpa()
     if "--bwd" in sys.argv:
         backward_overhead()
+        step_profiles()

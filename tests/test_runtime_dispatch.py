@@ -1,0 +1,106 @@
+"""runtime.forward / runtime.backward on CPU with the compiled kernels replaced by recorders: the launch
+arguments (config, window, grid) follow the dispatch functions for every shape and flag, through the
+per-call dispatch caches (runtime._fwd_plan, _bwd_plan), and overrides are never served stale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashhopper import config
+from flashhopper.hopper import runtime
+
+SHAPES = [(1, 1), (17, 17), (128, 128), (1000, 333), (333, 1000), (4097, 4097), (512, 1024), (16384, 16384),
+          (1024, 16384)]
+MASKS = [(False, (-1, -1)), (True, (-1, -1)), (False, [256, 0]), (True, (100, -1)), (False, (-1, 7))]
+
+
+@pytest.fixture
+def fwd_launches(monkeypatch):
+    launches = []
+    monkeypatch.setattr(runtime, "_get_fwd", lambda cfg: lambda *args: launches.append((cfg, args)))
+    monkeypatch.setattr(runtime, "_tile_counter", lambda device: None)
+    monkeypatch.setattr(runtime, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(runtime, "_HAVE_TVM_FFI", True)
+    return launches
+
+
+def _tensors(b, sq, sk, hq, hk, d):
+    q = torch.empty(b, sq, hq, d, dtype=torch.bfloat16)
+    k, v = (torch.empty(b, sk, hk, d, dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
+def expected_fwd(d, b, sq, sk, hq, causal, window, softcap):
+    causal_k, local, wl, wr = runtime._mask_kind(causal, window)
+    cfg = config.fwd_config("bf16", d, causal=causal_k, local=local, softcap=softcap,
+                            narrow=config.fwd_narrow_tile(d, sq, causal_k and not local),
+                            short=(config.fwd_short_causal(d, sq, sk, not local) if causal_k
+                                   else config.fwd_short_nomask(d, sq, sk, local)),
+                            qring=config.fwd_short_qring(d, sq, sk, local))
+    grid = config.fwd_grid(cfg, sq, hq * b, 132 if cfg.persistent else None)
+    section = runtime._l2_section(sk, cfg, hq * b) if cfg.causal or cfg.local else 1
+    return cfg, (wl, wr, grid, section)
+
+
+@pytest.mark.parametrize("d", config.SUPPORTED_HDIMS)
+def test_forward_launches_the_dispatched_config(d, fwd_launches):
+    for rounds in range(2):  # the second round is served from the cache
+        for sq, sk in SHAPES:
+            for causal, window in MASKS:
+                for softcap in (0.0, 5.0):
+                    q, k, v = _tensors(2, sq, sk, 4, 2, d)
+                    runtime.forward(q, k, v, 0.1, causal, window, softcap)
+                    cfg, args = fwd_launches.pop()
+                    want_cfg, want_args = expected_fwd(d, 2, sq, sk, 4, causal, window, softcap > 0)
+                    assert cfg == want_cfg, (rounds, sq, sk, causal, window, softcap)
+                    assert args[8:] == want_args, (rounds, sq, sk, causal, window, softcap)
+
+
+def test_forward_overrides_are_not_served_from_the_cache(fwd_launches):
+    q, k, v = _tensors(1, 1024, 1024, 2, 2, 128)
+    runtime.forward(q, k, v, 0.1, True, (-1, -1), 0.0)
+    default = fwd_launches.pop()[0]
+    with runtime.config_overrides(pingpong=not default.pingpong):
+        runtime.forward(q, k, v, 0.1, True, (-1, -1), 0.0)
+        assert fwd_launches.pop()[0].pingpong != default.pingpong
+    runtime.forward(q, k, v, 0.1, True, (-1, -1), 0.0)
+    assert fwd_launches.pop()[0] == default
+
+
+@pytest.fixture
+def bwd_launches(monkeypatch):
+    launches = []
+    monkeypatch.setattr(runtime, "_cache", {})
+    monkeypatch.setattr(runtime, "compile_bwd", lambda cfg: lambda *args: launches.append((cfg, args)))
+    monkeypatch.setattr(runtime, "compile_bwd_pre", lambda *a, **kw: lambda *args: None)
+    return launches
+
+
+def test_backward_launches_the_dispatched_config(bwd_launches):
+    for _ in range(2):  # the second round is served from the cache
+        for d in config.SUPPORTED_HDIMS:
+            for sq, sk in SHAPES[:6]:
+                for causal, window in MASKS:
+                    for deterministic in (False, True):
+                        q, k, v = _tensors(1, sq, sk, 2, 1, d)
+                        lse = torch.zeros(1, 2, sq)
+                        runtime.backward(q, k, v, q, q, lse, 0.1, causal, window, 0.0, deterministic)
+                        cfg, args = bwd_launches.pop()
+                        causal_k, local, wl, wr = runtime._mask_kind(causal, window)
+                        fields = config.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
+                        assert cfg == config.bwd_config("bf16", d, causal=causal_k, local=local,
+                                                        deterministic=deterministic, **fields)
+                        assert args[-2:] == (wl, wr)
+
+
+def test_backward_overrides_are_not_served_from_the_cache(bwd_launches):
+    q, k, v = _tensors(1, 256, 256, 2, 2, 128)
+    lse = torch.zeros(1, 2, 256)
+    runtime.backward(q, k, v, q, q, lse, 0.1, False, (-1, -1), 0.0)
+    default = bwd_launches.pop()[0]
+    with runtime.bwd_config_overrides(lpt=not default.lpt):
+        runtime.backward(q, k, v, q, q, lse, 0.1, False, (-1, -1), 0.0)
+        assert bwd_launches.pop()[0].lpt != default.lpt
+    runtime.backward(q, k, v, q, q, lse, 0.1, False, (-1, -1), 0.0)
+    assert bwd_launches.pop()[0] == default
