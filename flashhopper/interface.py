@@ -6,12 +6,12 @@ import functools
 
 import torch
 
+from flashhopper import ops
 from flashhopper.reference import attention_ref
 from flashhopper.validation import (
     check_backend,
     check_flag,
     check_tensors,
-    layout_problem,
     normalize_scale,
     normalize_softcap,
     normalize_window,
@@ -45,8 +45,11 @@ def flash_attn_func(
     rows that see no key give out = 0 and lse = -inf.
     """
     backend = check_backend(backend)
-    check_tensors(q, k, v)
-    scale = normalize_scale(softmax_scale, q.shape[-1])
+    compiling = torch.compiler.is_compiling()
+    # torch.compile traces fake tensors, which have no data pointer: the custom operator checks the
+    # layouts on the real ones
+    check_tensors(q, k, v, layout=not compiling)
+    scale = normalize_scale(softmax_scale, int(q.shape[-1]))  # int(): a static head dim under torch.compile
     causal = check_flag("causal", causal)
     window = normalize_window(window_size)
     softcap = normalize_softcap(softcap)
@@ -56,6 +59,8 @@ def flash_attn_func(
     if backend == "reference":
         out, lse = attention_ref(q, k, v, scale, causal, window, softcap)
         out = out.to(q.dtype)
+    elif compiling:  # opaque to the compiler; its autograd formula calls ops.bwd
+        out, lse = ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, deterministic)
     else:
         _require_hopper(q, backend)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
@@ -108,13 +113,7 @@ class _HopperAttention(torch.autograd.Function):
             return (None,) * 8
         q, k, v, out, lse = ctx.saved_tensors
         scale, causal, window, softcap, deterministic = ctx.config
-        dq, dk, dv = backward(q, k, v, out, _tma_ready(dout), lse, scale, causal, window, softcap,
+        dq, dk, dv = backward(q, k, v, out, ops.tma_ready(dout), lse, scale, causal, window, softcap,
                               deterministic=deterministic)
         return dq, dk, dv, None, None, None, None, None
 
-
-def _tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """The kernels read through TMA (the layout the inputs are validated for). Gradients handed to
-    backward (expanded, sliced) need not have it; copy those (a clone, not .contiguous(): a
-    contiguous view at an unaligned offset would come back as it is)."""
-    return t if layout_problem("dout", t) is None else t.clone(memory_format=torch.contiguous_format)

@@ -28,7 +28,9 @@ def _is_int(x) -> bool:
     return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
 
 
-def check_tensors(q, k, v) -> None:
+def check_tensors(q, k, v, layout: bool = True) -> None:
+    """Types, dtypes, devices, ranks and shapes; with `layout`, also what TMA needs of strides and
+    data pointers (which only real tensors have)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -53,8 +55,9 @@ def check_tensors(q, k, v) -> None:
         if t.numel() == 0:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be > 0")
     _check_shapes(q, k, v)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_layout(name, t)
+    if layout:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _check_layout(name, t)
 
 
 def _check_shapes(q, k, v) -> None:
@@ -117,17 +120,20 @@ def normalize_scale(softmax_scale, hdim: int) -> float:
         return 1.0 / math.sqrt(hdim)
     if not _is_real(softmax_scale):
         raise TypeError(f"softmax_scale must be None or a positive finite number, got {softmax_scale!r}")
-    if not (math.isfinite(softmax_scale) and softmax_scale > 0):
+    softmax_scale = float(softmax_scale)
+    # comparisons, not math.isfinite, which torch.compile(dynamic=True) cannot trace (NaN fails both)
+    if not 0 < softmax_scale < math.inf:
         raise ValueError(f"softmax_scale is {softmax_scale!r}; accepted: None or a positive finite number")
-    return float(softmax_scale)
+    return softmax_scale
 
 
 def normalize_softcap(softcap) -> float:
     if not _is_real(softcap):
         raise TypeError(f"softcap must be a finite number >= 0 (0 disables), got {softcap!r}")
-    if not (math.isfinite(softcap) and softcap >= 0):
+    softcap = float(softcap)
+    if not 0 <= softcap < math.inf:  # as softmax_scale
         raise ValueError(f"softcap is {softcap!r}; accepted: a finite number >= 0 (0 disables)")
-    return float(softcap)
+    return softcap
 
 
 def check_flag(name: str, value) -> bool:

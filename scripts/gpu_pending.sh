@@ -15,7 +15,9 @@
 # backward in chunks beside capped preprocess / cast grids, aef4924), s26_l2rev (preprocess and cast in
 # reverse order, c5442b3); all three switches live in c5442b3 and were removed after it.
 # Session 27: s27_host (the backward's host time, scripts/host_overhead.py --bwd), s27_verify, s27_counter.
-# Prepared for session 28, not run (no device time left): s27_plan (the dispatch caches' GPU tests).
+# Prepared in session 27, run first in session 28: s27_plan (the dispatch caches' GPU tests).
+# Session 28: s28_compile, s28_compile2 (torch.compile and CUDA graphs), s28_graph, s28_probe, s28_probe2, s28_probe3 (a captured step's host time;
+# which captures fail).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1134,6 +1136,52 @@ s27_plan)  # session 27 (prepared, not run): the forward's and backward's dispat
   echo "== end at $(($(date +%s) - T0)) s"
   tests_summary api bwd_tests autograd_tests fwd_a fwd_b
   quiet "$O/host.log" | grep -E "step|launch|SDPA|per-call" | head -12
+  ;;
+s28_probe3)  # session 28: s28_probe2's probe with the early views kept alive
+  run probe python3 scripts/graph_capture_probe.py step_h64_views_first sdpa_step_h64_views_first
+  quiet "$O/probe.log" | tail -4
+  ;;
+s28_probe2)  # session 28: the probe's cases with the leaves' first use on the legacy stream (ours and SDPA's),
+  # then the captured tiny step of host_overhead.py --graph with SDPA's views made inside its step
+  run probe python3 scripts/graph_capture_probe.py step_h64 step_h64_views_first sdpa_step_h64 \
+    sdpa_step_h64_views_first
+  run host python3 scripts/host_overhead.py --graph
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/probe.log" | tail -6
+  quiet "$O/host.log" | grep -E "graph step|per-call|rc=" | head -12
+  ;;
+s28_probe)  # session 28: which calls capture in a CUDA graph (the tiny step of s28_graph did not)
+  run probe python3 scripts/graph_capture_probe.py
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/probe.log" | tail -12
+  ;;
+s28_graph)  # session 28: the tiny training step captured in a CUDA graph, ours and SDPA's (FA2), replayed
+  run host python3 scripts/host_overhead.py --graph
+  echo "== end at $(($(date +%s) - T0)) s"
+  quiet "$O/host.log" | grep -E "graph step|per-call|rc=" | head -12
+  ;;
+s28_compile2)  # session 28, after s28_compile: the tile counters allocated by a helper thread (out of the
+  # CUDA graph pools of torch.compile's reduce-overhead warm-up); the same tests less the backward's
+  L=$(( $(left) - 10 ))
+  bg compile_tests $L python3 -m pytest -q -rf --tb=short tests/test_torch_compile_gpu.py tests/test_torch_compile.py
+  bg api $L python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  bg counter_tests $L python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "counter or dynamic_scheduler"
+  wait
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary compile_tests api counter_tests
+  ;;
+s28_compile)  # session 28: flash_attn_func under torch.compile (custom operators, flashhopper/ops.py) and in
+  # CUDA graphs (a tile counter per captured launch), the CPU stand-in tests too; in parallel the API suite
+  # and the scheduler-counter tests (the interface and runtime._tile_counter changed)
+  L=$(( $(left) - 10 ))
+  bg compile_tests $L python3 -m pytest -q -rf --tb=short tests/test_torch_compile_gpu.py tests/test_torch_compile.py
+  bg api $L python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  bg counter_tests $L python3 -m pytest -q -rf --tb=short tests/test_fwd_gpu.py -k "counter or dynamic_scheduler"
+  # the backward's unused semaphore argument is now a view of the LSE rows, not a cached tensor
+  bg bwd_tests $L python3 -m pytest -q -rf --tb=short tests/test_bwd_gpu.py::test_backward
+  wait
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary compile_tests api counter_tests bwd_tests
   ;;
 s27_counter)  # session 27: the forward's tile counter keyed by the raw stream handle (runtime._tile_counter):
   # the scheduler-counter tests (streams included) and the API suite, then the host times against SDPA's

@@ -1,11 +1,13 @@
 """First-call compile time and per-call host overhead of flash_attn_func on a tiny problem; with
 --sdpa, the tiny training step and a forward without grad against PyTorch's SDPA (FA2) taking turns;
 with --bwd, that and the backward's host time per call (runtime.backward at hdim 64 / 128 / 256, tiny
-and grid-sized), cProfiles and the torch profiler's op table of the step.
+and grid-sized), cProfiles and the torch profiler's op table of the step; with --graph, the tiny step
+captured in a CUDA graph, ours and SDPA's, replayed (host time and back-to-back period).
 
-    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/host_overhead.py [--sdpa | --bwd]
+    source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/host_overhead.py [--sdpa | --bwd | --graph]
 
 Session 27 (docs/benchmarks.md): 42-73 us of host time per backward call, the step at 1.8x SDPA's.
+Session 28: the captured step replays in 16.2 us back to back (SDPA's 20.1), 3.8 us of host time.
 """
 import cProfile
 import io
@@ -164,6 +166,45 @@ def step_profiles():
           f"fp32 -> bf16 .to(): {host_us(lambda: acc.to(torch.bfloat16)):.1f} us", flush=True)
 
 
+def graph_steps():
+    """The tiny step captured in a CUDA graph, ours and SDPA's (FA2), replayed: a replay's host time
+    and the back-to-back period, against the eager step's period, 5 rounds taking turns."""
+    q, k, v, do, step = tiny_step()
+    dot = do.transpose(1, 2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    # SDPA's (b, h, s, d) views are made inside its step: a leaf's first differentiable use fixes the
+    # stream autograd hands its gradient to, and views made here, on the legacy default stream, made
+    # the capture fail in the autograd engine ("operation would make the legacy stream depend on a
+    # capturing blocking stream"; session 28, scripts/graph_capture_probe.py)
+    def sdpa_step():
+        out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return torch.autograd.grad(out, (q, k, v), dot)
+
+    steps = {"flashhopper": step, "SDPA (FA2)": sdpa_step}
+    graphs = {}
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        for name, fn in steps.items():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up off the capture, as PyTorch's recipe asks
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graphs[name] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graphs[name]):
+                fn()
+        rows = {name: [] for name in steps}
+        for _ in range(5):
+            for name, fn in steps.items():
+                g = graphs[name]
+                rows[name].append((host_us(g.replay, 200), gpu_us(g.replay), gpu_us(fn)))
+    for name, times in rows.items():
+        host, period, eager = (statistics.median(t[i] for t in times) for i in range(3))
+        print(f"graph step: {name} replay {host:.1f} us host, {period:.1f} us period; eager step period "
+              f"{eager:.1f} us (medians of 5 rounds)", flush=True)
+
+
 def gpu_us(fn, n=200) -> float:
     """Back-to-back period per call by CUDA events: the GPU's time when the host keeps up."""
     for _ in range(20):
@@ -199,3 +240,5 @@ if __name__ == "__main__":
     if "--bwd" in sys.argv:
         backward_overhead()
         step_profiles()
+    if "--graph" in sys.argv:
+        graph_steps()

@@ -162,17 +162,49 @@ def _l2_section(seqlen_k: int, cfg: FwdConfig, num_pairs: int) -> int:
 _tile_counters: dict = {}
 
 
+def _persistent_zeros(shape, dtype, device) -> torch.Tensor:
+    """A zeroed tensor for a cache that outlives the call, kept out of CUDA graph memory pools.
+
+    torch.compile's CUDA graphs (mode="reduce-overhead") warm up with the calling thread's
+    allocations routed into the graph's pool, and refuse to record while a tensor there is held by
+    anything but the graph's outputs. The routing is per thread, so the tensor is allocated by a
+    helper thread (once per cache entry); it is zeroed on the caller's stream, so the caller's later
+    kernels see the zeros."""
+    stream = torch.cuda.current_stream(device)
+    made = []
+
+    def make():
+        try:
+            with torch.cuda.stream(stream):
+                made.append(torch.zeros(shape, dtype=dtype, device=device))
+        except BaseException as e:  # raised again in the caller's thread
+            made.append(e)
+
+    worker = threading.Thread(target=make, name="flashhopper-alloc")
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
 def _tile_counter(device) -> torch.Tensor:
     """The dynamic scheduler's counter for the current stream on `device`: 2 int32 (the next
     tile to hand out, the CTAs done claiming), zeroed once here. The kernel leaves it at zero
     when it finishes (FlashFwdSm90.retire_cta), so launches need no memset; the static schedule
     never touches it. Launches on one stream run in order, so one counter per stream is enough;
-    two streams must not share one (their kernels may run at the same time)."""
+    two streams must not share one (their kernels may run at the same time).
+
+    Under CUDA graph capture each launch gets its own counter, allocated in the graph's memory
+    pool: graphs are captured on a stream of their own but replayed on any stream, so two graphs
+    replayed at once on two streams would otherwise share the capture stream's counter."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.zeros(2, dtype=torch.int32, device=device)
     # the raw handle: torch.cuda.current_stream() would build a Stream object on every call
     key = (device, torch._C._cuda_getCurrentRawStream(device.index))
     counter = _tile_counters.get(key)
     if counter is None:
-        counter = _tile_counters[key] = torch.zeros(2, dtype=torch.int32, device=device)
+        counter = _tile_counters[key] = _persistent_zeros(2, torch.int32, device)
     return counter
 
 
@@ -317,11 +349,6 @@ def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | No
     return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream, options=opts.strip())
 
 
-@functools.cache
-def _unused_int32(device) -> torch.Tensor:
-    return torch.zeros((1, 1, 1), dtype=torch.int32, device=device)
-
-
 def _dq_accum(q, cfg: BwdConfig, alloc):
     """The fp32 dQ accumulator as a (b, sq, h, d) tensor; with dq_accum_head_major its memory is
     (b, h, sq, d) (a permuted view: the kernels take any strides); with dq_rows_interleaved sq is
@@ -393,8 +420,9 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
     if deterministic or cfg.fused_dq_cast:  # turns, or landed tiles, per query block
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
-    else:  # never read: a cached placeholder saves an allocation and a memset per call
-        dq_sem = _unused_int32(q.device)
+    else:  # never read: any int32 tensor will do, and a view costs no allocation or memset (nor a
+        # cached tensor, which CUDA graph capture would have to account for)
+        dq_sem = lse_log2.view(torch.int32)[:, :, :1]
     dq = None
     if cfg.fused_dq_cast:
         # the kernel stores every query block some key block sees; the others (queries with no

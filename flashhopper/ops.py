@@ -1,0 +1,100 @@
+"""`torch.ops.flashhopper.fwd` / `bwd`: the Hopper kernels as PyTorch custom operators.
+
+torch.compile cannot trace into the CuTe DSL launch (TVM-FFI calls, data pointers), so under
+`torch.compile` `flash_attn_func` calls these opaque operators instead: their fake implementations
+give the output shapes to the compiler, their real ones run the same `flashhopper.hopper` functions
+as eager mode, and the forward's registered autograd formula calls the backward operator, so
+`fullgraph=True` compiles attention, its gradient and the code around them without a graph break.
+
+Eager calls keep the plain autograd.Function in interface.py: dispatching through a custom operator
+costs tens of microseconds of Python per call, a visible share of a small attention call.
+
+Checks that need real tensors (data pointers for TMA alignment, the GPU's compute capability) run in
+the real implementations; the fake ones check only what shapes and dtypes tell.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from flashhopper.validation import layout_problem
+
+
+def require_hopper(q: torch.Tensor, backend: str = "hopper") -> None:
+    from flashhopper.interface import _require_hopper
+
+    _require_hopper(q, backend)
+
+
+def check_layouts(*named) -> None:
+    for name, t in named:
+        problem = layout_problem(name, t)
+        if problem:
+            raise ValueError(problem)
+
+
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """The kernels read through TMA (the layout the inputs are validated for). Gradients handed to
+    backward (expanded, sliced) need not have it; copy those (a clone, not .contiguous(): a
+    contiguous view at an unaligned offset would come back as it is)."""
+    return t if layout_problem("dout", t) is None else t.clone(memory_format=torch.contiguous_format)
+
+
+def _kernels():
+    # imported on first use so that importing flashhopper never pulls in the CuTe DSL (and through
+    # sys.modules, where the CPU tests put their stand-ins)
+    return importlib.import_module("flashhopper.hopper")
+
+
+@torch.library.custom_op("flashhopper::fwd", mutates_args=())
+def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
+        window_left: int, window_right: int, softcap: float, deterministic: bool
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of attention; `deterministic` is the backward's, carried for the autograd formula."""
+    require_hopper(q)
+    check_layouts(("q", q), ("k", k), ("v", v))
+    return _kernels().forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap)
+
+
+@fwd.register_fake
+def _(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    b, sq, h, _ = q.shape
+    return q.new_empty((b, sq, h, v.shape[-1])), q.new_empty((b, h, sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashhopper::bwd", mutates_args=())
+def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+        lse: torch.Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+        softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) from the forward's out and lse."""
+    require_hopper(q)
+    check_layouts(("q", q), ("k", k), ("v", v), ("out", out))
+    return _kernels().backward(q, k, v, out, tma_ready(dout), lse, softmax_scale, causal,
+                               (window_left, window_right), softcap, deterministic=deterministic)
+
+
+@bwd.register_fake
+def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    # as the real one allocates: dq contiguous, dk / dv like k / v
+    return q.new_empty(q.shape), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.config = tuple(config)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    if dout is None:
+        return (None,) * 9
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = bwd(dout, q, k, v, out, lse, *ctx.config)
+    return (dq, dk, dv) + (None,) * 6
+
+
+fwd.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,154 @@
+"""flash_attn_func under torch.compile, on CPU: the custom operators (flashhopper/ops.py) with CPU
+stand-ins for the kernels. The same tests on the H200 with the real kernels, plus CUDA graphs, are in
+tests/test_torch_compile_gpu.py."""
+
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+import flashhopper
+from flashhopper import flash_attn_func, ops
+from flashhopper.reference import attention_grads_flash_rounding, attention_ref
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    """flashhopper.hopper's forward / backward computed on CPU, recording their calls. The backward
+    is explicit (no autograd inside: a custom operator's implementation runs below autograd)."""
+    calls = []
+
+    def forward(q, k, v, softmax_scale, causal, window_size, softcap):
+        calls.append(("fwd", softmax_scale, causal, window_size, softcap))
+        out, lse = attention_ref(q, k, v, softmax_scale, causal, window_size, softcap)
+        return out.to(q.dtype).contiguous(), lse.float().contiguous()
+
+    def backward(q, k, v, out, dout, lse, softmax_scale, causal, window_size, softcap, deterministic=False):
+        calls.append(("bwd", softmax_scale, causal, window_size, softcap, deterministic, dout.stride(-1)))
+        dq, dk, dv = attention_grads_flash_rounding(q, k, v, dout, softmax_scale, causal, window_size,
+                                                    softcap)
+        # the real backward's layouts: dq contiguous, dk / dv like k / v
+        return dq.contiguous(), torch.empty_like(k).copy_(dk), torch.empty_like(v).copy_(dv)
+
+    monkeypatch.setitem(sys.modules, "flashhopper.hopper",
+                        types.SimpleNamespace(forward=forward, backward=backward))
+    monkeypatch.setattr(flashhopper.interface, "_require_hopper", lambda q, backend: None)
+    torch._dynamo.reset()
+    yield calls
+    torch._dynamo.reset()
+
+
+def qkv(b=2, sq=17, sk=None, h=4, hk=None, d=64, requires_grad=True, dtype=BF16):
+    sk, hk = sq if sk is None else sk, h if hk is None else hk
+    ts = (torch.randn(b, sq, h, d, dtype=dtype), torch.randn(b, sk, hk, d, dtype=dtype),
+          torch.randn(b, sk, hk, d, dtype=dtype))
+    return tuple(t.requires_grad_(requires_grad) for t in ts)
+
+
+def step(fn, q, k, v, w):
+    """out and the gradients of a weighted sum (a dout with real values, not an expanded one)."""
+    out = fn(q, k, v)
+    grads = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    return out, grads
+
+
+KWARGS = [dict(causal=True), dict(window_size=(5, 3), softcap=2.0),
+          dict(softmax_scale=0.3, deterministic=True)]
+
+
+@pytest.mark.parametrize("kwargs", KWARGS, ids=["causal", "window_softcap", "scale_det"])
+def test_fullgraph_forward_and_backward_through_the_operators(cpu_kernels, kwargs):
+    q, k, v = qkv(sq=17, sk=29, h=4, hk=2)
+    w = torch.randn(2, 17, 4, 64)
+
+    def attn(q, k, v):
+        return flash_attn_func(q, k, v, **kwargs)
+
+    out, grads = step(torch.compile(attn, fullgraph=True, backend="aot_eager"), q, k, v, w)
+    compiled_calls = list(cpu_kernels)
+    cpu_kernels.clear()
+    want_out, want_grads = step(attn, q, k, v, w)  # eager: the autograd.Function, same stand-ins
+    assert compiled_calls == cpu_kernels and [c[0] for c in cpu_kernels] == ["fwd", "bwd"]
+    assert torch.equal(out, want_out)
+    for got, want in zip(grads, want_grads, strict=True):
+        assert got.dtype == BF16 and torch.equal(got, want)
+
+
+def test_compiled_return_lse_and_no_grad(cpu_kernels):
+    q, k, v = qkv(requires_grad=False)
+    fn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True, return_lse=True), fullgraph=True,
+                       backend="aot_eager")
+    out, lse = fn(q, k, v)
+    want_out, want_lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse) and lse.dtype == torch.float32
+    q.requires_grad_()
+    out, lse = fn(q, k, v)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_dynamic_shapes_compile_once(cpu_kernels):
+    """Sequence lengths and batch vary without a recompile per shape (inductor, dynamic=True)."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    fn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v, causal=True), fullgraph=True, dynamic=True)
+    # no size 1 or 2 (the heads) nor sq == sk, which dynamo would specialize on or tie together
+    for b, sq, sk in ((3, 17, 23), (5, 33, 50), (3, 9, 40)):
+        q, k, v = qkv(b=b, sq=sq, sk=sk, h=2, hk=1)
+        w = torch.randn(b, sq, 2, 64)
+        out, grads = step(fn, q, k, v, w)
+        want_out, want_grads = step(lambda q, k, v: flash_attn_func(q, k, v, causal=True), q, k, v, w)
+        assert torch.equal(out, want_out)
+        assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+@pytest.mark.parametrize("kwargs", KWARGS, ids=["causal", "window_softcap", "scale_det"])
+def test_opcheck(cpu_kernels, kwargs):
+    """torch.library.opcheck: schema, fake against real outputs (shapes, strides, dtypes), autograd
+    registration, AOT dispatch with dynamic shapes."""
+    q, k, v = qkv(sq=9, sk=20, h=4, hk=1, requires_grad=False)
+    scale = kwargs.get("softmax_scale", 1 / math.sqrt(64))
+    window = kwargs.get("window_size", (-1, -1))
+    args = (scale, kwargs.get("causal", False), *window, kwargs.get("softcap", 0.0),
+            kwargs.get("deterministic", False))
+    torch.library.opcheck(ops.fwd, (q, k, v, *args))
+    torch.library.opcheck(ops.fwd, (q.requires_grad_(), k, v.requires_grad_(), *args))
+    out, lse = ops.fwd(q.detach(), k, v.detach(), *args)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(ops.bwd, (dout, q.detach(), k, v.detach(), out, lse, *args))
+
+
+def test_compiled_dout_of_a_sum_is_made_tma_ready(cpu_kernels):
+    """The gradient of .sum() reaches the backward operator expanded (stride 0): it must copy it."""
+    q, k, v = qkv()
+    fn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v), fullgraph=True, backend="aot_eager")
+    out = fn(q, k, v)
+    out.sum().backward()
+    assert cpu_kernels[-1][0] == "bwd" and cpu_kernels[-1][-1] == 1
+
+
+def test_compiled_validation_messages(cpu_kernels):
+    """Shape / dtype errors come from the traced Python; layout errors from the operator, which
+    sees real tensors."""
+    fn = torch.compile(lambda q, k, v: flash_attn_func(q, k, v), backend="aot_eager")
+    q, k, v = qkv(requires_grad=False)
+    with pytest.raises(Exception, match=r"q has dtype torch\.float32"):
+        fn(q.float(), k, v)
+    with pytest.raises(Exception, match=r"headdim \(q\.shape\[-1\]\) is 80"):
+        fn(*qkv(d=80, requires_grad=False))
+    flat = torch.randn(q.numel() + 8, dtype=BF16)
+    misaligned = flat[1:1 + q.numel()].view(q.shape)
+    with pytest.raises(ValueError, match=r"q\.data_ptr\(\) is not 16-byte aligned"):
+        fn(misaligned, k, v)
+
+
+def test_operator_on_cpu_tensors_points_to_reference():
+    """Without the stand-ins the operator's real implementation refuses CPU tensors clearly."""
+    q, k, v = qkv(requires_grad=False)
+    with pytest.raises(RuntimeError, match=r"Hopper GPU \(H100/H200, sm_90\)"):
+        ops.fwd(q, k, v, 0.125, False, -1, -1, 0.0, False)
