@@ -6,8 +6,10 @@ give the output shapes to the compiler, their real ones run the same `flashhoppe
 as eager mode, and the forward's registered autograd formula calls the backward operator, so
 `fullgraph=True` compiles attention, its gradient and the code around them without a graph break.
 
-Eager calls keep the plain autograd.Function in interface.py: dispatching through a custom operator
-costs tens of microseconds of Python per call, a visible share of a small attention call.
+Eager calls keep the plain autograd.Function in interface.py. Dispatching through a custom operator
+costs Python time a small call would feel: on the 2-core CPU machine, with a stub in place of the
+kernel, ops.fwd took 18-25 us a call against 4 us for the same checks and stub called directly, and
+65 us when an input requires grad.
 
 Checks that need real tensors (data pointers for TMA alignment, the GPU's compute capability) run in
 the real implementations; the fake ones check only what shapes and dtypes tell.
