@@ -21,20 +21,13 @@ import importlib
 
 import torch
 
-from flashhopper.validation import layout_problem
+from flashhopper.validation import check_layouts, layout_problem
 
 
 def require_hopper(q: torch.Tensor, backend: str = "hopper") -> None:
     from flashhopper.interface import _require_hopper
 
     _require_hopper(q, backend)
-
-
-def check_layouts(*named) -> None:
-    for name, t in named:
-        problem = layout_problem(name, t)
-        if problem:
-            raise ValueError(problem)
 
 
 def tma_ready(t: torch.Tensor) -> torch.Tensor:

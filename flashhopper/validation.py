@@ -56,8 +56,7 @@ def check_tensors(q, k, v, layout: bool = True) -> None:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be > 0")
     _check_shapes(q, k, v)
     if layout:
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            _check_layout(name, t)
+        check_layouts(("q", q), ("k", k), ("v", v))
 
 
 def _check_shapes(q, k, v) -> None:
@@ -96,10 +95,12 @@ def layout_problem(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
-def _check_layout(name: str, t: torch.Tensor) -> None:
-    problem = layout_problem(name, t)
-    if problem:
-        raise ValueError(problem)
+def check_layouts(*named) -> None:
+    """Raise for the first of the (name, tensor) pairs that TMA cannot read as laid out."""
+    for name, t in named:
+        problem = layout_problem(name, t)
+        if problem:
+            raise ValueError(problem)
 
 
 def normalize_window(window_size) -> tuple[int, int]:
