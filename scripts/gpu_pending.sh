@@ -18,6 +18,7 @@
 # Prepared in session 27, run first in session 28: s27_plan (the dispatch caches' GPU tests).
 # Session 28: s28_compile, s28_compile2 (torch.compile and CUDA graphs), s28_graph, s28_probe, s28_probe2, s28_probe3 (a captured step's host time;
 # which captures fail).
+# Session 29: s29_confirm (the API and compile suites after 0489d30; the hdim 256 backward grid, 3 rounds).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1159,6 +1160,18 @@ s28_graph)  # session 28: the tiny training step captured in a CUDA graph, ours 
   run host python3 scripts/host_overhead.py --graph
   echo "== end at $(($(date +%s) - T0)) s"
   quiet "$O/host.log" | grep -E "graph step|per-call|rc=" | head -12
+  ;;
+s29_confirm)  # session 29: the suites that 0489d30's shared layout check touches (API, torch.compile / graphs,
+  # the backward shape list), then the hdim 256 backward grid of the head against the peers, 3 rounds
+  L=$(( $(left) - 10 ))
+  L1=$(( L < 240 ? L : 240 ))
+  bg api $L1 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  bg compile_tests $L1 python3 -m pytest -q -rf --tb=short tests/test_torch_compile_gpu.py tests/test_torch_compile.py
+  wait
+  run bgrid256 python3 -m flashhopper.cli bench --bwd --hdim 256 --rounds 3 --json "$O/bwd_grid256.json"
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary api compile_tests
+  [ -f "$O/bgrid256.log" ] && { echo "--- bgrid256"; quiet "$O/bgrid256.log" | tail -18; }
   ;;
 s28_compile2)  # session 28, after s28_compile: the tile counters allocated by a helper thread (out of the
   # CUDA graph pools of torch.compile's reduce-overhead warm-up); the same tests less the backward's
