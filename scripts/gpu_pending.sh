@@ -1161,8 +1161,8 @@ s28_graph)  # session 28: the tiny training step captured in a CUDA graph, ours 
   echo "== end at $(($(date +%s) - T0)) s"
   quiet "$O/host.log" | grep -E "graph step|per-call|rc=" | head -12
   ;;
-s29_confirm)  # session 29: the suites that 0489d30's shared layout check touches (API, torch.compile / graphs,
-  # the backward shape list), then the hdim 256 backward grid of the head against the peers, 3 rounds
+s29_confirm)  # session 29: the suites that 0489d30's shared layout check touches (API, torch.compile / graphs),
+  # then the hdim 256 backward grid of the head against the peers, 3 rounds
   L=$(( $(left) - 10 ))
   L1=$(( L < 240 ? L : 240 ))
   bg api $L1 python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
