@@ -19,6 +19,7 @@
 # Session 28: s28_compile, s28_compile2 (torch.compile and CUDA graphs), s28_graph, s28_probe, s28_probe2, s28_probe3 (a captured step's host time;
 # which captures fail).
 # Session 29: s29_confirm (the API and compile suites after 0489d30; the hdim 256 backward grid, 3 rounds).
+# Session 30: s30_tests (issue 5's GPU checks again at the head), s30_bgrid (the whole backward grid, 2 rounds).
 #
 #   source .device/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH && bash scripts/gpu_pending.sh MODE
 # Both GPUs of nvidia-h200-x2 through `bash scripts/gpu_two.sh MODE0 MODE1` where two modes are ready.
@@ -1160,6 +1161,24 @@ s28_graph)  # session 28: the tiny training step captured in a CUDA graph, ours 
   run host python3 scripts/host_overhead.py --graph
   echo "== end at $(($(date +%s) - T0)) s"
   quiet "$O/host.log" | grep -E "graph step|per-call|rc=" | head -12
+  ;;
+s30_tests)  # session 30: issue 5's GPU checks at the head before it is reported blocked: the backward shape
+  # list at every hdim, determinism, finite differences, strided / unaligned inputs, autograd, the API suite
+  B=tests/test_bwd_gpu.py
+  L=$(( $(left) - 10 ))
+  bg main_tests $L python3 -m pytest -q -rf --tb=short $B::test_backward
+  bg autograd_tests $L python3 -m pytest -q -rf --tb=short $B -k "noncontiguous or unaligned_offset \
+    or unwritten or test_deterministic_is_bitwise_reproducible or finite or backends_agree or fp16 or packed \
+    or lpt_causal_dispatch"
+  bg api $L python3 -m pytest -q -rf --tb=short tests/test_api_gpu.py
+  wait
+  echo "== end at $(($(date +%s) - T0)) s"
+  tests_summary main_tests autograd_tests api
+  ;;
+s30_bgrid)  # session 30: the whole backward grid at the head against the peers, 2 rounds (as s25_bgrid)
+  run bwd_grid python3 -m flashhopper.cli bench --bwd --rounds 2 --json "$O/bwd_grid.json" --plot "$O/bwd_grid.png"
+  echo "== end at $(($(date +%s) - T0)) s"
+  [ -f "$O/bwd_grid.log" ] && { echo "--- bwd_grid"; quiet "$O/bwd_grid.log" | tail -42; }
   ;;
 s29_confirm)  # session 29: the suites that 0489d30's shared layout check touches (API, torch.compile / graphs),
   # then the hdim 256 backward grid of the head against the peers, 3 rounds
