@@ -1,4 +1,4 @@
-"""Command line: `flashhopper inspect | demo | bench | plot`."""
+"""Command line: `flashhopper inspect | precompile | cache | demo | bench | plot`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,67 @@ def _print_inspection(r: dict) -> None:
     ]
     for key, value in rows:
         print(f"{key:<13} {value}")
+
+
+def _cmd_precompile(args) -> int:
+    from flashhopper.config import BWD_HDIMS, DTYPES, SUPPORTED_HDIMS
+    from flashhopper.plan import dispatched_kernels
+    from flashhopper.precompile import precompile
+
+    hdims = args.hdim or list(SUPPORTED_HDIMS)
+    if bad := sorted(set(hdims) - set(SUPPORTED_HDIMS)):
+        print(f"flashhopper precompile: --hdim {bad} not supported; choose from {list(SUPPORTED_HDIMS)}",
+              file=sys.stderr)
+        return 2
+    if args.bwd_only and not set(hdims) & set(BWD_HDIMS):
+        print(f"flashhopper precompile: no backward at hdim {hdims}", file=sys.stderr)
+        return 2
+    configs = dispatched_kernels(args.dtype or DTYPES, hdims, forward=not args.bwd_only,
+                                 backward=args.bwd or args.bwd_only)
+    if args.list:
+        for cfg in configs:
+            print(cfg)
+        print(f"{len(configs)} kernels")
+        return 0
+    if args.jobs is not None and args.jobs < 1:
+        print(f"flashhopper precompile: --jobs takes N >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    try:
+        report = precompile(configs, jobs=args.jobs)
+    except OSError as exc:
+        print(f"flashhopper precompile: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def _cmd_cache(args) -> int:
+    from flashhopper.hopper import kernel_cache
+
+    if args.action == "clear":
+        n = kernel_cache.clear(stale_only=args.stale)
+        print(f"removed {n} folder(s) under {kernel_cache.cache_root()}")
+        return 0
+    report = kernel_cache.info()
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    off = "" if report["disk"] else f" (off: {kernel_cache.ENV_DISK}=0)"
+    print(f"cache folder   {report['root']}{off}")
+    versions = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    print(f"fingerprint    {report['fingerprint'][:16]} ({versions})")
+    folders = report["folders"]
+    if not any(f["current"] for f in folders):
+        folders.append({"folder": report["current"], "current": True, "entries": 0, "by_kind": {},
+                        "bytes": 0})
+    for folder in folders:
+        kinds = ", ".join(f"{n} {k}" for k, n in folder["by_kind"].items()) or "empty"
+        mark = "current" if folder["current"] else "stale  "
+        print(f"{mark}        {folder['folder']}: {folder['entries']} kernels ({kinds}), "
+              f"{folder['bytes'] / 2**20:.1f} MiB")
+    return 0
 
 
 def _cmd_demo(args) -> int:
@@ -158,6 +219,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra builder option, e.g. --set local=true (repeatable)")
     p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("precompile", help="compile the dispatched kernels into the disk cache, in parallel "
+                       "(no GPU needed)")
+    p.add_argument("--dtype", choices=("bf16", "fp16"), nargs="+", help="default: both")
+    p.add_argument("--hdim", type=int, nargs="+", help="default: every supported head dim")
+    p.add_argument("--bwd", action="store_true", help="also the backward kernels (the training set)")
+    p.add_argument("--bwd-only", action="store_true", help="only the backward kernels")
+    p.add_argument("--jobs", "-j", type=int, help="worker processes (default: one per CPU core)")
+    p.add_argument("--list", action="store_true", help="print the kernels' configs; compile nothing")
+    p.add_argument("--json", metavar="FILE", help="also write the counts and times as JSON")
+    p.set_defaults(func=_cmd_precompile)
+
+    p = sub.add_parser("cache", help="the kernel cache on disk: info (folder, fingerprint, entries) or clear")
+    p.add_argument("action", choices=("info", "clear"))
+    p.add_argument("--stale", action="store_true", help="clear: only folders of other fingerprints")
+    p.add_argument("--json", action="store_true", help="info: print one JSON object")
+    p.set_defaults(func=_cmd_cache)
 
     p = sub.add_parser("demo", help="run the kernels on Hopper; elsewhere inspect them")
     p.set_defaults(func=_cmd_demo)

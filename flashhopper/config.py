@@ -1050,3 +1050,21 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
             cfg = dataclasses.replace(cfg, dq_slot_ring=0)
     cfg.check()
     return cfg
+
+
+@dataclass(frozen=True)
+class BwdPreConfig:
+    """The backward preprocess (D = rowsum(dO * O), LSE in log2 units) a BwdConfig launches before
+    its main kernel: `scale_d` D times the softmax scale (BwdConfig.scale_in_ds); `zero_dq` it also
+    clears the fp32 dQ accumulator (BwdConfig.pre_zero_dq); `pdl` it lets the main kernel launch
+    once its rows are read (BwdConfig.pdl)."""
+
+    dtype: str
+    hdim: int
+    scale_d: bool = False
+    zero_dq: bool = False
+    pdl: bool = False
+
+    @classmethod
+    def of(cls, cfg: BwdConfig) -> BwdPreConfig:
+        return cls(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds, zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl)

@@ -6,7 +6,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from flashhopper.hopper import forward, runtime  # noqa: E402
+from flashhopper.hopper import forward, kernel_cache  # noqa: E402
 from flashhopper.reference import attention_ref  # noqa: E402
 
 for (b, sq, sk, h, hk, d, causal) in [(1, 128, 128, 1, 1, 128, False), (1, 200, 300, 2, 1, 64, False),
@@ -22,4 +22,5 @@ for (b, sq, sk, h, hk, d, causal) in [(1, 128, 128, 1, 1, 128, False), (1, 200, 
     err = (out.double() - ref).abs().max().item()
     print(f"b{b} sq{sq} sk{sk} h{h}/{hk} d{d} causal={causal}: max err {err:.2e} "
           f"lse err {(lse-lse_ref).abs().max().item():.2e} first call {t1-t0:.2f}s", flush=True)
-print("compile seconds:", {f"{c.hdim}/{c.causal}": round(s, 2) for c, s in runtime.compile_seconds.items()})
+print("compile seconds:",
+      {f"{c.hdim}/{c.causal}": round(s, 2) for c, s in kernel_cache.compile_seconds.items()})

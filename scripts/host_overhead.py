@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, ".")
 from flashhopper import flash_attn_func  # noqa: E402
-from flashhopper.hopper import runtime  # noqa: E402
+from flashhopper.config import FwdConfig  # noqa: E402
+from flashhopper.hopper import kernel_cache, runtime  # noqa: E402
 
 
 def host_us(fn, n=500) -> float:
@@ -60,18 +61,19 @@ def forward_overhead():
     torch.cuda.synchronize()
     per_call = start.elapsed_time(end) / n * 1e3
     print(f"first call (trace + compile + launch): {first:.2f} s; compile alone: "
-          f"{list(runtime.compile_seconds.values())[0]:.2f} s")
+          f"{sum(kernel_cache.compile_seconds.values()):.2f} s")
     print(f"per-call host time (no sync, tiny problem): {host * 1e6:.1f} us; "
           f"back-to-back period {per_call:.1f} us")
     # the launch alone: the DSL's compiled function (a kwargs wrapper in front) against its raw
     # tvm_ffi.Function, same positional arguments
-    cfg, fn = next((key, f) for key, f in runtime._cache.items() if not isinstance(key, tuple))
+    cfg, entry = next((key, e) for key, e in kernel_cache._memory.items() if isinstance(key, FwdConfig))
+    fn = entry.fn
     seen = []
-    runtime._cache[cfg] = lambda *a: seen.append(a)  # the arguments runtime.forward launches with
+    entry.fn = lambda *a: seen.append(a)  # the arguments runtime.forward launches with
     runtime.forward(q, k, v, 0.125, False, (-1, -1), 0.0)
-    runtime._cache[cfg] = fn
+    entry.fn = fn
     args = seen[0]
-    raw = fn.__tvm_ffi_object__()
+    raw = fn.__tvm_ffi_object__() if hasattr(fn, "__tvm_ffi_object__") else fn
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     print(f"launch: compiled function {host_us(lambda: fn(*args)):.1f} us, raw tvm_ffi.Function "
           f"{host_us(lambda: raw(*args)):.1f} us, raw with q, k, v requiring grad "

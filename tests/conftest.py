@@ -50,3 +50,16 @@ def _env_config_overrides():
 
     with runtime.config_overrides(**fwd), runtime.bwd_config_overrides(**bwd):
         yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many kernels this run compiled (JIT) and how many it loaded from the disk cache."""
+    import sys
+
+    cache = sys.modules.get("flashhopper.hopper.kernel_cache")
+    if cache is None:
+        return
+    s = cache.stats
+    jit = sum(cache.compile_seconds.values())
+    terminalreporter.write_line(f"kernel cache: {s['compiled']} compiled ({jit:.0f} s), {s['disk']} loaded "
+                                f"from {cache.entry_dir()}, {s['broken']} broken entries rebuilt")

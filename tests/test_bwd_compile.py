@@ -8,7 +8,7 @@ import pytest
 
 from flashhopper import config
 from flashhopper.compile import inspect_kernel
-from flashhopper.config import BWD_HDIMS, BWD_WIDE, BWD_WIDE_ATOMICS, SMEM_CAPACITY, bwd_config
+from flashhopper.config import BWD_HDIMS, BWD_WIDE, BWD_WIDE_ATOMICS, SMEM_CAPACITY, BwdPreConfig, bwd_config
 
 MASKS = {"none": {}, "causal": {"causal": True}, "local": {"local": True}, "softcap": {"softcap": True}}
 KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (64 keys per warpgroup)
@@ -359,18 +359,7 @@ def test_backward_scale_in_ds_compiles(hdim, mask):
 def test_backward_scaled_preprocess_compiles():
     """BwdConfig.scale_in_ds's preprocess (D times a runtime scale): one FMUL more than the
     default one, the same loads."""
-    import tempfile
-
-    from flashhopper.compile import inspect_cubin
-    from flashhopper.hopper.runtime import compile_bwd_pre
-
-    reports = []
-    for scale_d in (False, True):
-        with tempfile.TemporaryDirectory() as tmp:
-            compiled = compile_bwd_pre("bf16", 128, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False,
-                                       scale_d=scale_d)
-            reports.append(inspect_cubin(compiled.__cubin__))
-    plain, scaled = reports
+    plain, scaled = (_pre_report(BwdPreConfig("bf16", 128, scale_d=scale_d)) for scale_d in (False, True))
     assert scaled["spill_bytes"] == 0 and scaled["sass"]["LDG.128"] == plain["sass"]["LDG.128"]
     assert scaled["instructions"] > plain["instructions"]
 
@@ -379,18 +368,11 @@ def test_backward_scaled_preprocess_compiles():
 def test_backward_preprocess_compiles(hdim):
     """O and dO are read with 16-byte loads, every one of a thread's rows before the first
     product: 2 tensors x rows per thread x vectors per lane of them (hopper/bwd_pre.py)."""
-    import tempfile
-
-    from flashhopper.compile import inspect_cubin
     from flashhopper.hopper.bwd_pre import ROWS_PER_CTA, VEC, WARPS, lanes_per_row
-    from flashhopper.hopper.runtime import compile_bwd_pre
 
-    with tempfile.TemporaryDirectory() as tmp:
-        compiled = compile_bwd_pre("bf16", hdim, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
-        cubin = compiled.__cubin__
     lanes = lanes_per_row(hdim)
     rows_per_thread = ROWS_PER_CTA // (32 * WARPS // lanes)
-    report = inspect_cubin(cubin)
+    report = _pre_report(BwdPreConfig("bf16", hdim))
     assert report["spill_bytes"] == 0 and report["sass"]["LDL"] == 0
     assert report["sass"]["LDG.128"] == 2 * rows_per_thread * (hdim // VEC // lanes)
 
@@ -400,19 +382,10 @@ def test_backward_preprocess_compiles(hdim):
 def test_backward_preprocess_zero_dq_compiles(hdim, scale_d):
     """BwdConfig.pre_zero_dq's preprocess: the same 16-byte loads as the plain one, and 16-byte
     stores of zeros covering each of its rows of the fp32 dQ accumulator (hdim / 4 per row)."""
-    import tempfile
-
-    from flashhopper.compile import inspect_cubin
     from flashhopper.hopper.bwd_pre import ROWS_PER_CTA, WARPS, lanes_per_row
-    from flashhopper.hopper.runtime import compile_bwd_pre
 
-    reports = []
-    for zero_dq in (False, True):
-        with tempfile.TemporaryDirectory() as tmp:
-            compiled = compile_bwd_pre("bf16", hdim, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False,
-                                       scale_d=scale_d, zero_dq=zero_dq)
-            reports.append(inspect_cubin(compiled.__cubin__))
-    plain, zero = reports
+    plain, zero = (_pre_report(BwdPreConfig("bf16", hdim, scale_d=scale_d, zero_dq=zero_dq))
+                   for zero_dq in (False, True))
     lanes = lanes_per_row(hdim)
     rows_per_thread = ROWS_PER_CTA // (32 * WARPS // lanes)
     assert zero["spill_bytes"] == 0 and zero["sass"]["LDL"] == 0
@@ -790,18 +763,20 @@ def test_backward_pdl_compiles(hdim, mask, waits):
 
 
 def test_backward_preprocess_pdl_signals_dependents():
-    from flashhopper.hopper.runtime import compile_bwd_pre
+    from flashhopper.hopper.runtime import kernel_cubin
 
     def opcodes(pdl):
-        import tempfile
-
-        with tempfile.TemporaryDirectory() as tmp:
-            cubin = compile_bwd_pre("bf16", 128, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False,
-                                    zero_dq=True, pdl=pdl).__cubin__
-        return _sass_opcodes(cubin)
+        return _sass_opcodes(kernel_cubin(BwdPreConfig("bf16", 128, zero_dq=True, pdl=pdl)))
 
     # griddepcontrol.launch_dependents is SASS PREEXIT
     assert opcodes(True).count("PREEXIT") == 1 and opcodes(False).count("PREEXIT") == 0
+
+
+def _pre_report(cfg) -> dict:
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin
+
+    return inspect_cubin(kernel_cubin(cfg))
 
 
 def _sass_opcodes(cubin: bytes) -> list[str]:

@@ -101,7 +101,8 @@ def test_register_split_over_the_register_file(monkeypatch):
 
 def test_mask_kind_matches_the_reference_semantics():
     pytest.importorskip("cutlass")
-    from flashhopper.hopper.runtime import _UNBOUNDED, _mask_kind
+    from flashhopper.plan import UNBOUNDED as _UNBOUNDED
+    from flashhopper.plan import mask_kind as _mask_kind
 
     assert _mask_kind(False, (-1, -1)) == (False, False, _UNBOUNDED, _UNBOUNDED)
     assert _mask_kind(True, (-1, -1)) == (True, False, _UNBOUNDED, 0)

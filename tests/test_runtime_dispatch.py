@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashhopper import config
+from flashhopper import config, plan
 from flashhopper.hopper import runtime
 
 SHAPES = [(1, 1), (17, 17), (128, 128), (1000, 333), (333, 1000), (4097, 4097), (512, 1024), (16384, 16384),
@@ -18,11 +18,19 @@ MASKS = [(False, (-1, -1)), (True, (-1, -1)), (False, [256, 0]), (True, (100, -1
 @pytest.fixture
 def fwd_launches(monkeypatch):
     launches = []
-    monkeypatch.setattr(runtime, "_get_fwd", lambda cfg: lambda *args: launches.append((cfg, args)))
+    monkeypatch.setattr(runtime, "get_kernel", _recorder(launches))
     monkeypatch.setattr(runtime, "_tile_counter", lambda device: None)
     monkeypatch.setattr(runtime, "_sm_count", lambda index: 132)
-    monkeypatch.setattr(runtime, "_HAVE_TVM_FFI", True)
     return launches
+
+
+def _recorder(launches):
+    """A stand-in for runtime.get_kernel: main kernels record their launches, preprocesses do nothing."""
+    def get_kernel(cfg):
+        if isinstance(cfg, config.BwdPreConfig):
+            return lambda *args: None
+        return lambda *args: launches.append((cfg, args))
+    return get_kernel
 
 
 def _tensors(b, sq, sk, hq, hk, d):
@@ -32,7 +40,7 @@ def _tensors(b, sq, sk, hq, hk, d):
 
 
 def expected_fwd(d, b, sq, sk, hq, causal, window, softcap):
-    causal_k, local, wl, wr = runtime._mask_kind(causal, window)
+    causal_k, local, wl, wr = plan.mask_kind(causal, window)
     cfg = config.fwd_config("bf16", d, causal=causal_k, local=local, softcap=softcap,
                             narrow=config.fwd_narrow_tile(d, sq, causal_k and not local),
                             short=(config.fwd_short_causal(d, sq, sk, not local) if causal_k
@@ -71,9 +79,7 @@ def test_forward_overrides_are_not_served_from_the_cache(fwd_launches):
 @pytest.fixture
 def bwd_launches(monkeypatch):
     launches = []
-    monkeypatch.setattr(runtime, "_cache", {})
-    monkeypatch.setattr(runtime, "compile_bwd", lambda cfg: lambda *args: launches.append((cfg, args)))
-    monkeypatch.setattr(runtime, "compile_bwd_pre", lambda *a, **kw: lambda *args: None)
+    monkeypatch.setattr(runtime, "get_kernel", _recorder(launches))
     return launches
 
 
@@ -87,7 +93,7 @@ def test_backward_launches_the_dispatched_config(bwd_launches):
                         lse = torch.zeros(1, 2, sq)
                         runtime.backward(q, k, v, q, q, lse, 0.1, causal, window, 0.0, deterministic)
                         cfg, args = bwd_launches.pop()
-                        causal_k, local, wl, wr = runtime._mask_kind(causal, window)
+                        causal_k, local, wl, wr = plan.mask_kind(causal, window)
                         fields = config.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
                         assert cfg == config.bwd_config("bf16", d, causal=causal_k, local=local,
                                                         deterministic=deterministic, **fields)

@@ -26,9 +26,10 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.host import PRE_ROWS_PER_CTA
 
 LOG2E = math.log2(math.e)
-ROWS_PER_CTA = 64
+ROWS_PER_CTA = PRE_ROWS_PER_CTA
 WARPS = 8
 VEC = 8  # 16-bit elements per 16-byte load
 

@@ -16,7 +16,6 @@ ragged seqlen_k end, the causal diagonal) come first and the rest run without a 
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import cuda.bindings.driver as cuda
@@ -1190,11 +1189,3 @@ class FlashFwdSm90:
             if (rest(i) * self.cfg.elem_bytes) % 1024:
                 raise ValueError(f"wg_epilogue: O part {i} starts at element {rest(i)}, not a whole KiB")
         return cute.make_composed_layout(sO_layout.inner, 0, cute.get(parts, mode=[0]))
-
-
-def softmax_constants(softmax_scale: float, softcap: float) -> tuple[float, float]:
-    """(scale_log2, softcap_pre) as the kernel takes them."""
-    log2e = math.log2(math.e)
-    if softcap > 0.0:
-        return softcap * log2e, softmax_scale / softcap
-    return softmax_scale * log2e, 0.0

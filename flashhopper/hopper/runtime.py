@@ -1,8 +1,9 @@
-"""Compiling, caching and launching the Hopper kernels.
+"""Launching the Hopper kernels: which kernel a call runs, its workspaces and its arguments.
 
-Kernels are compiled once per static configuration (dtype, hdim, mask kind, softcap, tiles)
-against symbolic shapes and strides, so batch, sequence lengths, head counts and strides
-never trigger a recompile. The same compile serves the no-GPU inspection path.
+Kernels come from the kernel cache (kernel_cache.py: in memory, then on disk, then compiled by
+build.py), one per static configuration (dtype, hdim, mask kind, softcap, tiles); shapes and strides
+are runtime arguments and never trigger a compile. This module does not import the CuTe DSL: a
+process whose kernels are all on disk loads them without tracing anything.
 """
 
 from __future__ import annotations
@@ -10,43 +11,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import tempfile
 import threading
-import time
 
-import cutlass
-import cutlass.cute as cute
 import torch
 
-from flashhopper.config import (
-    BwdConfig,
-    FwdConfig,
-    bwd_config,
-    bwd_per_call,
-    fwd_config,
-    fwd_grid,
-    fwd_narrow_tile,
-    fwd_short_causal,
-    fwd_short_nomask,
-    fwd_short_qring,
-)
-from flashhopper.hopper.bwd_common import every_q_block_visited
-from flashhopper.hopper.bwd_pre import ROWS_PER_CTA
-from flashhopper.hopper.fwd import FlashFwdSm90, softmax_constants
-from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
-
-try:  # TVM-FFI lets the compiled kernel take torch tensors directly (low host overhead)
-    import tvm_ffi  # noqa: F401
-
-    _HAVE_TVM_FFI = True
-except ImportError:  # pragma: no cover - depends on the environment
-    _HAVE_TVM_FFI = False
+from flashhopper import plan
+from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, bwd_config, fwd_config, fwd_grid
+from flashhopper.hopper import kernel_cache
+from flashhopper.hopper.host import PRE_ROWS_PER_CTA, every_q_block_visited, softmax_constants
 
 _TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
-_cache: dict = {}
-_cache_lock = threading.Lock()
-compile_seconds: dict = {}
 _overrides: dict = {}
 # caps a persistent grid below the SM count, so that tests make every CTA loop over many tiles
 persistent_ctas_cap: int | None = None
@@ -87,61 +62,20 @@ def config_overrides(**fields):
         _overrides.update(saved)
 
 
-def _fake_qkvo(cfg: FwdConfig):
-    """Fake (b, s, h, d) tensors with symbolic extents and 16-byte-aligned symbolic strides."""
-    dt = _NAME_TO_CUTE[cfg.dtype]
-    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+def _build(cfg, options: str):
+    from flashhopper.hopper.build import compile_kernel  # the DSL: only when a kernel is compiled
 
-    def qkv(s, heads, d):
-        strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dt, (b, s, heads, d), strides, assumed_align=16)
-
-    q, k, v, o = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v), qkv(sq, h, cfg.hdim_v)
-    lse = cute.runtime.make_fake_tensor(
-        cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
-    )
-    counter = cute.runtime.make_fake_tensor(cutlass.Int32, (2,), (1,), assumed_align=4)
-    return q, k, v, o, lse, counter
+    return compile_kernel(cfg, options)
 
 
-def compile_fwd(cfg: FwdConfig, options: str = "", tvm_ffi: bool | None = None):
-    """Trace and compile the forward kernel for `cfg` (no GPU needed)."""
-    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
-    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-    args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
-            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), stream)
-    return cute.compile(FlashFwdSm90(cfg), *args, options=opts.strip())
+def get_kernel(cfg):
+    """The launchable kernel for a FwdConfig, BwdConfig or BwdPreConfig (kernel_cache.get)."""
+    return kernel_cache.get(cfg, _build)
 
 
-def _get_fwd(cfg: FwdConfig):
-    fn = _cache.get(cfg)
-    if fn is None:
-        with _cache_lock:
-            fn = _cache.get(cfg)
-            if fn is None:
-                t0 = time.perf_counter()
-                fn = compile_fwd(cfg)
-                compile_seconds[cfg] = time.perf_counter() - t0
-                _cache[cfg] = fn
-    return fn
-
-
-# an unbounded window side is passed as a huge window so the kernels' arithmetic stays uniform
-_UNBOUNDED = 1 << 30
-
-
-def _mask_kind(causal: bool, window_size) -> tuple[bool, bool, int, int]:
-    """(causal kernel, local kernel, window_left, window_right) as the kernels take them.
-
-    Causal is a right window of 0; with any other bound the kernel is the local one."""
-    window_left, window_right = int(window_size[0]), int(window_size[1])
-    if causal:
-        window_right = 0
-    local = window_left >= 0 or (window_right >= 0 and not causal)
-    wl = window_left if window_left >= 0 else _UNBOUNDED
-    wr = window_right if window_right >= 0 else _UNBOUNDED
-    return causal and not local, local, wl, wr
+def kernel_cubin(cfg) -> bytes:
+    """Its cubin, from the same cache entry (inspection, compile tests)."""
+    return kernel_cache.cubin(cfg, _build)
 
 
 @functools.cache
@@ -212,12 +146,7 @@ def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causa
                        softcap: bool):
     """What a forward call launches, from its shapes and flags alone: (config, window_left,
     window_right, L2 section)."""
-    causal, local, wl, wr = _mask_kind(causal, window_size)
-    cfg = fwd_config(_TORCH_TO_NAME[dtype], hdim, causal=causal, local=local, softcap=softcap,
-                     narrow=fwd_narrow_tile(hdim, sq, causal and not local),
-                     short=(fwd_short_causal(hdim, sq, sk, not local) if causal
-                            else fwd_short_nomask(hdim, sq, sk, local)),
-                     qring=fwd_short_qring(hdim, sq, sk, local))
+    cfg, wl, wr = plan.fwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap)
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     section = _l2_section(sk, cfg, h * b) if cfg.causal or cfg.local else 1
@@ -243,7 +172,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
         if lse is None or lse.untyped_storage().nbytes() < 4 * trace_words():
             raise ValueError(f"FwdConfig.trace needs lse= a view of a buffer of {trace_words()} int32 "
                              "(scripts/fwd_trace.py)")
-    fn = _get_fwd(cfg)
+    fn = get_kernel(cfg)
     if out is None:
         out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
     if lse is None:
@@ -252,101 +181,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
-    if _HAVE_TVM_FFI:
-        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
-    else:  # pragma: no cover - fallback without TVM-FFI
-        from cuda.bindings import driver
-
-        def wrap(t):
-            return cute.runtime.from_dlpack(t, assumed_align=16 if t.dtype != torch.float32 else 4
-                                            ).mark_layout_dynamic(leading_dim=t.ndim - 1)
-
-        stream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-        counter_t = cute.runtime.from_dlpack(counter, assumed_align=4)
-        fn(wrap(q), wrap(k), wrap(v), wrap(out), wrap(lse), counter_t, cutlass.Float32(scale_log2),
-           cutlass.Float32(softcap_pre), cutlass.Int32(wl), cutlass.Int32(wr), cutlass.Int32(num_ctas),
-           cutlass.Int32(section), stream)
+    fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
     return out, lse
-
-
-def _fake_bwd(cfg: BwdConfig):
-    dt = _NAME_TO_CUTE[cfg.dtype]
-    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
-
-    def t4(s, heads, dtype=dt):
-        strides = tuple(cute.sym_int64(divisibility=16 // (dtype.width // 8)) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, cfg.hdim), strides, assumed_align=16)
-
-    sq_pad = cute.sym_int()
-
-    def rows():
-        strides = (cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1)  # TMA: 16 B strides
-        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq_pad), strides, assumed_align=16)
-
-    sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
-                                        (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
-    dq = t4(sq, h) if cfg.fused_dq_cast else None
-    # dq_rows_interleaved: the accumulator's rows are padded to whole query blocks (_dq_accum)
-    dq_accum = t4(cute.sym_int() if cfg.dq_rows_interleaved else sq, h, cutlass.Float32)
-    return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), dq_accum,
-            sem, dq, t4(sk, hk), t4(sk, hk))
-
-
-def compile_bwd(cfg: BwdConfig, options: str = "", tvm_ffi: bool | None = None):
-    """Trace and compile the backward kernel for `cfg` (no GPU needed)."""
-    from flashhopper.hopper.bwd import FlashBwdSm90
-    from flashhopper.hopper.bwd_wide import FlashBwdWideSm90
-
-    kernel_cls = FlashBwdWideSm90 if cfg.kv_split == "hdim" else FlashBwdSm90
-    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
-    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-    args = (*_fake_bwd(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Float32(1.0),
-            cutlass.Int32(-1), cutlass.Int32(-1), stream)
-    return cute.compile(kernel_cls(cfg), *args, options=opts.strip())
-
-
-def _fake_pre(dtype: str, hdim: int):
-    dt = _NAME_TO_CUTE[dtype]
-    b, sq, h, sq_pad = (cute.sym_int() for _ in range(4))
-
-    def t4():  # O and dO are the main kernel's TMA operands: 16-byte aligned, 16-byte strides
-        strides = tuple(cute.sym_int64(divisibility=16 // (dt.width // 8)) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dt, (b, sq, h, hdim), strides, assumed_align=16)
-
-    def rows(n):
-        strides = (cute.sym_int64(), cute.sym_int64(), 1)
-        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, n), strides, assumed_align=4)
-
-    return t4(), t4(), rows(sq), rows(sq_pad), rows(sq_pad)
-
-
-def _fake_dq_accum(hdim: int):
-    """(b, sq, h, d) fp32, 16-byte aligned rows: the accumulator runtime.backward allocates."""
-    strides = tuple(cute.sym_int64(divisibility=4) for _ in range(3)) + (1,)
-    shape = tuple(cute.sym_int() for _ in range(3))
-    return cute.runtime.make_fake_tensor(cutlass.Float32, (*shape, hdim), strides, assumed_align=16)
-
-
-def compile_bwd_pre(dtype: str, hdim: int, options: str = "", tvm_ffi: bool | None = None,
-                    scale_d: bool = False, zero_dq: bool = False, pdl: bool = False):
-    """The backward preprocess (D and log2-LSE rows), compiled without a GPU. `scale_d`: D times
-    a runtime softmax scale (BwdConfig.scale_in_ds); `zero_dq`: it also clears the fp32 dQ
-    accumulator, which then comes after D and takes the scale argument either way
-    (BwdConfig.pre_zero_dq); `pdl` (with zero_dq): it lets the main kernel launch once its rows are
-    read (BwdConfig.pdl)."""
-    from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled, BwdPreprocessZeroDq
-
-    tvm_ffi = _HAVE_TVM_FFI if tvm_ffi is None else tvm_ffi
-    opts = "--gpu-arch sm_90a " + options + (" --enable-tvm-ffi" if tvm_ffi else "")
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=tvm_ffi)
-    if zero_dq:
-        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, scale_d, pdl), *_fake_pre(dtype, hdim),
-                            _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=opts.strip())
-    if scale_d:
-        return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
-                            stream, options=opts.strip())
-    return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream, options=opts.strip())
 
 
 def _dq_accum(q, cfg: BwdConfig, alloc):
@@ -370,13 +206,9 @@ def _dq_rows(dq_accum_all, cfg: BwdConfig, sq: int):
 def _bwd_plan_uncached(dtype, hdim: int, sq: int, sk: int, causal: bool, window_size, softcap: bool,
                        deterministic: bool):
     """The backward's config and mask for a call's shapes and flags: (config, causal kernel,
-    local kernel, window_left, window_right)."""
-    causal, local, wl, wr = _mask_kind(causal, window_size)
-    # the per-call fields, then the test / tuning overrides over them
-    fields = {**bwd_per_call(hdim, sq, sk, causal, deterministic, softcap), **_bwd_overrides}
-    cfg = bwd_config(_TORCH_TO_NAME[dtype], hdim, causal=causal, local=local, softcap=softcap,
-                     deterministic=deterministic, **fields)
-    return cfg, causal, local, wl, wr
+    local kernel, window_left, window_right), the test / tuning overrides applied."""
+    return plan.bwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap, deterministic,
+                         **_bwd_overrides)
 
 
 _bwd_plan = functools.lru_cache(maxsize=4096)(_bwd_plan_uncached)  # as _fwd_plan; overrides bypass it
@@ -388,21 +220,15 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     plan = _bwd_plan_uncached if _bwd_overrides else _bwd_plan
     cfg, causal, local, wl, wr = plan(q.dtype, q.shape[-1], q.shape[1], k.shape[1], causal,
                                       tuple(window_size), softcap > 0.0, deterministic)
-    fn = _cache.get(cfg)
-    if fn is None:
-        fn = _cache[cfg] = compile_bwd(cfg)
-    pre_key = ("bwd_pre", cfg.dtype, cfg.hdim, cfg.scale_in_ds, cfg.pre_zero_dq, cfg.pdl)
-    pre = _cache.get(pre_key)
-    if pre is None:
-        pre = _cache[pre_key] = compile_bwd_pre(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds,
-                                                zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl)
+    fn = get_kernel(cfg)
+    pre = get_kernel(BwdPreConfig.of(cfg))
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
     sq_pad = -(-sq // cfg.tile_m) * cfg.tile_m
-    # the preprocess writes whole blocks of its ROWS_PER_CTA rows: with 80-row query blocks the
+    # the preprocess writes whole blocks of its PRE_ROWS_PER_CTA rows: with 80-row query blocks the
     # kernel's last block may end inside one of them (the rows past sq_pad are never read)
-    rows = -(-sq_pad // ROWS_PER_CTA) * ROWS_PER_CTA
+    rows = -(-sq_pad // PRE_ROWS_PER_CTA) * PRE_ROWS_PER_CTA
     lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
     if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
@@ -445,33 +271,26 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
 
 
+def _artifact(name: str, cfg):
+    from flashhopper.compile import CompiledArtifact
+
+    return CompiledArtifact(name=name, cubin=kernel_cubin(cfg), smem_bytes=cfg.smem_bytes())
+
+
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
                  softcap: bool = False, deterministic: bool = False, **overrides):
     """The backward kernel's cubin for `flashhopper inspect bwd` (compiles without a GPU)."""
-    from flashhopper.compile import CompiledArtifact
-
-    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, deterministic=deterministic,
-                     **overrides)
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = compile_bwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False).__cubin__
-    return CompiledArtifact(name="bwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
+    return _artifact("bwd", bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap,
+                                       deterministic=deterministic, **overrides))
 
 
 def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, local: bool = False,
                  softcap: bool = False, **overrides):
-    """Compile with the cubin kept, for `flashhopper inspect fwd` (works without a GPU); `overrides`
+    """The forward kernel's cubin for `flashhopper inspect fwd` (works without a GPU); `overrides`
     replace FwdConfig fields (e.g. reg_realloc=False)."""
-    from flashhopper.compile import CompiledArtifact
-
     cfg = fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap)
-    if overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-    # the DSL also writes the cubin to the dump dir (cwd by default): keep that out of the way
-    with tempfile.TemporaryDirectory() as tmp:
-        compiled = compile_fwd(cfg, options=f"--keep-cubin --dump-dir {tmp}", tvm_ffi=False)
-        cubin = compiled.__cubin__
-    return CompiledArtifact(name="fwd", cubin=cubin, smem_bytes=cfg.smem_bytes())
+    return _artifact("fwd", dataclasses.replace(cfg, **overrides) if overrides else cfg)
 
 
-__all__ = ["forward", "backward", "bwd_artifact", "bwd_config_overrides", "compile_bwd", "compile_fwd",
-           "config_overrides", "fwd_artifact", "compile_seconds"]
+__all__ = ["backward", "bwd_artifact", "bwd_config_overrides", "config_overrides", "forward", "fwd_artifact",
+           "get_kernel", "kernel_cubin"]

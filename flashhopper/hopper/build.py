@@ -1,0 +1,132 @@
+"""Tracing and compiling the Hopper kernels for sm_90a from their configs (no GPU needed).
+
+Each kernel is compiled against symbolic shapes and 16-byte-aligned symbolic strides, so batch,
+sequence lengths, head counts and strides never trigger a recompile. `compile_kernel` is what the
+kernel cache (kernel_cache.py) calls on a miss; nothing else compiles.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
+from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
+
+_BASE_OPTIONS = "--gpu-arch sm_90a --enable-tvm-ffi"
+
+
+def _options(extra: str) -> str:
+    return f"{_BASE_OPTIONS} {extra}".strip()
+
+
+def _fake_qkvo(cfg: FwdConfig):
+    """Fake (b, s, h, d) tensors with symbolic extents and 16-byte-aligned symbolic strides."""
+    dt = _NAME_TO_CUTE[cfg.dtype]
+    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+
+    def qkv(s, heads, d):
+        strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dt, (b, s, heads, d), strides, assumed_align=16)
+
+    q, k, v, o = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v), qkv(sq, h, cfg.hdim_v)
+    lse = cute.runtime.make_fake_tensor(
+        cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
+    )
+    counter = cute.runtime.make_fake_tensor(cutlass.Int32, (2,), (1,), assumed_align=4)
+    return q, k, v, o, lse, counter
+
+
+def compile_fwd(cfg: FwdConfig, options: str = ""):
+    """Trace and compile the forward kernel for `cfg`."""
+    from flashhopper.hopper.fwd import FlashFwdSm90
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
+            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), stream)
+    return cute.compile(FlashFwdSm90(cfg), *args, options=_options(options))
+
+
+def _fake_bwd(cfg: BwdConfig):
+    dt = _NAME_TO_CUTE[cfg.dtype]
+    b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+
+    def t4(s, heads, dtype=dt):
+        strides = tuple(cute.sym_int64(divisibility=16 // (dtype.width // 8)) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, cfg.hdim), strides, assumed_align=16)
+
+    sq_pad = cute.sym_int()
+
+    def rows():
+        strides = (cute.sym_int64(divisibility=4), cute.sym_int64(divisibility=4), 1)  # TMA: 16 B strides
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, sq_pad), strides, assumed_align=16)
+
+    sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
+                                        (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
+    dq = t4(sq, h) if cfg.fused_dq_cast else None
+    # dq_rows_interleaved: the accumulator's rows are padded to whole query blocks (_dq_accum)
+    dq_accum = t4(cute.sym_int() if cfg.dq_rows_interleaved else sq, h, cutlass.Float32)
+    return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), dq_accum,
+            sem, dq, t4(sk, hk), t4(sk, hk))
+
+
+def compile_bwd(cfg: BwdConfig, options: str = ""):
+    """Trace and compile the backward's main kernel for `cfg`."""
+    from flashhopper.hopper.bwd import FlashBwdSm90
+    from flashhopper.hopper.bwd_wide import FlashBwdWideSm90
+
+    kernel_cls = FlashBwdWideSm90 if cfg.kv_split == "hdim" else FlashBwdSm90
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    args = (*_fake_bwd(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Float32(1.0),
+            cutlass.Int32(-1), cutlass.Int32(-1), stream)
+    return cute.compile(kernel_cls(cfg), *args, options=_options(options))
+
+
+def _fake_pre(dtype: str, hdim: int):
+    dt = _NAME_TO_CUTE[dtype]
+    b, sq, h, sq_pad = (cute.sym_int() for _ in range(4))
+
+    def t4():  # O and dO are the main kernel's TMA operands: 16-byte aligned, 16-byte strides
+        strides = tuple(cute.sym_int64(divisibility=16 // (dt.width // 8)) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dt, (b, sq, h, hdim), strides, assumed_align=16)
+
+    def rows(n):
+        strides = (cute.sym_int64(), cute.sym_int64(), 1)
+        return cute.runtime.make_fake_tensor(cutlass.Float32, (b, h, n), strides, assumed_align=4)
+
+    return t4(), t4(), rows(sq), rows(sq_pad), rows(sq_pad)
+
+
+def _fake_dq_accum(hdim: int):
+    """(b, sq, h, d) fp32, 16-byte aligned rows: the accumulator runtime.backward allocates."""
+    strides = tuple(cute.sym_int64(divisibility=4) for _ in range(3)) + (1,)
+    shape = tuple(cute.sym_int() for _ in range(3))
+    return cute.runtime.make_fake_tensor(cutlass.Float32, (*shape, hdim), strides, assumed_align=16)
+
+
+def compile_bwd_pre(cfg: BwdPreConfig, options: str = ""):
+    """Trace and compile the backward preprocess (D and log2-LSE rows; see BwdPreConfig)."""
+    from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled, BwdPreprocessZeroDq
+
+    dtype, hdim = cfg.dtype, cfg.hdim
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if cfg.zero_dq:
+        return cute.compile(BwdPreprocessZeroDq(dtype, hdim, cfg.scale_d, cfg.pdl), *_fake_pre(dtype, hdim),
+                            _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=_options(options))
+    if cfg.scale_d:
+        return cute.compile(BwdPreprocessScaled(dtype, hdim), *_fake_pre(dtype, hdim), cutlass.Float32(1.0),
+                            stream, options=_options(options))
+    return cute.compile(BwdPreprocess(dtype, hdim), *_fake_pre(dtype, hdim), stream,
+                        options=_options(options))
+
+
+_BUILDERS = {FwdConfig: compile_fwd, BwdConfig: compile_bwd, BwdPreConfig: compile_bwd_pre}
+
+
+def compile_kernel(cfg, options: str = ""):
+    """The TVM-FFI function of the kernel that `cfg` (a FwdConfig, BwdConfig or BwdPreConfig) names."""
+    try:
+        builder = _BUILDERS[type(cfg)]
+    except KeyError:
+        raise TypeError(f"no kernel is built from a {type(cfg).__name__}") from None
+    return builder(cfg, options)
