@@ -23,14 +23,27 @@ from flashhopper.hopper import kernel_cache, runtime  # noqa: E402
 SMALL = BwdPreConfig("bf16", 64)
 
 
+@pytest.fixture(autouse=True)
+def _keep_the_runs_cache():
+    """These tests reset the process's cache state: the rest of the test run gets it back (its
+    kernels, and the compile counts the summary line reports)."""
+    saved = [(d, d.copy()) for d in (kernel_cache.stats, kernel_cache.compile_seconds, kernel_cache._memory,
+                                     kernel_cache._disk_state)]
+    fingerprint = list(kernel_cache._fingerprint)
+    yield
+    for d, copy in saved:
+        d.clear()
+        d.update(copy)
+    kernel_cache._fingerprint[:] = fingerprint
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     """A fresh cache folder and a process that has compiled nothing yet."""
     monkeypatch.setenv(kernel_cache.ENV_DIR, str(tmp_path / "cache"))
     monkeypatch.delenv(kernel_cache.ENV_DISK, raising=False)
     kernel_cache.reset()
-    yield tmp_path / "cache"
-    kernel_cache.reset()
+    return tmp_path / "cache"
 
 
 def new_process():
@@ -151,26 +164,20 @@ def test_unwritable_folder_warns_and_keeps_kernels_in_memory(tmp_path, monkeypat
     blocker.write_text("")
     monkeypatch.setenv(kernel_cache.ENV_DIR, str(blocker / "cache"))  # a folder under a file: no root
     kernel_cache.reset()                                                 # escapes that, unlike chmod
-    try:
-        with pytest.warns(RuntimeWarning, match="cannot be written.*in memory only.*FLASHHOPPER_CACHE_DIR"):
-            fn = runtime.get_kernel(SMALL)
-        assert callable(fn) and kernel_cache.stats["compiled"] == 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # said once
-            assert runtime.get_kernel(dataclasses.replace(SMALL, pdl=True, zero_dq=True)) is not None
-    finally:
-        kernel_cache.reset()
+    with pytest.warns(RuntimeWarning, match="cannot be written.*in memory only.*FLASHHOPPER_CACHE_DIR"):
+        fn = runtime.get_kernel(SMALL)
+    assert callable(fn) and kernel_cache.stats["compiled"] == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert runtime.get_kernel(dataclasses.replace(SMALL, pdl=True, zero_dq=True)) is not None
 
 
 def test_disk_off(tmp_path, monkeypatch):
     monkeypatch.setenv(kernel_cache.ENV_DIR, str(tmp_path / "cache"))
     monkeypatch.setenv(kernel_cache.ENV_DISK, "0")
     kernel_cache.reset()
-    try:
-        runtime.get_kernel(SMALL)
-        assert kernel_cache.stats["compiled"] == 1 and not (tmp_path / "cache").exists()
-    finally:
-        kernel_cache.reset()
+    runtime.get_kernel(SMALL)
+    assert kernel_cache.stats["compiled"] == 1 and not (tmp_path / "cache").exists()
 
 
 def _race(folder, barrier, cfg):
