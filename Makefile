@@ -21,9 +21,12 @@ endif
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# pytest workers: they share the kernel cache on disk, so each kernel compiles once per run
+TEST_JOBS ?= 2
+
 test: venv
 	$(BIN)/ruff check flashhopper tests scripts
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 demo: venv
 	$(BIN)/python -m flashhopper.cli demo

@@ -1025,29 +1025,40 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                     tile_m=_BWD_TILE_M.get(hdim, 64),
                     **{"ds_stages": _BWD_DS_STAGES.get(hdim, 1), **wide}, **_BWD_KEYS_SWITCHES.get(hdim, {}),
                     **(_BWD_KEYS_MASKED if causal or local else _BWD_KEYS_UNMASKED).get(hdim, {}))
-    if overrides:
-        cfg = dataclasses.replace(cfg, **overrides)
-        # dq_by_rows needs 64 query rows per warpgroup: a tile_m override drops it unless asked for,
-        if cfg.dq_by_rows and "dq_by_rows" not in overrides and cfg.tile_m != 64 * cfg.num_consumer_wg:
-            cfg = dataclasses.replace(cfg, dq_by_rows=False)
-        # and FA4's step order exists only at 128-row steps
-        if cfg.ds_then_dv and "ds_then_dv" not in overrides and cfg.tile_m % 128:
-            cfg = dataclasses.replace(cfg, ds_then_dv=False)
-        # and the interleaved dQ rows only with a smem dQ tile of row pairs (an override to atomics,
-        # a transposed or head-major dQ drops them)
-        if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
-            cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
-        # and S / dP split by GEMM only where its check holds (two warpgroups by head dim, dQ in two
-        # chunks, not dkv_by_keys / dkv_early)
-        if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
-            cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
-        # and the slot's halves only with one slot of whole 64-column parts
-        if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
-            cfg = dataclasses.replace(cfg, dq_slot_halves=False)
-        # and the slot's ring only where it goes round in halves (asked for or not: not under a local
-        # window, where the dispatch keeps the slot whole)
-        if cfg.dq_slot_ring and not cfg.dq_slot_halves:
-            cfg = dataclasses.replace(cfg, dq_slot_ring=0)
+    return bwd_with_overrides(cfg, **overrides) if overrides else _checked(cfg)
+
+
+def _checked(cfg: BwdConfig) -> BwdConfig:
+    cfg.check()
+    return cfg
+
+
+def bwd_with_overrides(cfg: BwdConfig, **overrides) -> BwdConfig:
+    """`cfg` with `overrides` (tests, tuning) replacing its fields; a field that `cfg` chose itself
+    (by head dim or per call) and that an override rules out is dropped, one that was asked for is
+    checked."""
+    cfg = dataclasses.replace(cfg, **overrides)
+    # dq_by_rows needs 64 query rows per warpgroup: a tile_m override drops it unless asked for,
+    if cfg.dq_by_rows and "dq_by_rows" not in overrides and cfg.tile_m != 64 * cfg.num_consumer_wg:
+        cfg = dataclasses.replace(cfg, dq_by_rows=False)
+    # and FA4's step order exists only at 128-row steps
+    if cfg.ds_then_dv and "ds_then_dv" not in overrides and cfg.tile_m % 128:
+        cfg = dataclasses.replace(cfg, ds_then_dv=False)
+    # and the interleaved dQ rows only with a smem dQ tile of row pairs (an override to atomics,
+    # a transposed or head-major dQ drops them)
+    if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
+        cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
+    # and S / dP split by GEMM only where its check holds (two warpgroups by head dim, dQ in two
+    # chunks, not dkv_by_keys / dkv_early)
+    if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
+        cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
+    # and the slot's halves only with one slot of whole 64-column parts
+    if cfg.dq_slot_halves and "dq_slot_halves" not in overrides and not cfg.dq_halves_fit():
+        cfg = dataclasses.replace(cfg, dq_slot_halves=False)
+    # and the slot's ring only where it goes round in halves (asked for or not: not under a local
+    # window, where the dispatch keeps the slot whole)
+    if cfg.dq_slot_ring and not cfg.dq_slot_halves:
+        cfg = dataclasses.replace(cfg, dq_slot_ring=0)
     cfg.check()
     return cfg
 

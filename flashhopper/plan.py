@@ -15,6 +15,7 @@ from flashhopper.config import (
     FwdConfig,
     bwd_config,
     bwd_per_call,
+    bwd_with_overrides,
     fwd_config,
     fwd_narrow_tile,
     fwd_short_causal,
@@ -56,10 +57,11 @@ def bwd_plan(dtype: str, hdim: int, sq: int, sk: int, causal: bool, window_size,
     """The backward's (config, causal kernel, local kernel, window_left, window_right) for a call;
     `overrides` (tests, tuning) replace the dispatched fields."""
     causal, local, wl, wr = mask_kind(causal, window_size)
-    fields = {**bwd_per_call(hdim, sq, sk, causal, deterministic, softcap), **overrides}
-    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap,
-                     deterministic=deterministic, **fields)
-    return cfg, causal, local, wl, wr
+    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, deterministic=deterministic,
+                     **bwd_per_call(hdim, sq, sk, causal, deterministic, softcap))
+    # an override wins over a per-call choice it rules out (tile_m=80 over the short causal 64 rows
+    # with their interleaved dQ), as over a per-hdim one
+    return (bwd_with_overrides(cfg, **overrides) if overrides else cfg), causal, local, wl, wr
 
 
 # Lengths that reach every per-call class of the dispatch: the edges of each bracket in config.py
