@@ -7,7 +7,7 @@ STAMP := $(VENV)/.flashhopper-installed
 # A usable NVIDIA GPU means the machine already has a CUDA torch: reuse it instead of a CPU wheel.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: venv test demo gpu-check
+.PHONY: venv test demo gpu-check gpu-test
 
 venv: $(STAMP)
 
@@ -33,3 +33,11 @@ demo: venv
 
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# The whole GPU suite on an H100/H200 (after `source .device/setup.sh` there): the dispatched kernels
+# compiled first by parallel workers, then the tests in GPU_JOBS processes sharing one GPU and the
+# kernel cache; a GPU test that skips fails.
+GPU_JOBS ?= 8
+gpu-test:
+	python3 -m flashhopper.cli precompile --bwd --jobs $$(nproc)
+	FH_REQUIRE_GPU=1 python3 -m pytest -q -m gpu -n $(GPU_JOBS) tests
