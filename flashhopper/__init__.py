@@ -1,12 +1,12 @@
 """flashhopper: FlashAttention-3 for NVIDIA Hopper (sm_90a), written in the CUTLASS CuTe Python DSL.
 
-Importing the package stays light (torch only); the CuTe DSL is loaded on the first kernel call.
+Importing the package stays light (torch only); the CuTe DSL is loaded only to compile a kernel that
+the kernel cache (flashhopper/hopper/kernel_cache.py) does not hold.
 """
 
 from flashhopper.interface import flash_attn_func
 from flashhopper.reference import attention_bwd_ref, attention_ref
 from flashhopper.validation import SUPPORTED_HDIMS
-
-__version__ = "0.1.0"
+from flashhopper.version import __version__
 
 __all__ = ["SUPPORTED_HDIMS", "attention_bwd_ref", "attention_ref", "flash_attn_func", "__version__"]

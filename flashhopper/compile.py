@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from dataclasses import dataclass
+
+from flashhopper.artifact import CompiledArtifact  # noqa: F401 (what KERNELS' builders return)
 
 TARGET_ARCH = "sm_90a"
 # Opcode families counted in SASS. A line counts for NAME when its opcode is NAME or NAME.<modifiers>.
@@ -23,16 +24,6 @@ TARGET_ARCH = "sm_90a"
 SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH",
                 "LDL", "STL", "ACQBULK")
 INSTALL_HINT = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
-
-
-@dataclass
-class CompiledArtifact:
-    """What a kernel builder in flashhopper.hopper.KERNELS returns."""
-
-    name: str
-    cubin: bytes
-    smem_bytes: int  # dynamic + static shared memory per CTA, as launched
-    ptxas_log: str = ""
 
 
 def ensure_arch_env() -> None:

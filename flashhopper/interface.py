@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from flashhopper import ops
+from flashhopper import ops, validation
 from flashhopper.reference import attention_ref
 from flashhopper.validation import (
     check_backend,
@@ -16,8 +14,6 @@ from flashhopper.validation import (
     normalize_softcap,
     normalize_window,
 )
-
-HOPPER_CAPABILITY = (9, 0)
 
 
 def flash_attn_func(
@@ -62,7 +58,7 @@ def flash_attn_func(
     elif compiling:  # opaque to the compiler; its autograd formula calls ops.bwd
         out, lse = ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, deterministic)
     else:
-        _require_hopper(q, backend)
+        validation.require_hopper(q, backend)
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
             out, lse = _HopperAttention.apply(q, k, v, scale, causal, window, softcap, deterministic)
         else:  # inference: skip autograd's bookkeeping, it is a visible share of a small call
@@ -70,25 +66,6 @@ def flash_attn_func(
 
             out, lse = forward(q, k, v, scale, causal, window, softcap)
     return (out, lse) if return_lse else out
-
-
-@functools.cache
-def _capability(device_index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device_index)
-
-
-def _require_hopper(q: torch.Tensor, backend: str) -> None:
-    where = str(q.device)
-    if q.device.type == "cuda" and torch.cuda.is_available():
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        capability = _capability(index)
-        if capability == HOPPER_CAPABILITY:
-            return
-        where += f" (compute capability {capability[0]}.{capability[1]})"
-    raise RuntimeError(
-        f"backend={backend!r} needs CUDA tensors on a Hopper GPU (H100/H200, sm_90); the tensors are on "
-        f'{where}. backend="reference" runs anywhere (exact float64, slow).'
-    )
 
 
 class _HopperAttention(torch.autograd.Function):

@@ -21,13 +21,8 @@ import importlib
 
 import torch
 
+from flashhopper import validation
 from flashhopper.validation import check_layouts, layout_problem
-
-
-def require_hopper(q: torch.Tensor, backend: str = "hopper") -> None:
-    from flashhopper.interface import _require_hopper
-
-    _require_hopper(q, backend)
 
 
 def tma_ready(t: torch.Tensor) -> torch.Tensor:
@@ -48,7 +43,7 @@ def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float,
         window_left: int, window_right: int, softcap: float, deterministic: bool
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of attention; `deterministic` is the backward's, carried for the autograd formula."""
-    require_hopper(q)
+    validation.require_hopper(q)
     check_layouts(("q", q), ("k", k), ("v", v))
     return _kernels().forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap)
 
@@ -64,7 +59,7 @@ def bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o
         lse: torch.Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int,
         softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) from the forward's out and lse."""
-    require_hopper(q)
+    validation.require_hopper(q)
     check_layouts(("q", q), ("k", k), ("v", v), ("out", out))
     return _kernels().backward(q, k, v, out, tma_ready(dout), lse, softmax_scale, causal,
                                (window_left, window_right), softcap, deterministic=deterministic)

@@ -7,6 +7,7 @@ rely on is checked here and reported with the argument's name, what was given an
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -147,3 +148,27 @@ def check_backend(backend) -> str:
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend is {backend!r}; accepted: {', '.join(map(repr, BACKENDS))}")
     return backend
+
+
+HOPPER_CAPABILITY = (9, 0)
+
+
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+def require_hopper(q: torch.Tensor, backend: str = "hopper") -> None:
+    """The kernels' device check: CUDA tensors on an sm_90 GPU, or a RuntimeError that says where the
+    tensors are and what runs anywhere."""
+    where = str(q.device)
+    if q.device.type == "cuda" and torch.cuda.is_available():
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        capability = _capability(index)
+        if capability == HOPPER_CAPABILITY:
+            return
+        where += f" (compute capability {capability[0]}.{capability[1]})"
+    raise RuntimeError(
+        f"backend={backend!r} needs CUDA tensors on a Hopper GPU (H100/H200, sm_90); the tensors are on "
+        f'{where}. backend="reference" runs anywhere (exact float64, slow).'
+    )

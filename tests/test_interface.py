@@ -157,7 +157,7 @@ def fake_kernels(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "flashhopper.hopper",
                         types.SimpleNamespace(forward=forward, backward=backward))
-    monkeypatch.setattr(flashhopper.interface, "_require_hopper", lambda q, backend: None)
+    monkeypatch.setattr(flashhopper.validation, "require_hopper", lambda q, backend="hopper": None)
     return calls
 
 

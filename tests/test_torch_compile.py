@@ -36,7 +36,7 @@ def cpu_kernels(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "flashhopper.hopper",
                         types.SimpleNamespace(forward=forward, backward=backward))
-    monkeypatch.setattr(flashhopper.interface, "_require_hopper", lambda q, backend: None)
+    monkeypatch.setattr(flashhopper.validation, "require_hopper", lambda q, backend="hopper": None)
     torch._dynamo.reset()
     yield calls
     torch._dynamo.reset()

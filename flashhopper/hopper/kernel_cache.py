@@ -89,7 +89,7 @@ def versions() -> dict:
     would cost the warm path ~1 s) and flashhopper's."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from flashhopper import __version__
+    from flashhopper.version import __version__
 
     found = {}
     for name in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):

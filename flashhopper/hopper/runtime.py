@@ -16,6 +16,7 @@ import threading
 import torch
 
 from flashhopper import plan
+from flashhopper.artifact import CompiledArtifact
 from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, bwd_config, fwd_config, fwd_grid
 from flashhopper.hopper import kernel_cache
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA, every_q_block_visited, softmax_constants
@@ -272,8 +273,6 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
 
 
 def _artifact(name: str, cfg):
-    from flashhopper.compile import CompiledArtifact
-
     return CompiledArtifact(name=name, cubin=kernel_cubin(cfg), smem_bytes=cfg.smem_bytes())
 
 
