@@ -7,7 +7,7 @@ STAMP := $(VENV)/.flashhopper-installed
 # A usable NVIDIA GPU means the machine already has a CUDA torch: reuse it instead of a CPU wheel.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: venv test demo gpu-check gpu-test
+.PHONY: venv test demo gpu-test
 
 venv: $(STAMP)
 
@@ -30,9 +30,6 @@ test: venv
 
 demo: venv
 	$(BIN)/python -m flashhopper.cli demo
-
-gpu-check:
-	bash scripts/gpu_check.sh
 
 # The whole GPU suite on an H100/H200 (after `source .device/setup.sh` there): the dispatched kernels
 # compiled first by parallel workers, then the tests in GPU_JOBS processes sharing one GPU and the

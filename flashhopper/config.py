@@ -35,29 +35,18 @@ def register_pool(num_warpgroups: int) -> int:
     (the file split evenly, in steps of 8, at most 255), times the threads. setmaxnreg moves
     registers only inside this pool (USETMAXREG ... CTAPOOL): a split that adds up to the whole
     64K file but not to the pool leaves the consumers' setmaxnreg.inc waiting forever (a fused
-    dQ-cast build with 32 producer registers next to 240 hung so on the H200, session 8)."""
+    dQ-cast build with 32 producer registers next to 240 hung so on the H200, earlier)."""
     threads = WARPGROUP_THREADS * num_warpgroups
     return min(REGS_PER_SM // threads // 8 * 8, 248) * threads
 
 
-# (tile_m, tile_n) per hdim for bf16/fp16; tile_m / 64 consumer warpgroups. Measured on the H200
-# with scripts/tune_fwd.py (docs/benchmarks.md): at hdim 64 a third consumer warpgroup (192 rows)
-# gives the softmax more threads per GEMM FLOP (569 vs 460 TFLOP/s at 8k); at hdim 256, tile_n 64
-# and 80 measure the same. At hdim 128, 160 keys per block measured +0.7..+1.4% over 128 at 8k and
-# 16k (`tune_fwd.py tiles`) but 14% / 13% worse in the grid at 512 / 1024 keys (25% / 6% of the last
-# block padding), and FA3's 176 no better at 8k: 128 stays.
+# (tile_m, tile_n) per hdim; tile_m / 64 consumer warpgroups: the fastest measured (docs/decisions.md)
 _TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
-# With causal/local masks: the same tiles, as in FA3. hdim 64 at 192 rows fits with no spills since the
-# mask compares against compile-time columns (hopper/mask.py) and the epilogue's smem addresses are
-# no longer held through the mainloop (hopper/fwd.py): causal bf16 8k +10% over 128 rows.
+# causal / local masks: the same tiles, as in FA3 (hdim 64 at 192 rows: +10% at 8k)
 _TILES_CAUSAL = dict(_TILES)
-# A local window keeps hdim 64 at 128 rows: 192 measured 15-20% slower with a 512-key window at
-# 512-4096 queries (scripts/tune_fwd.py tiles64), where most blocks are masked edge blocks.
+# a local window keeps hdim 64 at 128 rows (192 rows ran 15-20% slower on masked edge blocks)
 _TILES_LOCAL = {**_TILES_CAUSAL, 64: (128, 128)}
-# Causal only, narrower query tiles where the wide one pads the query length: 192 rows cover 512
-# queries with 576 (1024 with 1152), and on the H200 causal 512 / 1024 ran 13-14% slower than at
-# 128 rows, which cover both exactly; at 1536 and 2048 192 rows were 2-5% faster, at 4096 even.
-# Without a mask 192 rows won at every length (512-4096) in spite of the padding.
+# causal only: narrower query tiles where the wide one pads the query length (decisions.md)
 _TILES_NARROW = {64: (128, 128)}
 # how much more padding (ratio of padded query rows) the wide tile may cost before the narrow one
 # is taken: 2048 queries pad 3% at 192 rows and that tile was still the faster
@@ -73,38 +62,19 @@ def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
     return padded(wide) > _NARROW_PAD_RATIO * padded(narrow)
 
 
-# hdim 256 stages each warpgroup's O rows in a V stage of its own (FwdConfig.o_in_v + o_v_stages)
-# wherever the grid is persistent, so that the next tile's Q loads under this tile's tail instead of
-# after its O store has read Q's buffer. Session 19 on the H200 (scripts/tune_fwd.py oinv2, 3 rounds,
-# medians, over O in Q's buffer): no mask +3.3% at 512, +1.6% at 1k, +2.3% at 2k, +0.6% at 8k; causal
-# 512 (the short path below) +9.5%. At hdim 128, whose O has its own smem tile, it is -4..+0.3%.
+# hdim 256 stages each warpgroup's O in a V stage of its own on persistent grids (+0.6..+9.5%)
 _O_V_STAGES = {"o_in_v": True, "o_v_stages": True}
 _FWD_O_V_STAGES = {256}
-# FwdConfig.lazy_max at hdim 96 / 128 (two consumer warpgroups; softcap has no lazy step). Session 23 on
-# the H200 (scripts/tune_fwd.py lazy, 3 rounds): hdim 128 +9.0..+13.2% (2k-16k, causal and not), hdim 96
-# +12.4% at 8k; the step 2,592 -> 2,177 cycles at hdim 128 16k. hdim 64's 192-row tile has no registers
-# for the second P operand; on 128-row tiles it ran 3.5% below the 192-row dispatch. hdim 96 only without
-# a mask: with one, its kernel spills (8 bytes causal bf16, 24 local). hdim -> also with a mask.
+# FwdConfig.lazy_max at hdim 96 (no mask) / 128: +9..+13% (hdim 64's tile has no registers for it)
 _FWD_LAZY_MAX = {128: True, 96: False}
 
-# Causal hdim 192 / 256 on short sequences, per hdim (longest length, overrides) brackets, shortest first.
-# Queries and keys <= 512: 64-key tiles on the persistent grid with the dynamic scheduler. Session 7
-# on the H200 (scripts/tune_fwd.py short256, two rounds): at 512 +10.6 / +13.3% over 80-key tiles one
-# CTA per tile; at 1024 +1.3 / -2.9%, at 2048 -7.6 / +0.8%. The narrower key tile wastes less of the
-# diagonal block, and the persistent grid hides the prologue of the many short tiles. <= 1024: the
-# persistent grid alone, with O in V's stages (session 19, oinv2: +4.5% over one CTA per tile; at 2k
-# -4.6%). Both brackets stage O in V's stages (causal 512 +9.5% over O in Q's buffer).
-# hdim 192 (128 x 112 tiles), queries and keys <= 1024: the persistent grid with O in V's stages.
-# Session 20 (scripts/tune_fwd.py oinv192, 3 rounds, medians, over one CTA per tile): 512 +23.5%
-# (persistent alone +14.6%), 1k +9.4% (+5.1%), 2k -6.5% (-2.6%).
+# causal hdim 192 / 256 on short sequences: (longest length, overrides) brackets (+1..+24%)
 _SHORT_CAUSAL = {256: ((512, {"tile_n": 64, "persistent": True, "dynamic_sched": True, **_O_V_STAGES}),
                        (1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES})),
                  192: ((1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES}),)}
 
 
-# hdim 192 without a mask, queries and keys <= 512 (its grid is persistent): O in V's stages. Session 20
-# (scripts/tune_fwd.py oinv192 and pingpong2, 3 and 5 rounds, medians, over O in Q's buffer): 512 +7.5 /
-# +8.7%, 1k -2.4 / -2.6%, 2k -0.9%, 8k -6.8 / +1.6% (the spread). At hdim 256 O in V wins at every length.
+# hdim 192 without a mask up to 512: O in V's stages (+7.5 / +8.7% at 512)
 _SHORT_NOMASK = {192: ((512, _O_V_STAGES),)}
 
 
@@ -130,13 +100,7 @@ def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> i
     return _short_bracket(_SHORT_CAUSAL, hdim, seqlen_q, seqlen_k) if causal else 0
 
 
-# hdim 64 on short sequences (queries and keys <= 1024, no local window): Q in a ring of two and a
-# third K / V stage. A tile there walks 1-8 key blocks; with one Q buffer the next tile's Q can only
-# load after this tile's last QK^T, and with two K / V stages the producer cannot run far into the
-# next tile. Session 18 on the H200 (scripts/tune_fwd.py qring, 3 rounds, medians, over the dispatch):
-# causal 512 +9.3% (the Q ring alone +5.3%), 1k +4.1%, 2k +2.4% (rounds -1.0..+2.4%); non-causal 512
-# +3.8%, 1k +1.8%; causal 8k -1.3%. At hdim 128 the ring alone was -1.0..+1.6% (a third stage does
-# not fit next to it), and hdim 192 / 256 stage O in Q's buffer.
+# hdim 64 up to 1024, no window: a Q ring of two and a third K / V stage (+2..+9%)
 _SHORT_QRING = {64: {"q_stages": 2, "num_stages": 3}}
 _SHORT_QRING_MAX = 1024
 
@@ -221,11 +185,11 @@ class FwdConfig(_KernelConfig):
     # primed once per CTA and carried from tile to tile instead of being primed and taken back per
     # tile. Then warpgroup 0 starts the next tile while warpgroup 1 finishes this one (its last
     # P @ V and epilogue), instead of both re-aligning at every tile end: the half-step ping-pong
-    # offset is paid once per CTA, not once per tile (docs/notes/fwd-wg-epilogue.md).
+    # offset is paid once per CTA, not once per tile (docs/decisions.md).
     wg_epilogue: bool = False
     # 2: thread-block clusters of two CTAs on adjacent query blocks of one (head, batch); each CTA
     # loads half of every K and V tile and multicasts it to both, halving L2->SM traffic for K/V
-    # (hopper/fwd_cluster.py, docs/notes/fwd-cluster.md). No causal/local mask, static schedule only.
+    # (hopper/fwd_cluster.py, docs/decisions.md). No causal/local mask, static schedule only.
     cluster_m: int = 1
     # A consumer warpgroup whose 64 rows all lie past seqlen_q (the last query block when the
     # tile pads the length: hdim 64's 192 rows cover 512 queries with 576) skips its GEMMs,
@@ -256,7 +220,7 @@ class FwdConfig(_KernelConfig):
     q_stages: int = 1
     # Timeline experiment (not for use): each consumer warp's first tile writes SM clock stamps at 8
     # points of every step into the LSE buffer's memory (the LSE itself is not stored; the caller
-    # passes an LSE view of a large int32 buffer). See scripts/fwd_trace.py.
+    # passes an LSE view of a large int32 buffer).
     trace: bool = False
     # Diagnostic (wrong results): no softmax in the overlapped steps, P is S converted as it is, so a
     # timing shows the rate of the loads and GEMMs alone.
@@ -406,7 +370,7 @@ class FwdConfig(_KernelConfig):
 def _fwd_persistent(hdim: int, masked: bool) -> bool:
     """Persistent grid with the dynamic (atomic) tile scheduler, or one CTA per tile.
 
-    Measured with scripts/tune_fwd.py persistent (docs/benchmarks.md): persistent + dynamic wins
+    Measured with a config sweep (docs/decisions.md): persistent + dynamic wins
     where launch and prologue costs weigh (short sequences: +14..+31% at 512-1k, hdim 64/128) and
     is even or a little ahead on long ones; at hdim 256 causal the one-CTA-per-tile grid is 2%
     faster (fewer, longer tiles already fill the last wave), so large masked head dims keep it.
@@ -414,17 +378,9 @@ def _fwd_persistent(hdim: int, masked: bool) -> bool:
     return not (masked and hdim >= 192)
 
 
-# Per-warpgroup epilogue with the ping-pong token carried across tiles (FwdConfig.wg_epilogue):
-# session 6 on the H200 (docs/benchmarks.md), off / on interleaved: +0.6..+8.6% at hdim 128 (causal
-# 1k +8.6%), +3.8 / +3.9% at hdim 64 causal 8k, +1..+3% at hdim 256; 1 of 15 pairs lower (hdim 64
-# non-causal 8k: +1.5% in one round, -2.9% in the other). Not at hdim 64's 192-row causal tile with
-# softcap: there it spilled (6 LDL), the shared epilogue does not.
+# per-warpgroup epilogue with the ping-pong token carried across tiles: +0.6..+8.6%
 _FWD_WG_EPILOGUE = True
-# Warpgroups whose rows all lie past seqlen_q skip their GEMMs and softmax (FwdConfig.skip_idle_wg).
-# Session 10 on the H200 (scripts/tune_fwd.py idle, 3 rounds, medians): hdim 64 (192-row tiles) +11.8%
-# at 512 and +6.4% at 1k without a mask, +2.1..+3.7% causal at 2k-16k; -2.9..+0.7% at 2k-16k without
-# a mask (spread: the rounds disagree in sign at 4k); at hdim 128, where no warpgroup is ever idle at
-# these lengths, -1.9 / +3.3% (spread).
+# warpgroups whose rows all lie past seqlen_q skip their work: up to +11.8% on short queries
 _FWD_SKIP_IDLE_WG = True
 
 
@@ -483,8 +439,7 @@ BWD_HDIMS = (64, 96, 128, 192, 256)
 # 32 keys of S and dP per warpgroup at 192; FA3's 80 keys (40 per warpgroup) at 256. Other tile_n
 # (64; 48 as in FA4) and dO ring depths compile clean as overrides (docs/design.md).
 BWD_WIDE = {192: (96, 3), 256: (80, 2)}
-# dO ring depth per wide hdim (BwdConfig.do_stages; absent: the Q ring's). hdim 256 at 64 x 80 with
-# one dO stage (FA3's shape) measured +13..+20% over 64 x 64 with two (H200, docs/benchmarks.md).
+# dO ring depth per wide hdim (absent: the Q ring's): hdim 256 with one, +13..+20%
 _BWD_WIDE_DO_STAGES = {256: 1}
 # kv_split "hdim": registers per consumer thread beyond the fp32 accumulators (BwdConfig.
 # _check_hdim_split). 32 is what hdim 256 at tile_n 64 leaves (128 + 64 of 240; SASS tops out at R223);
@@ -500,7 +455,7 @@ _BWD_KEYS_ACC_REGS = 192
 # 208 = 40 + 40 (S^T, dP^T) + 64 + 64 (dK, dV), 16 over _BWD_KEYS_ACC_REGS. It runs in the
 # ds_before_dv order (S^T / dP^T die k-block by k-block under dV's first half) and compiles with
 # 6 commit groups and no spills for every dtype, mask, ds_stages, dk_rs and dq_per_wg setting
-# (docs/notes/bwd-keys-gap.md); not dispatched: unmeasured
+# (docs/decisions.md); not dispatched: unmeasured
 _BWD_KEYS_DQ_T = {128: (80, 208)}
 
 
@@ -528,25 +483,25 @@ class BwdConfig(_KernelConfig):
     # kv_split "keys", dK += dS^T Q: the A operand from registers (the bf16 / fp16 dS^T fragment
     # converted from dP^T, as dV takes P^T) instead of re-reading this warpgroup's dS^T from smem
     # (RS instead of SS, as FA3 / FA4). dS^T is still written to smem for dQ = dS K; its fragment
-    # stays live until the dK GEMM has finished (docs/notes/bwd-keys-gap.md).
+    # stays live until the dK GEMM has finished (docs/decisions.md).
     dk_rs: bool = False
     # kv_split "keys": per-warpgroup dQ hand-off (FA3 / FA4). Each consumer warpgroup hands its part
     # of the fp32 dQ smem tile (its head-dim columns; its 64 query rows with dq_by_rows) to the dQ
     # writer warp through its own dQ-empty / dQ-full named-barrier pair (128 + 32 threads), and the
     # writer adds each part with its own TMA reduce-add, instead of both warpgroups and the writer
-    # meeting on one pair of 288-thread barriers every step (docs/notes/bwd-keys-gap.md).
+    # meeting on one pair of 288-thread barriers every step (docs/decisions.md).
     dq_per_wg: bool = False
     # kv_split "keys" at 128-row steps (hdim 64): FA3 / FA4's step order instead of ds_before_dv.
     # All of dS^T is formed, converted and written to smem, then dV is issued as one group, and
     # the wait that frees P^T (dV done) comes after the dQ issue instead of inside the dS^T loop,
     # so this warpgroup's tensor work never drains mid-step; dO's stage goes back to the producer
-    # at that wait rather than at the end of the step (docs/notes/bwd-keys-gap.md, session 5).
+    # at that wait rather than at the end of the step (docs/decisions.md, earlier).
     ds_then_dv: bool = False
     # kv_split "keys": only the steps whose query block crosses the causal / right-window edge or
     # the left-window edge of this CTA's key block (and every step of the last, ragged key block)
     # take the masked body, the others one with no mask code (as the forward's runs of key
     # blocks); the masked body compares thread 0's compile-time coordinates against one limit per
-    # key row. Same step order (docs/notes/bwd-keys-gap.md).
+    # key row. Same step order (docs/decisions.md).
     mask_runs: bool = False
     # The softmax scale applied to dS once, for free, instead of to dQ and dK: the preprocess stores
     # D * scale, and dS = P (dP * scale - D * scale) turns the subtraction into an FFMA, so the
@@ -576,7 +531,7 @@ class BwdConfig(_KernelConfig):
     # number of key blocks that see the query block loads the fp32 sum
     # back by TMA (from L2: it was just written) in 16-row chunks through a 2-stage smem ring and
     # store it converted. The cast kernel read the whole accumulator from DRAM after the kernel:
-    # ~48 us at every grid point, ~12% of the backward at 512 (docs/notes/bwd-keys-gap.md).
+    # ~48 us at every grid point, ~12% of the backward at 512 (docs/decisions.md).
     fused_dq_cast: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
@@ -584,7 +539,7 @@ class BwdConfig(_KernelConfig):
 
     # kv_split "hdim": the warpgroups split dK^T and dV^T by keys (WGMMA N: tile_n / W keys each, all
     # hdim rows as M tiles) instead of by head-dim rows, FA4's shape at hdim 192 (2 warpgroups at 240
-    # registers, 64 x 96; docs/notes/bwd-hdim192.md). The accumulator count is the same; the M split
+    # registers, 64 x 96; docs/decisions.md). The accumulator count is the same; the M split
     # needs hdim / W to be whole 64-row tiles (so 3 warpgroups at 192), this one does not.
     dkv_by_keys: bool = False
     # with dkv_by_keys: dV^T is issued as soon as this warpgroup's own P columns are in smem (a
@@ -600,7 +555,7 @@ class BwdConfig(_KernelConfig):
     # (and dQ chunk), on per-warpgroup empty / full named barriers, as hopper/bwd.py's dq_per_wg and
     # FA4 at hdim 192 / 256, instead of 8-byte fp32 atomics from the consumers. The tile needs the
     # smem of a dO stage and a P / dS pair at hdim 192, and FA4's 64 x 64 tile with single Q / dO
-    # stages at 256 (docs/notes/bwd-hdim192.md). Session 9 on the H200: +8..+24% over the atomics in
+    # stages at 256 (docs/decisions.md). On the H200: +8..+24% over the atomics in
     # those tiles, but the tiles lose more to the dispatched ones (net -3..-5% at 192, -11..-19% at
     # 256); not dispatched.
     dq_tma: bool = False
@@ -612,12 +567,12 @@ class BwdConfig(_KernelConfig):
     # with dq_slots 1: the slot lent in two column halves (64 x 32 fp32, 8 KiB each) that the writer
     # reduce-adds one after the other, so a warpgroup's stores into one half run while the TMA unit
     # still reads the other, and the next grant waits only for the half-turn before last instead of
-    # the whole previous part (session 11: 34% of the hdim 256 kernel's stall samples sat at the
+    # the whole previous part (34% of the hdim 256 kernel's stall samples sat at the
     # slot's grant). Same smem; twice the hand-offs, each half as long.
     dq_slot_halves: bool = False
     # with dq_slot_halves: the slot as a ring of this many half-size boxes (0: the two halves), so
     # that more of the writer's reduce-adds read smem at once while the warpgroups store the next
-    # halves; each box is used again dq_slot_ring half-turns later. Session 15 on the H200: hdim 256
+    # halves; each box is used again dq_slot_ring half-turns later. On the H200: hdim 256
     # with no dQ reduce-add at all ran 13-16% faster, with a plain TMA store in its place 1-4%, and
     # the slot's grants held ~24% of the warps' stall samples: the hand-offs are latency-bound, not
     # bound by the reduction. 3 boxes take 8 KiB more smem at hdim 256 (227,136 B).
@@ -627,14 +582,14 @@ class BwdConfig(_KernelConfig):
     # and, with P read back from smem (bf16), dS. Each S / dP WGMMA then has N = tile_n (80) instead
     # of tile_n / 2 (40, whose operands need 166 B of smem a tensor cycle against the 128 smem
     # delivers) and Q and dO are read once a step instead of twice: ~-8% of the step's smem
-    # wavefronts (docs/notes/bwd-hdim256-smem.md). dV^T is issued as soon as P is in smem.
+    # wavefronts (docs/decisions.md). dV^T is issued as soon as P is in smem.
     # dS is formed from the rounded P. Not with softcap (dS needs tanh's derivative of S).
     sdp_by_gemm: bool = False
     # with dq_tma: each 8-row group of the smem dQ tile holds query rows 0, 4, 1, 5, 2, 6, 3, 7, and the
     # TMA reduce-add reads it through a gmem view of dQaccum with those rows interleaved back. The
     # consumers' 8-byte stores of a WGMMA accumulator put rows 0-3 in one half-warp; in a 128-byte
     # swizzled fp32 tile rows r and r ^ 1 fall on the same banks, so each store took 4 wavefronts
-    # instead of 2 (ncu, session 10: all 85M bank conflicts of the hdim 192 kernel; FA4: 4.6M). With
+    # instead of 2 (ncu, all 85M bank conflicts of the hdim 192 kernel; FA4: 4.6M). With
     # the rows interleaved a half-warp's four rows sit at swizzle phases 0, 2, 4, 6. dQaccum is then
     # allocated with seqlen_q padded to whole query blocks (the view merges batch into the rows).
     dq_rows_interleaved: bool = False
@@ -654,7 +609,7 @@ class BwdConfig(_KernelConfig):
     # seqlen, head, hdim), passed to the same kernels as a permuted view (their strides are runtime
     # values): a query block's tile is then one contiguous tile_m x hdim block instead of rows
     # h x hdim x 4 bytes apart, closer to FA4's flat accumulator, for the reduce-adds' L2 / DRAM
-    # locality (docs/notes/bwd-hdim192.md). The cast to dQ writes q's order. A runtime choice only:
+    # locality (docs/decisions.md). The cast to dQ writes q's order. A runtime choice only:
     # the kernels compiled for it are the same.
     dq_accum_head_major: bool = False
 
@@ -879,37 +834,12 @@ class BwdConfig(_KernelConfig):
                              f"{self.consumer_regs} consumer registers")
 
 
-# query rows per backward step (kv_split "keys"). 128 at hdim 64 as in FA3: S^T / dP^T GEMMs with
-# N = 128, half the steps per key block. It fits with the WGMMAs kept asynchronous (6 waits per
-# step, no spills, every dtype and mask) only in the ds_before_dv order of hopper/bwd.py (dS^T to
-# smem k-block by k-block, dV in two halves); with the tile_m-64 order ptxas serialized all 40 WGMMAs
-# (C7512). hdim 96 keeps 64 (_BWD_KEYS_ACC_REGS). hdim 128 takes FA3 / FA4's 80 rows (dQ computed
-# transposed, BwdConfig.dq_transposed): with dk_rs +0..+5.6% over 64 rows in 4 of 4 points (session 6).
+# query rows per backward step (kv_split "keys"): 128 at hdim 64 as in FA3, 80 at hdim 128
 _BWD_TILE_M: dict[int, int] = {64: 128, 128: 80}
-# dS^T smem buffers per hdim (BwdConfig.ds_stages). Two at hdim 64 (128-row steps): one consumer
-# warpgroup sync per step instead of two, +1..+3% on the H200 (docs/benchmarks.md); the smem is
-# there. At 64-row steps two measured +0.4..+2.0% at hdim 96 (4 of 4 points) and -0.8..+4.4% at
-# 128 (noise): 96 takes them, 128 keeps one. The wide kernel (hdim 192 / 256, one P / dS buffer
-# pair per stage, 223 KiB at 256): two pairs drop its "buffers free" barrier, +0.2..+3.0% in 8 of 8
-# points on the H200 (session 7, docs/benchmarks.md).
+# dS^T smem buffers per hdim: two where the smem is there (+0.4..+3%)
 _BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
-# The wide kernel's dQ (hdim 192 / 256): by TMA reduce-adds from one fp32 smem part that the producer
-# warpgroup's writer warp lends to the consumer warpgroups in turn (BwdConfig.dq_tma, dq_slots=1),
-# instead of each consumer thread's atomics; the part's 16-24 KiB take the second P / dS pair. At
-# hdim 192 with FA4's split (2 warpgroups x 48 keys, dK^T / dV^T by keys). Session 10 on the H200
-# (scripts/gpu_pending.sh s10_slot192 / s10_slot256, 3 rounds, 1k-16k, causal and not): +10..+18% at
-# 256 and +12..+20% at 192 over the atomics with two pairs, in 20 of 20 points.
-# Session 11 (s10_rows, 2 rounds, 2k / 8k, causal and not): with dQ's rows interleaved in that part
-# (BwdConfig.dq_rows_interleaved: no bank conflicts left in the dQ stores) +4.3..+5.3% at 192 and
-# +6.4..+10.1% at 256, 8 of 8 points.
-# Session 12 (s12_halves, 2 rounds, 2k / 8k, causal and not): the part lent in two column halves at 256
-# (BwdConfig.dq_slot_halves) +0.9..+1.8%, 4 of 4 points (192's parts are not whole 64 columns); not
-# under a local window, where that kernel spills (bwd_config drops it).
-# Session 15 (s15_ring, 3 rounds, 2k / 8k / 16k, causal and not): those halves as a ring of three boxes
-# (BwdConfig.dq_slot_ring) +1.3..+4.2% at 256, 6 of 6 points. Session 16: hdim 192's part in three
-# 32-column boxes -0.8..-3.1% (6 of 6 down; it lives in commit 01a3d80). Session 17 at 256, each
-# against this dispatch: dS as dQ's register operand -0.0..-1.4% (6852bf9), the ring's grants ahead
-# -1.2..-3.1%, dQ by vector atomics in fragment order -3..-30% (3ad69d4), 64 keys -3..-10%.
+# the wide kernel's dQ by TMA reduce-adds through one smem part, rows interleaved, at 256 in a
+# ring of half boxes: +10..+20%, then +4..+10%, +1..+2%, +1..+4% (docs/decisions.md)
 _BWD_WIDE_SWITCHES: dict[int, dict] = {
     192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
           "dq_rows_interleaved": True},
@@ -924,46 +854,22 @@ BWD_WIDE_ATOMICS: dict[int, dict] = {
     256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0, "dq_rows_interleaved": False,
           "dq_slot_halves": False, "sdp_by_gemm": False},
 }
-# Session 14 (s14_pick256, 3 rounds, the whole hdim 256 grid): S and dP split by GEMM between the two
-# warpgroups (BwdConfig.sdp_by_gemm) -0.6..+3.5%, geomean +0.8%, 10 of 12 points up (the two down within
-# 0.6%); +1.8% per MHz of SM clock in sustained streams, -4.3% kernel time under ncu (s13_bwd256,
-# s13_ncu256). Not with softcap, which it excludes. The same sessions' wg_roles and dq_slot_per_wg did
-# not beat it and were removed (docs/benchmarks.md "GPU runs of session 14").
+# hdim 256 (not softcap): S and dP split by GEMM between the warpgroups, geomean +0.8%
 _BWD_SDP_BY_GEMM = frozenset({256})
-# Operand choices per hdim (BwdConfig.dq_by_rows, dk_rs; docs/notes/bwd-keys-gap.md). At hdim 64 both
-# measured +3..+5% together in 4 of 4 points (dq_by_rows alone +3..+4%, dk_rs alone +1..+2%); dk_rs at hdim
-# 128 measured -7..+2% at 64-row steps (on with 80 rows, below). The per-warpgroup dQ hand-off (dq_per_wg)
-# measured +3.1..+4.8% at hdim 64 and +1.1..+5.5% at hdim 128 (8 of 8 points, session 5); hdim 96 has the
-# same 64-row step as 128 and takes it too. Session 6 (H200, docs/benchmarks.md): hdim 128's 80-row step
-# with dk_rs and mask_runs +2.1..+5.9% over session 5's default (4 of 4 points); mask_runs alone +0.8..+4.3%
-# at hdim 64 and +0.5..+2.7% at 96 with a mask (noise without one); hdim 64's FA4 step order (ds_then_dv)
-# +1.5..+3.5% without a mask, +-0.4% with one, and with mask_runs the two together measured below either
-# alone, so hdim 64 takes one or the other. Session 7: the softmax scale carried by dS (scale_in_ds)
-# +1.5..+2.3% at hdim 128 (4 of 4 points); at hdim 64 -5..+1% (causal lower), at 256 -0.2..+2.6%.
-# Session 11 (s11_rows_keys, 2 rounds, 2k / 8k): dQ's rows interleaved in its smem tile
-# (dq_rows_interleaved) +2.7 / +2.9% at hdim 64 without a mask, +0.8 / +0.8% with one; at 96 -0.3..-1.0%.
-# Session 11 (s11_bwdvar, 2 rounds, 2k / 8k): hdim 96 with hdim 128's dk_rs and scale_in_ds +0.9..+6.8%
-# in 4 of 4 points (dk_rs alone -5.6..+4.8%, scale_in_ds alone -1.3..+3.5%).
+# operand and step choices per hdim of the keys kernel, each measured up (docs/decisions.md)
 _BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True,
                                             "dq_rows_interleaved": True},
                                        96: {"dq_per_wg": True, "dk_rs": True, "scale_in_ds": True},
                                        128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True,
                                              "scale_in_ds": True}}
-# The preprocess clears the dQ accumulator (BwdConfig.pre_zero_dq), every hdim: +0.0..+1.6% in 12 of
-# 12 points (hdim 64 / 128 / 256, 512 / 1k, causal and not; 3 rounds, session 8, docs/benchmarks.md),
-# as expected of one kernel launch and its gap fewer with the same bytes written.
+# the preprocess clears the dQ accumulator: one launch fewer, +0.0..+1.6%
 _BWD_PRE_ZERO_DQ = True
 # added to _BWD_KEYS_SWITCHES with no causal / local mask, and with one
 _BWD_KEYS_UNMASKED: dict[int, dict] = {64: {"ds_then_dv": True}}
 _BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": True}}
 
 
-# Longest-first launch (BwdConfig.lpt) per call: hdim 128 causal from 2k to 4k tokens, +2.0 / +2.7% there
-# (3 rounds, session 8, docs/benchmarks.md); at 512 -2..-5%, without a mask -1..-3% (the CTAs that
-# run together then no longer share Q and dO in L2), at hdim 64 / 256 +-1%. Session 16 (s16_lpt, 3
-# rounds, and s16_lpt2, 5 rounds, causal): hdim 128 at 8k +5.4 / +3.2%, at 16k -0.9 / -0.3%; hdim 256
-# at 1k +2.5 / +2.0%, 2k +1.9 / +2.1%, 4k -0.1%, 8k -0.8 / +0.2%; hdim 64 at 2k-8k +1.1..+1.7% (within
-# about twice the 1% spread of a control point, not taken).
+# longest-first launch per call: hdim 128 causal 2k-8k, hdim 256 causal 1k-2k (+2..+5%)
 _BWD_LPT_CAUSAL = {128: (2048, 8192), 256: (1024, 2048)}
 
 
@@ -974,12 +880,7 @@ def bwd_lpt(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic
     return causal and not deterministic and lo <= max(seqlen_q, seqlen_k) <= hi
 
 
-# Shorter query steps per call under causal masks: hdim 128 takes 64 rows (FA4's causal tile) up to 1k
-# tokens instead of its 80: +5.0% at 512, +0.5 / +0.4% at 1k / 2k, and -1..-3% without a mask at 1k / 2k
-# (3 rounds, session 9, docs/benchmarks.md). 512 queries are 6.4 steps of 80 rows against 8 of 64. Not
-# with softcap: there the 64-row step with hdim 128's switches spills (one LDL), and it was not timed.
-# At 64 rows the dQ tile goes through smem in row pairs, so its rows are interleaved as at hdim 64
-# (dq_rows_interleaved): +2.6% at 512, +4.0% at 1k (3 rounds, session 12, docs/benchmarks.md).
+# hdim 128 causal up to 1k: 64-row steps with interleaved dQ rows (+2.6..+5%; not softcap)
 _BWD_SHORT_CAUSAL = {128: (1024, {"tile_m": 64, "dq_rows_interleaved": True})}
 
 
@@ -1015,7 +916,7 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
                     do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), **_BWD_WIDE_SWITCHES.get(hdim, {}))
         # the slot's halves spilled 16 bytes under a local window before sdp_by_gemm (not with it:
-        # session 14, cases passed) and were never timed there
+        # earlier, cases passed) and were never timed there
         if local:
             wide.update(dq_slot_halves=False, dq_slot_ring=0)
         if hdim in _BWD_SDP_BY_GEMM and not softcap:

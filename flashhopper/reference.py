@@ -101,8 +101,8 @@ def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap
     the input dtype before the GEMMs that read them, as SDPA's flash backend and FA2-4 do, and the
     gradients at the end: what the dtype costs an exact-arithmetic flash kernel, where
     `attention_grads_in_dtype` (the GPU tests' yardstick) keeps dS in fp32. For studying the tails
-    of the tests' bound (scripts/dq_err_probe.py, scripts/ds_rounding_probe.py); the tests do not use
-    it yet. `p_rounded_in_ds`: dS formed from the rounded P (BwdConfig.sdp_by_gemm) instead of the
+    of the tests' bound; the tests do not use it yet. `p_rounded_in_ds`: dS formed from the rounded P
+    (BwdConfig.sdp_by_gemm) instead of the
     fp32 one."""
     dt, group = q.dtype, q.shape[2] // k.shape[2]
     qf, dof = q.float(), dout.float()

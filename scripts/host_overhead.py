@@ -6,8 +6,8 @@ captured in a CUDA graph, ours and SDPA's, replayed (host time and back-to-back 
 
     source .device/setup.sh && PYTHONPATH=$PWD python3 scripts/host_overhead.py [--sdpa | --bwd | --graph]
 
-Session 27 (docs/benchmarks.md): 42-73 us of host time per backward call, the step at 1.8x SDPA's.
-Session 28: the captured step replays in 16.2 us back to back (SDPA's 20.1), 3.8 us of host time.
+(docs/decisions.md): 42-73 us of host time per backward call, the step at 1.8x SDPA's.
+the captured step replays in 16.2 us back to back (SDPA's 20.1), 3.8 us of host time.
 """
 import cProfile
 import io
@@ -178,7 +178,7 @@ def graph_steps():
     # SDPA's (b, h, s, d) views are made inside its step: a leaf's first differentiable use fixes the
     # stream autograd hands its gradient to, and views made here, on the legacy default stream, made
     # the capture fail in the autograd engine ("operation would make the legacy stream depend on a
-    # capturing blocking stream"; session 28, scripts/graph_capture_probe.py)
+    # capturing blocking stream")
     def sdpa_step():
         out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return torch.autograd.grad(out, (q, k, v), dot)

@@ -70,7 +70,7 @@ def test_summary_of_the_real_grid():
     report = json.loads(GRID_JSON.read_text())
     s = summarize(report)
     assert s["points_with_ratio"] == 36
-    assert s["geomean_ratio"] == pytest.approx(1.056, abs=0.001)  # as docs/benchmarks.md states (session 24)
+    assert s["geomean_ratio"] == pytest.approx(1.056, abs=0.001)  # as docs/results.md states
     assert s["min_point"] == {"hdim": 64, "causal": True, "seqlen": 512}
     assert s["matmul_fraction"]["fraction"] == pytest.approx(742.9 / 797.9, abs=0.002)
 

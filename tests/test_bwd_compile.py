@@ -344,7 +344,7 @@ def test_deterministic_wide_backward_compiles(hdim, mask):
 def test_backward_scale_in_ds_compiles(hdim, mask):
     # the softmax scale carried by dS: the same WGMMAs and waits as the default kernel, no spills,
     # and fewer instructions (no scaling of the dQ tile per step, nor of dK at the end)
-    # (dispatched at hdim 128 since session 7: compared with scale_in_ds off)
+    # (dispatched at hdim 128: compared with scale_in_ds off)
     cfg = bwd_config("bf16", hdim, scale_in_ds=True, **MASKS[mask])
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, scale_in_ds=True, **MASKS[mask])
     if hdim in BWD_WIDE:
@@ -453,7 +453,7 @@ WIDE_VARIANTS = [
 def test_backward_wide_two_pds_buffers_compile(hdim, mask):
     # ds_stages=2: P / dS buffer pairs alternate by step, so the "buffers free" barrier goes (one
     # BAR fewer in SASS); same WGMMAs and commit groups, no spills, smem within the limit
-    # (dispatched in sessions 7-9 with dQ by atomics: compared with one pair here)
+    # (formerly dispatched with dQ by atomics: compared with one pair here)
     base = {**BWD_WIDE_ATOMICS[hdim], **MASKS[mask]}
     cfg = bwd_config("bf16", hdim, **{**base, "ds_stages": 2})
     report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **{**base, "ds_stages": 2})
@@ -636,7 +636,7 @@ def test_backward_wide_dq_tma_compiles(hdim, mask):
 
 # dq_slots: one fp32 dQ part in smem, lent to each warpgroup in turn, so that the dispatched tiles fit
 # with one P / dS pair (256: 64 x 80, two Q stages; 192: FA4's split with two Q / dO stages); the
-# dispatch since session 10
+# dispatch
 _DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, **_NO_DQ_TMA},
             256: {"ds_stages": 1, **_NO_DQ_TMA}}
 
@@ -914,7 +914,7 @@ def test_dq_slot_halves_compiles_with_twice_the_hand_offs(mask):
 
 
 def test_sdp_by_gemm_is_dispatched_at_256_without_softcap():
-    # dispatched at hdim 256 in every mask but softcap (session 14); the same smem and accumulator
+    # dispatched at hdim 256 in every mask but softcap; the same smem and accumulator
     # registers as the split by keys, which softcap keeps
     assert not any(bwd_config("bf16", d).sdp_by_gemm for d in (64, 96, 128, 192))
     for kw in ({}, {"causal": True}, {"local": True}, {"causal": True, "deterministic": True}):

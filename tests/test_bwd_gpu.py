@@ -301,7 +301,7 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 ]
 
 
-# the wide kernel with dQ by atomics, as dispatched until session 10 (the candidate tiles below were
+# the wide kernel with dQ by atomics, as formerly dispatched (the candidate tiles below were
 # chosen against it; dQ by TMA reduce-adds through one smem part is dispatched since)
 WIDE_ATOMICS = config.BWD_WIDE_ATOMICS
 
@@ -315,7 +315,7 @@ WIDE_ATOMICS = config.BWD_WIDE_ATOMICS
     (192, {"do_stages": 1}),
     (256, {"ds_stages": 1}),  # one P / dS buffer pair (two, the default, drop a barrier per step)
     (192, {"ds_stages": 1}),
-    (192, {"dkv_by_keys": True, "num_consumer_wg": 2}),  # FA4's shape (docs/notes/bwd-hdim192.md)
+    (192, {"dkv_by_keys": True, "num_consumer_wg": 2}),  # FA4's shape (docs/decisions.md)
     (192, {"dkv_by_keys": True, "num_consumer_wg": 2, "dkv_early": True}),
 ])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
@@ -679,8 +679,8 @@ def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
         assert torch.equal(a, b)
 
 
-# hdim 256 splits S / dP by GEMM (sdp_by_gemm, dispatched since session 14) except under softcap,
-# which keeps the split by keys: that kernel without softcap too, as the dispatch before session 14
+# hdim 256 splits S / dP by GEMM (sdp_by_gemm, dispatched) except under softcap,
+# which keeps the split by keys: that kernel without softcap too, as formerly dispatched
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window", [
     (2, 300, 517, 4, 2, False, (-1, -1)), (1, 1000, 1000, 3, 1, True, (-1, -1)),
     (1, 700, 700, 2, 2, False, (100, 20)), (1, 1, 17, 2, 2, False, (-1, -1))])

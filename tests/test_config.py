@@ -132,7 +132,7 @@ def test_backward_configs_fit(hdim, mask):
         lse_d = (cfg.num_stages + cfg.num_do_stages) * cfg.tile_m * 4
         assert cfg.smem_bytes() >= kv + q_do + p_ds + lse_d
         # hdim 256 at FA3's 64 x 80 with one dO stage (dQ in two chunks); 192 at 64 x 96, 2 stages,
-        # 2 warpgroups; dQ by TMA reduce-adds through one smem part, one P / dS pair (session 10)
+        # 2 warpgroups; dQ by TMA reduce-adds through one smem part, one P / dS pair
         expected = {256: (80, 1, 2, 2), 192: (96, 2, 1, 2)}[hdim]
         assert (cfg.tile_n, cfg.num_do_stages, cfg.num_dq_chunks, cfg.num_consumer_wg) == expected
         assert cfg.num_stages == 2 and cfg.ds_stages == 1 and cfg.dq_tma and cfg.dq_slots == 1
@@ -231,14 +231,14 @@ def test_narrow_tile_only_where_the_wide_one_pads():
 # dynamic smem bytes, dQ chunks). Each compiles spill-free with the WGMMAs asynchronous
 # (tests/test_bwd_compile.py::test_backward_wide_variants_compile).
 WIDE_CANDIDATES = [
-    (256, {}, 223040, 2, 1),  # dispatched until session 10: tile_n 80, one dO stage, two P / dS pairs
+    (256, {}, 223040, 2, 1),  # formerly dispatched: tile_n 80, one dO stage, two P / dS pairs
     (256, {"ds_stages": 1}, 202560, 2, 1),
     (256, {"tile_n": 64, "do_stages": 0}, 215120, 1, 2),
     (256, {"tile_n": 64}, 182080, 1, 1),
     (256, {"tile_n": 48, "do_stages": 0}, 194640, 1, 2),
     (256, {"tile_n": 48}, 161600, 1, 1),
     (256, {"tile_n": 64, "do_stages": 0, "dq_chunks": 2}, 215120, 2, 2),
-    (192, {}, 223312, 1, 2),  # dispatched until session 10: two P / dS buffer pairs
+    (192, {}, 223312, 1, 2),  # formerly dispatched: two P / dS buffer pairs
     (192, {"ds_stages": 1}, 198736, 1, 2),
     (192, {"do_stages": 1}, 173888, 1, 1),
     (192, {"tile_n": 48}, 149584, 1, 2),
@@ -276,7 +276,7 @@ def test_do_stages_default_follows_num_stages():
 
 @pytest.mark.parametrize("mask", MASKS)
 def test_backward_80_rows_config(mask):
-    # hdim 128 at FA3 / FA4's 80 query rows (dispatched since session 6): dQ computed transposed, the
+    # hdim 128 at FA3 / FA4's 80 query rows (dispatched): dQ computed transposed, the
     # 208-register accumulator exception, LSE / D stages 128-byte aligned for their TMA
     cfg = config.bwd_config("bf16", 128, **mask)
     assert cfg == config.bwd_config("bf16", 128, tile_m=80, **mask)
@@ -361,7 +361,7 @@ def test_forward_wg_epilogue_dispatch():
 
 def test_wide_backward_two_pds_buffers_fit():
     # hdim 192 / 256 with two P / dS buffer pairs (BwdConfig.ds_stages=2, hopper/bwd_wide.py), dQ by
-    # atomics (dispatched in sessions 7-9)
+    # atomics (formerly dispatched)
     for hdim in config.BWD_WIDE:
         base = config.BWD_WIDE_ATOMICS[hdim]
         one = config.bwd_config("bf16", hdim, **{**base, "ds_stages": 1})
@@ -374,8 +374,8 @@ def test_wide_backward_two_pds_buffers_fit():
 
 
 def test_wide_backward_dq_slot_dispatch_fits():
-    # the dispatch since session 10: one fp32 dQ part (tile_m x hdim / (warpgroups x chunks)) in the
-    # smem of the second P / dS pair; at 256 since session 15 a ring of three half-part boxes (not
+    # the dispatch: one fp32 dQ part (tile_m x hdim / (warpgroups x chunks)) in the
+    # smem of the second P / dS pair; at 256 a ring of three half-part boxes (not
     # under a local window, which keeps the part whole)
     for hdim, part in ((192, 64 * 96 * 4), (256, 64 * 64 * 4)):
         for mask in MASKS:
@@ -473,7 +473,7 @@ def test_backward_lpt_is_refused_with_deterministic():
 
 
 def test_backward_pre_zero_dq_is_dispatched_everywhere():
-    # timed on the H200 in session 8 (docs/benchmarks.md): no fill kernel before the backward
+    # timed on the H200 in (docs/decisions.md): no fill kernel before the backward
     for hdim in config.BWD_HDIMS:
         for causal in (False, True):
             assert config.bwd_config("bf16", hdim, causal=causal).pre_zero_dq
@@ -507,7 +507,7 @@ def test_register_pool_is_what_setmaxnreg_can_move():
 
 def test_backward_lpt_per_call_only_where_timed():
     # causal, hdim 128 from 2k to 8k tokens and hdim 256 from 1k to 2k (config._BWD_LPT_CAUSAL): +2..+5%
-    # on the H200 (sessions 8 and 16)
+    # on the H200
     lpt = config.bwd_lpt
     assert lpt(128, 2048, 2048, True, False) and lpt(128, 8192, 8192, True, False)
     assert lpt(128, 100, 3000, True, False)
@@ -534,7 +534,7 @@ def test_q_ring_budget():
 
 
 def test_o_v_stages_dispatched_at_hdim256_on_the_persistent_grid():
-    # session 19: +0.6..+3.3% without a mask (512-8k); masks on one CTA per tile keep O in Q's buffer
+    # +0.6..+3.3% without a mask (512-8k); masks on one CTA per tile keep O in Q's buffer
     for dtype, softcap in itertools.product(("bf16", "fp16"), (False, True)):
         cfg = config.fwd_config(dtype, 256, softcap=softcap)
         assert cfg.persistent and cfg.o_in_v and cfg.o_v_stages and cfg.o_in_q_buffer is False

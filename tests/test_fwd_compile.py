@@ -98,7 +98,7 @@ def test_forward_hdim64_short_qring_compiles(dtype, mask):
     _check_forward(dtype, 64, MASKS[mask], tile_m=cfg.tile_m, num_consumer_wg=cfg.num_consumer_wg,
                    q_stages=2, num_stages=3)
 
-# FA4's step schedule (docs/notes/fa4-schedule.md): K released and P @ V waited for right after the
+# FA4's step schedule (docs/decisions.md): K released and P @ V waited for right after the
 # row max, the row-scale exp2 first, stage-first descriptors, 4 row-max chains; every hdim, as the
 # GPU tests run it through FH_TEST_FWD_OVERRIDES
 FA4_SCHEDULE = {"late_k_release": False, "row_sum_scaled_first": True, "desc_stage_first": True,
@@ -111,7 +111,7 @@ def test_forward_fa4_schedule_compiles(hdim, mask):
     _check_forward("bf16", hdim, MASKS[mask], **FA4_SCHEDULE)
 
 
-# the diagnostics: the timeline (FwdConfig.trace, scripts/fwd_trace.py: clock stamps and stores in the
+# the diagnostics: the timeline (FwdConfig.trace: clock stamps and stores in the
 # step, none behind a branch) and the softmax-free step (gemm_only, with or without elementwise FFMA /
 # EX2 passes in the softmax's place), alone and together: the WGMMAs
 # stay asynchronous and nothing spills
@@ -164,7 +164,7 @@ def test_forward_rescale_switch_flipped_compiles(hdim, mask):
 
 
 # per-warpgroup epilogue with the ping-pong token carried across tiles (FwdConfig.wg_epilogue,
-# dispatched since session 6) against the shared epilogue: every hdim (3 consumer warpgroups at
+# dispatched) against the shared epilogue: every hdim (3 consumer warpgroups at
 # hdim 64; O staged in Q's buffer at 192 / 256), the serial step, no ping-pong; same WGMMA
 # structure, one O store per 64-column box of each warpgroup's part
 @pytest.mark.parametrize(("dtype", "hdim", "mask", "fields"), [
@@ -273,7 +273,7 @@ def _commit_groups(causal=False, local=False, softcap=False):
 @pytest.mark.parametrize("tile_n", [144, 160, 176])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_forward_wide_key_tiles(dtype, tile_n):
-    """hdim 128 with the key-block widths scripts/tune_fwd.py times (FA3 runs 128 x 176): P has
+    """hdim 128 with the key-block widths a config sweep times (FA3 runs 128 x 176): P has
     72-88 elements per thread, whose conversion must not leave 16-bit halves to be packed in
     front of each P @ V WGMMA (ptxas then waits on every one of them)."""
     report = inspect_kernel("fwd", dtype=dtype, hdim=128, tile_n=tile_n)

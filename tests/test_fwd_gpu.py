@@ -255,7 +255,7 @@ def test_dynamic_scheduler_counter_reset(d, causal, cap, persistent, monkeypatch
     (torch.bfloat16, True, (-1, -1)), (torch.bfloat16, False, (100, 20)),
 ])
 def test_wide_key_tiles(tile_n, dtype, causal, window, monkeypatch):
-    """hdim 128 with the key-block widths `scripts/tune_fwd.py tiles` times (not dispatched): P of
+    """hdim 128 with the key-block widths a config sweep times (not dispatched): P of
     80 / 88 elements per thread, ragged key ends, O staged in Q's buffer at 176."""
     from flashhopper.hopper import runtime
 

@@ -84,7 +84,7 @@ def run_ablation(dtype: str = "bf16", seqlen: int = SEQLEN, hdim: int = HDIM, de
     `causal` picks the modes (both by default; one halves the run, whose time is mostly the
     compiles of each configuration). `rounds` > 1 times every configuration that many times, the
     configurations taking turns, and keeps the median: single rows moved 4-6% between runs on the
-    H200 (docs/benchmarks.md, session 7), more than most switches are worth.
+    H200 (docs/decisions.md), more than most switches are worth.
 
     `attn` defaults to flash_attn_func and `overrides` to runtime.config_overrides; tests pass
     stand-ins so that the table logic runs without a GPU or the CuTe DSL.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-# docs/benchmarks.md (issue 4): geomean >= 1.05, no point below 0.95; hdim 128 non-causal 16k
+# docs/results.md: geomean >= 1.05, no point below 0.95; hdim 128 non-causal 16k
 # at >= 0.9 of the bf16 matmul rate measured in the same run.
 GEOMEAN_TARGET = 1.05
 MIN_RATIO_TARGET = 0.95

@@ -11,7 +11,7 @@ the warp reads whole rows contiguously), and a butterfly shuffle within the grou
 Every load of the CTA's rows is issued before the first product, so each thread has
 ROWS_PER_CTA / rows_per_pass x 2 vectors in flight. (The first version, a warp per row with
 2-byte loads and one row at a time, took 76 us at hdim 64 and 50 us at hdim 128:
-scripts/bwd_parts.py, docs/benchmarks.md.) O and dO are the main kernel's TMA operands, so they
+docs/decisions.md.) O and dO are the main kernel's TMA operands, so they
 are 16-byte aligned with 16-byte row strides here too.
 """
 

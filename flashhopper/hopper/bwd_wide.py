@@ -48,16 +48,16 @@ warpgroup's second warp adds every part with a TMA reduce-add (hopper/bwd.py's d
 The whole tile fits only beside FA4's smaller tiles; with dq_slots=1 only one part lives in smem and
 the writer lends it to the warpgroups in part order, which fits the dispatched tiles with one P / dS
 pair, and with dq_rows_interleaved the stores into it are free of bank conflicts. That combination is
-dispatched at 192 and 256 (sessions 10-11: +10..+20%, then +4..+10%, docs/benchmarks.md); at 256 the
-slot also goes round in two column halves (dq_slot_halves, session 12: +1..+2%), since session 15 through
+dispatched at 192 and 256 (+10..+20%, then +4..+10%, docs/decisions.md); at 256 the
+slot also goes round in two column halves (dq_slot_halves, +1..+2%) through
 a ring of three half-size boxes (dq_slot_ring: +1..+4%); the atomics kernel
-stays reachable as config.BWD_WIDE_ATOMICS. docs/notes/bwd-hdim256-smem.md has the step's
+stays reachable as config.BWD_WIDE_ATOMICS. docs/decisions.md has the step's
 shared-memory budget.
 
 At hdim 256 without softcap the step's S and dP are split by GEMM (sdp_by_gemm, dispatched in
-session 14: +0.8% on the grid, +1.8% per MHz): S on warpgroup 0, dP and dS on warpgroup 1, each over
++0.8% on the grid, +1.8% per MHz): S on warpgroup 0, dP and dS on warpgroup 1, each over
 all keys; then dV^T / dK^T / dQ split by head dim as above. Two other splits tried with it
-(dq_slot_per_wg, wg_roles) did not beat it and were removed (docs/notes/bwd-hdim256-smem.md).
+(dq_slot_per_wg, wg_roles) did not beat it and were removed (docs/decisions.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ needed by both: each CTA loads half of the tile's rows and multicasts that half 
 With an odd number of query blocks the second CTA of the last pair gets block num_m_blocks: its Q
 load is out of bounds (TMA fills zeros), its O store and LSE writes fall outside the tensor (TMA
 clips the store, the LSE write is guarded), but it takes part in every load and barrier.
-(docs/notes/fwd-cluster.md)
+(docs/decisions.md)
 """
 
 from __future__ import annotations

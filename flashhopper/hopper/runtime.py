@@ -172,7 +172,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
 
         if lse is None or lse.untyped_storage().nbytes() < 4 * trace_words():
             raise ValueError(f"FwdConfig.trace needs lse= a view of a buffer of {trace_words()} int32 "
-                             "(scripts/fwd_trace.py)")
+                             "(the timeline stamps)")
     fn = get_kernel(cfg)
     if out is None:
         out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
