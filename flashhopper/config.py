@@ -164,22 +164,6 @@ class FwdConfig(_KernelConfig):
     # Off: K is released right after the QK^T wait, as before (kept to time the two against
     # each other).
     late_k_release: bool = True
-    # WGMMA B descriptors: slice the smem stage first and then the k-blocks (FA4/quack's
-    # gemm_w_idx), so the per-k descriptors are one 64-bit add of a constant to a per-stage base
-    # (UIADD3.64) instead of being rebuilt from (k, stage) with 32-bit ops and a carry. SASS only:
-    # hdim 128 steady-state step 497 -> ~455 instructions (uniform ops 83 -> ~40), same math.
-    desc_stage_first: bool = False
-    # Row max over a thread's columns with this many independent fmax chains (FA4: 4) instead of
-    # one serial chain of tile_n / 4 - 1 dependent FMNMX; the result is identical.
-    row_max_chains: int = 1
-    # With intra_wg_overlap and not rescale_o_before_pv: convert P to the P @ V operand before
-    # rescaling O at the end of the step (FA4's order) instead of after.
-    cvt_before_rescale: bool = False
-    # Start each row's block sum from the rescaled running sum (FA4's order: row_sum * scale +
-    # p0 + p1 + ...) instead of adding it last (row_sum * scale + (p0 + p1 + ...)). The row
-    # scale's exp2 is then needed at the start of the sum chain, so ptxas issues it right after
-    # the row max instead of last, and O's rescale can run between the exp2s once P @ V is done.
-    row_sum_scaled_first: bool = False
     # Each consumer warpgroup writes and stores its own 64 rows of O (own named barrier, own TMA
     # store) instead of all consumers meeting at one epilogue barrier, and the ping-pong token is
     # primed once per CTA and carried from tile to tile instead of being primed and taken back per
@@ -218,18 +202,6 @@ class FwdConfig(_KernelConfig):
     # (with one, the next Q waits for this tile's last QK^T, and a tile of 1-4 key blocks has little
     # time left to hide that load under). Needs O's own smem tile (O is otherwise staged in Q's).
     q_stages: int = 1
-    # Timeline experiment (not for use): each consumer warp's first tile writes SM clock stamps at 8
-    # points of every step into the LSE buffer's memory (the LSE itself is not stored; the caller
-    # passes an LSE view of a large int32 buffer).
-    trace: bool = False
-    # Diagnostic (wrong results): no softmax in the overlapped steps, P is S converted as it is, so a
-    # timing shows the rate of the loads and GEMMs alone.
-    gemm_only: bool = False
-    # With gemm_only (diagnostic, wrong results): in place of the softmax, this many passes of one FFMA
-    # over every S element, then this many of one MUFU.EX2, elementwise with no reduction, to time which
-    # part of the softmax's cost is its instruction mix and which its dependency chain.
-    diag_ffma_passes: int = 0
-    diag_ex2_passes: int = 0
     # Lazy row max, in the mask-free overlapped steps: P = exp2((S - m) * scale) with the running max m
     # left as it is, so the step has no row max, shuffles, row-scale exp2 or O rescale (P may exceed 1;
     # 16-bit P has the range). A warp any of whose rows has a block sum above 2^LAZY_MAX_LOG2 (or no
@@ -270,14 +242,13 @@ class FwdConfig(_KernelConfig):
     def lazy_max_active(self) -> bool:
         """lazy_max in effect: the overlapped step without softcap or rescale_o_before_pv (its steps leave
         O unscaled), at hdim <= 128 with two consumer warpgroups and at most 128 keys a block (three
-        warpgroups: at most 64 keys), not with a cluster or O in V's ring, and not in the gemm_only
-        diagnostic. Elsewhere S, O and two P operands do not fit the registers: hdim 192 / 256, the
-        cluster, O in V and 144+ keys spill; hdim 64's 192-row tile spills at 96 keys and serializes
-        its WGMMAs at 112 / 128."""
+        warpgroups: at most 64 keys), not with a cluster or O in V's ring. Elsewhere S, O and two P
+        operands do not fit the registers: hdim 192 / 256, the cluster, O in V and 144+ keys spill;
+        hdim 64's 192-row tile spills at 96 keys and serializes its WGMMAs at 112 / 128."""
         keys = self.tile_n <= (128 if self.num_consumer_wg == 2 else 64)
         return (self.lazy_max and self.intra_wg_overlap and not self.softcap and not self.rescale_o_before_pv
                 and self.hdim_v <= 128 and self.num_consumer_wg <= 3 and keys
-                and self.cluster_m == 1 and not self.o_in_v_ring and not self.gemm_only)
+                and self.cluster_m == 1 and not self.o_in_v_ring)
 
     @property
     def o_in_v_ring(self) -> bool:
@@ -334,9 +305,6 @@ class FwdConfig(_KernelConfig):
                                  f"{self.num_stages} x {self.tile_n} rows")
         if self.o_v_stages and not self.o_in_v:
             raise ValueError("o_v_stages needs o_in_v (it says where in V's ring O is staged)")
-        if (self.diag_ffma_passes or self.diag_ex2_passes) and not self.gemm_only:
-            raise ValueError("diag_ffma_passes / diag_ex2_passes take the place of the softmax: they need "
-                             "gemm_only")
         if self.q_stages > 1 and self.o_in_q_buffer:
             raise ValueError("q_stages 2 needs O's own smem tile (o_in_q off and room for it) or O in "
                              "V's ring (o_in_v): O is otherwise staged in Q's buffer")

@@ -77,7 +77,6 @@ def test_unsupported_hdim_is_refused():
         ({"hdim": 256, "tile_n": 160, "num_stages": 1}, "accumulators need"),
         ({"dtype": "fp8"}, "dtype"),
         ({"num_consumer_wg": 4, "tile_m": 256}, "num_consumer_wg"),
-        ({"diag_ffma_passes": 2}, "need gemm_only"),
     ],
 )
 def test_invalid_configs_name_the_budget(fields, budget):

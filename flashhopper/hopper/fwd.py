@@ -40,17 +40,6 @@ _BAR_PINGPONG = 2
 # FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
 _BAR_EPILOGUE_WG = 5
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
-# FwdConfig.trace: stamps per step, steps per traced warp, and the slot that untraced tiles write
-_TRACE_EVENTS = 8
-_TRACE_STEPS = 128
-_TRACE_JUNK = 4096
-
-
-def trace_words() -> int:
-    """int32 words a traced launch may write from the LSE's base (every slot and the junk one)."""
-    return (_TRACE_JUNK + 1) * _TRACE_STEPS * _TRACE_EVENTS
-
-
 
 @dsl_user_op
 def _opaque(x: Int32, *, loc=None, ip=None) -> Int32:
@@ -644,15 +633,7 @@ class FlashFwdSm90:
                     tOrP_alt)
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
         issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
-        trace = None
-        if cutlass.const_expr(self.cfg.trace):
-            buf = cute.make_tensor(cute.recast_ptr(mLSE.iterator, dtype=Int32),
-                                   cute.make_layout(trace_words()))
-            slot = Int32(_TRACE_JUNK)
-            if q_state.count == 0 and cute.arch.block_idx()[0] < _TRACE_JUNK // (4 * self.num_consumer_wg):
-                slot = (cute.arch.block_idx()[0] * self.num_consumer_wg + wg) * 4 + (tidx % 128) // 32
-            trace = (buf, slot * (_TRACE_STEPS * _TRACE_EVENTS), n_max)
-        loop = partial(self.mainloop, trace=trace, lazy=lazy, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
+        loop = partial(self.mainloop, lazy=lazy, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
                        issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
                        acc_O_rc=acc_O_rc, tOrP=tOrP,
                        row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
@@ -734,14 +715,13 @@ class FlashFwdSm90:
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
-                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], trace=None,
-                 lazy=None):
+                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
         if cutlass.const_expr(idle):
             step = partial(self.step_idle, pipe_k=pipe_k, pipe_v=pipe_v, wg=wg)
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
-            step = partial(self.step_overlap, trace=trace, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
+            step = partial(self.step_overlap, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
                            issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
                            acc_O_rc=acc_O_rc, tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
         else:
@@ -872,15 +852,9 @@ class FlashFwdSm90:
         # a fresh atom per call: its ACCUMULATE field is mutated while tracing
         atom = cute.make_mma_atom(tiled_mma.op)
         atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        if cutlass.const_expr(self.cfg.desc_stage_first):
-            tCrB_stage = tCrB[None, None, None, stage]
-            for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(atom, acc, tCrA[None, None, k], tCrB_stage[None, None, k], acc)
-                atom.set(warpgroup.Field.ACCUMULATE, True)
-        else:
-            for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k, stage], acc)
-                atom.set(warpgroup.Field.ACCUMULATE, True)
+        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k, stage], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
 
     @cute.jit
@@ -895,14 +869,12 @@ class FlashFwdSm90:
             M.apply_mask(acc_S_rc, coord_rc, coord0_rc, m_block, n_block, seqlen_q, seqlen_k,
                          window_left, window_right, self.tile_m, self.tile_n, self.has_left,
                          self.has_right, mask_seqlen)
-        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
-                              max_chains=self.cfg.row_max_chains,
-                              sum_scaled_first=self.cfg.row_sum_scaled_first)
+        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, trace=None, lazy=None,
+                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, lazy=None,
                      p_cur=None, p_next=None):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
@@ -911,25 +883,18 @@ class FlashFwdSm90:
         holds block n+1's scale, the previous step waited for its P @ V), otherwise at the end of
         the previous step (the peeled first block's scale is 1 and O is 0).
         """
-        stamp = partial(self.stamp, trace, n_block)
-        stamp(0)
         pipe_k.consumer_wait(k_state)
-        stamp(1)
         self.pingpong_sync(wg)
-        stamp(2)
         issue_qk(k_state.index)
         if cutlass.const_expr(self.cfg.rescale_o_before_pv):
             S.rescale_rows(acc_O_rc, row_scale)
         pipe_v.consumer_wait(v_state)
-        stamp(3)
         if cutlass.const_expr(p_cur is not None):
             lazy[3](tCrA=p_cur, stage=v_state.index)
         else:
             issue_pv(v_state.index)
         self.pingpong_arrive(wg)
-        stamp(4)
         warpgroup.wait_group(1)
-        stamp(5)
         if cutlass.const_expr(not self.cfg.late_k_release):
             pipe_k.consumer_release(k_state)
         # FwdConfig.lazy_max: mask-free steps only (a masked step may leave a row without a max)
@@ -937,11 +902,8 @@ class FlashFwdSm90:
         need_exact = None
         if cutlass.const_expr(lazy_step):
             need_exact = lazy[0](p_next=p_next)
-        elif cutlass.const_expr(not self.cfg.gemm_only):
-            to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         else:
-            self.diag_work(acc_S)
-        stamp(6)
+            to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         # K(n) is released here, after the softmax and through a condition on the new row sums
         # that always holds: ptxas keeps an mbarrier arrive ahead of a later wgmma.wait_group, but
         # otherwise hoists the P @ V wait (WARPGROUP.DEPBAR) to where its latency model expects the
@@ -950,15 +912,12 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.late_k_release):
             self.release_after(pipe_k, k_state, row_sum, lazy[2] if lazy_step else None)
         warpgroup.wait_group(0)
-        stamp(7)
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(lazy_step):
             lazy[1](need_exact=need_exact, p_next=p_next)
-        elif cutlass.const_expr(self.cfg.cvt_before_rescale):
-            acc_to_operand_a(acc_S, tOrP)
-        if cutlass.const_expr(not self.cfg.rescale_o_before_pv and not lazy_step):
-            S.rescale_rows(acc_O_rc, row_scale)
-        if cutlass.const_expr(not self.cfg.cvt_before_rescale and not lazy_step):
+        else:
+            if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
+                S.rescale_rows(acc_O_rc, row_scale)
             acc_to_operand_a(acc_S, tOrP)
 
     @cute.jit
@@ -994,28 +953,6 @@ class FlashFwdSm90:
         else:
             for r in cutlass.range_constexpr(cute.size(row_sum)):
                 row_sum[r] = row_sum[r] + block_sum[r]
-
-    @cute.jit
-    def diag_work(self, acc_S):
-        """FwdConfig.diag_ffma_passes / diag_ex2_passes (with gemm_only): elementwise FFMA, then
-        MUFU.EX2, passes over S, the softmax's two main instruction kinds without its reductions.
-        Each pass has its own constants, so no two fold into one."""
-        for p in cutlass.range_constexpr(self.cfg.diag_ffma_passes):
-            for j in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[j] = acc_S[j] * Float32(1.0 - 2.0 ** -(p + 8)) + Float32(2.0 ** -(p + 10))
-        for _ in cutlass.range_constexpr(self.cfg.diag_ex2_passes):
-            for j in cutlass.range_constexpr(cute.size(acc_S)):
-                acc_S[j] = cute.math.exp2(acc_S[j], fastmath=True)
-
-    @cute.jit
-    def stamp(self, trace, n_block, event: cutlass.Constexpr[int]):
-        """FwdConfig.trace: the SM clock into this warp's slot for step n_max - 1 - n_block (no
-        branch: an untraced tile writes the junk slot, so no runtime branch sits between a WGMMA
-        issue and its wait)."""
-        if cutlass.const_expr(trace is not None):
-            buf, base, n_max = trace
-            step = cutlass.min(n_max - 1 - n_block, _TRACE_STEPS - 1)
-            buf[base + step * _TRACE_EVENTS + event] = cute.arch.clock()
 
     @cute.jit
     def release_after(self, pipe, state, row_sum, block_sum=None):
@@ -1091,8 +1028,8 @@ class FlashFwdSm90:
     @cute.jit
     def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                  m_block, head, batch, seqlen_q, signal_o=None, before_smem=None):
-        # LSE: the thread holding column 0 of a row writes it (not when its memory holds a trace)
-        if coord_rc[0, 0][1] == 0 and not self.cfg.trace:
+        # LSE: the thread holding column 0 of a row writes it
+        if coord_rc[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * self.tile_m + coord_rc[r, 0][0]
                 if row < seqlen_q:

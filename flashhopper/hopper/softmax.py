@@ -30,18 +30,13 @@ def quad_allreduce_sum(x: Float32) -> Float32:
     return x + cute.arch.shuffle_sync_bfly(x, offset=1)
 
 
-def row_block_max(acc_S_rc: cute.Tensor, r: int, num_cols: int, chains: int) -> Float32:
-    """Max of row r's columns: `chains` independent fmax chains (columns c, c + chains, ...), then
-    a tree over the chains. One chain is the plain serial reduction; the value is the same.
-    Plain Python, unrolled while tracing (called from the jitted softmax step)."""
-    n = min(chains, num_cols)
-    part = [acc_S_rc[r, c] for c in range(n)]
-    for c in range(n, num_cols):
-        part[c % n] = cute.arch.fmax(part[c % n], acc_S_rc[r, c])
-    while len(part) > 1:
-        part = [cute.arch.fmax(part[i], part[i + 1]) if i + 1 < len(part) else part[i]
-                for i in range(0, len(part), 2)]
-    return part[0]
+def row_block_max(acc_S_rc: cute.Tensor, r: int, num_cols: int) -> Float32:
+    """Max of row r's columns, one serial fmax chain. Plain Python, unrolled while tracing (called
+    from the jitted softmax step)."""
+    block_max = acc_S_rc[r, 0]
+    for c in range(1, num_cols):
+        block_max = cute.arch.fmax(block_max, acc_S_rc[r, c])
+    return block_max
 
 
 @cute.jit
@@ -52,8 +47,6 @@ def online_softmax_step(
     row_scale: cute.Tensor,
     scale_log2: Float32,
     is_first: cutlass.Constexpr[bool],
-    max_chains: cutlass.Constexpr[int] = 1,
-    sum_scaled_first: cutlass.Constexpr[bool] = False,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
 
@@ -64,7 +57,7 @@ def online_softmax_step(
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
     for r in cutlass.range_constexpr(num_rows):
-        block_max = row_block_max(acc_S_rc, r, num_cols, max_chains)
+        block_max = row_block_max(acc_S_rc, r, num_cols)
         block_max = quad_allreduce_max(block_max)
         new_max = block_max
         if cutlass.const_expr(not is_first):
@@ -78,13 +71,11 @@ def online_softmax_step(
             row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
         row_max[r] = new_max
         block_sum = Float32(0.0)
-        if cutlass.const_expr(sum_scaled_first and not is_first):
-            block_sum = row_sum[r] * row_scale[r]
         for c in cutlass.range_constexpr(num_cols):
             p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
             acc_S_rc[r, c] = p
             block_sum += p
-        if cutlass.const_expr(is_first or sum_scaled_first):
+        if cutlass.const_expr(is_first):
             row_sum[r] = block_sum
         else:
             row_sum[r] = row_sum[r] * row_scale[r] + block_sum
