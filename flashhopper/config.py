@@ -7,7 +7,6 @@ dispatch fits the hardware before any kernel is compiled.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
@@ -38,76 +37,6 @@ def register_pool(num_warpgroups: int) -> int:
     dQ-cast build with 32 producer registers next to 240 hung so on the H200, earlier)."""
     threads = WARPGROUP_THREADS * num_warpgroups
     return min(REGS_PER_SM // threads // 8 * 8, 248) * threads
-
-
-# (tile_m, tile_n) per hdim; tile_m / 64 consumer warpgroups: the fastest measured (docs/decisions.md)
-_TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
-# causal / local masks: the same tiles, as in FA3 (hdim 64 at 192 rows: +10% at 8k)
-_TILES_CAUSAL = dict(_TILES)
-# a local window keeps hdim 64 at 128 rows (192 rows ran 15-20% slower on masked edge blocks)
-_TILES_LOCAL = {**_TILES_CAUSAL, 64: (128, 128)}
-# causal only: narrower query tiles where the wide one pads the query length (decisions.md)
-_TILES_NARROW = {64: (128, 128)}
-# how much more padding (ratio of padded query rows) the wide tile may cost before the narrow one
-# is taken: 2048 queries pad 3% at 192 rows and that tile was still the faster
-_NARROW_PAD_RATIO = 1.06
-
-
-def fwd_narrow_tile(hdim: int, seqlen_q: int, causal: bool) -> bool:
-    """Whether a causal forward takes _TILES_NARROW for this query length (the wide tile pads)."""
-    if not causal or hdim not in _TILES_NARROW or seqlen_q <= 0:
-        return False
-    wide, narrow = _TILES_CAUSAL[hdim][0], _TILES_NARROW[hdim][0]
-    padded = lambda rows: -(-seqlen_q // rows) * rows  # noqa: E731
-    return padded(wide) > _NARROW_PAD_RATIO * padded(narrow)
-
-
-# hdim 256 stages each warpgroup's O in a V stage of its own on persistent grids (+0.6..+9.5%)
-_O_V_STAGES = {"o_in_v": True, "o_v_stages": True}
-_FWD_O_V_STAGES = {256}
-# FwdConfig.lazy_max at hdim 96 (no mask) / 128: +9..+13% (hdim 64's tile has no registers for it)
-_FWD_LAZY_MAX = {128: True, 96: False}
-
-# causal hdim 192 / 256 on short sequences: (longest length, overrides) brackets (+1..+24%)
-_SHORT_CAUSAL = {256: ((512, {"tile_n": 64, "persistent": True, "dynamic_sched": True, **_O_V_STAGES}),
-                       (1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES})),
-                 192: ((1024, {"persistent": True, "dynamic_sched": True, **_O_V_STAGES}),)}
-
-
-# hdim 192 without a mask up to 512: O in V's stages (+7.5 / +8.7% at 512)
-_SHORT_NOMASK = {192: ((512, _O_V_STAGES),)}
-
-
-def _short_bracket(brackets: dict, hdim: int, seqlen_q: int, seqlen_k: int) -> int:
-    """1 + the index of the first of hdim's (longest length, overrides) brackets that holds both
-    lengths, or 0 (none)."""
-    longest = max(seqlen_q, seqlen_k)
-    if longest <= 0:
-        return 0
-    for i, (limit, _) in enumerate(brackets.get(hdim, ())):
-        if longest <= limit:
-            return i + 1
-    return 0
-
-
-def fwd_short_nomask(hdim: int, seqlen_q: int, seqlen_k: int, masked: bool) -> int:
-    """Which _SHORT_NOMASK bracket a forward without a mask (`masked`: causal or a window) takes, or 0."""
-    return 0 if masked else _short_bracket(_SHORT_NOMASK, hdim, seqlen_q, seqlen_k)
-
-
-def fwd_short_causal(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool) -> int:
-    """Which _SHORT_CAUSAL bracket a causal forward takes, or 0."""
-    return _short_bracket(_SHORT_CAUSAL, hdim, seqlen_q, seqlen_k) if causal else 0
-
-
-# hdim 64 up to 1024, no window: a Q ring of two and a third K / V stage (+2..+9%)
-_SHORT_QRING = {64: {"q_stages": 2, "num_stages": 3}}
-_SHORT_QRING_MAX = 1024
-
-
-def fwd_short_qring(hdim: int, seqlen_q: int, seqlen_k: int, local: bool) -> bool:
-    """Whether a forward takes _SHORT_QRING (both lengths at most _SHORT_QRING_MAX, no window)."""
-    return not local and hdim in _SHORT_QRING and 0 < max(seqlen_q, seqlen_k) <= _SHORT_QRING_MAX
 
 
 @dataclass(frozen=True)
@@ -335,55 +264,6 @@ class FwdConfig(_KernelConfig):
         # each CTA loads tile_n / 2 rows of K and V: whole 8-row swizzle atoms since tile_n % 16 == 0
 
 
-def _fwd_persistent(hdim: int, masked: bool) -> bool:
-    """Persistent grid with the dynamic (atomic) tile scheduler, or one CTA per tile.
-
-    Measured with a config sweep (docs/decisions.md): persistent + dynamic wins
-    where launch and prologue costs weigh (short sequences: +14..+31% at 512-1k, hdim 64/128) and
-    is even or a little ahead on long ones; at hdim 256 causal the one-CTA-per-tile grid is 2%
-    faster (fewer, longer tiles already fill the last wave), so large masked head dims keep it.
-    """
-    return not (masked and hdim >= 192)
-
-
-# per-warpgroup epilogue with the ping-pong token carried across tiles: +0.6..+8.6%
-_FWD_WG_EPILOGUE = True
-# warpgroups whose rows all lie past seqlen_q skip their work: up to +11.8% on short queries
-_FWD_SKIP_IDLE_WG = True
-
-
-@functools.cache
-def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False, narrow: bool = False, short: int = 0,
-               qring: bool = False) -> FwdConfig:
-    """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
-    causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: short
-    sequences, the bracket `fwd_short_causal` (causal) or `fwd_short_nomask` (no mask) returns (True:
-    the first); `qring`: short sequences without a window (`fwd_short_qring`)."""
-    if hdim not in _TILES:
-        raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
-    tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
-    if narrow and causal and not local and hdim in _TILES_NARROW:
-        tile_m, tile_n = _TILES_NARROW[hdim]
-    sched = _fwd_persistent(hdim, causal or local)
-    cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    tile_m=tile_m, tile_n=tile_n, num_consumer_wg=tile_m // 64,
-                    persistent=sched, dynamic_sched=sched, rescale_o_before_pv=hdim > 128,
-                    wg_epilogue=_FWD_WG_EPILOGUE and not (softcap and causal and tile_m == 192),
-                    skip_idle_wg=_FWD_SKIP_IDLE_WG)
-    if hdim in _FWD_O_V_STAGES and cfg.persistent:
-        cfg = dataclasses.replace(cfg, **_O_V_STAGES)
-    brackets = (_SHORT_CAUSAL if causal else _SHORT_NOMASK).get(hdim)
-    if short and not local and brackets:
-        cfg = dataclasses.replace(cfg, **brackets[int(short) - 1][1])
-    if qring and not local and hdim in _SHORT_QRING:
-        cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
-    if hdim in _FWD_LAZY_MAX and not softcap and (_FWD_LAZY_MAX[hdim] or not (causal or local)):
-        cfg = dataclasses.replace(cfg, lazy_max=True)
-    cfg.check()
-    return cfg
-
-
 def fwd_grid(cfg: FwdConfig, seqlen_q: int, num_pairs: int, max_ctas: int | None) -> int:
     """CTAs to launch: one per tile, or at most `max_ctas` (persistent). With cluster_m = 2 a tile
     is a pair of query blocks (an odd count rounds up: the last pair's second CTA computes a block
@@ -401,14 +281,6 @@ def fwd_grid(cfg: FwdConfig, seqlen_q: int, num_pairs: int, max_ctas: int | None
 # hdim 96 keeps K in SW32 so dQ's 48 columns per warpgroup are whole swizzle atoms
 # (hopper/bwd_layout.py).
 BWD_HDIMS = (64, 96, 128, 192, 256)
-# hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
-# would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
-# each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):
-# 32 keys of S and dP per warpgroup at 192; FA3's 80 keys (40 per warpgroup) at 256. Other tile_n
-# (64; 48 as in FA4) and dO ring depths compile clean as overrides (docs/design.md).
-BWD_WIDE = {192: (96, 3), 256: (80, 2)}
-# dO ring depth per wide hdim (absent: the Q ring's): hdim 256 with one, +13..+20%
-_BWD_WIDE_DO_STAGES = {256: 1}
 # kv_split "hdim": registers per consumer thread beyond the fp32 accumulators (BwdConfig.
 # _check_hdim_split). 32 is what hdim 256 at tile_n 64 leaves (128 + 64 of 240; SASS tops out at R223);
 # at tile_n 80 a whole 64-register dQ tile next to 160 of dK^T + dV^T made ptxas spill and
@@ -802,67 +674,6 @@ class BwdConfig(_KernelConfig):
                              f"{self.consumer_regs} consumer registers")
 
 
-# query rows per backward step (kv_split "keys"): 128 at hdim 64 as in FA3, 80 at hdim 128
-_BWD_TILE_M: dict[int, int] = {64: 128, 128: 80}
-# dS^T smem buffers per hdim: two where the smem is there (+0.4..+3%)
-_BWD_DS_STAGES: dict[int, int] = {64: 2, 96: 2, 192: 2, 256: 2}
-# the wide kernel's dQ by TMA reduce-adds through one smem part, rows interleaved, at 256 in a
-# ring of half boxes: +10..+20%, then +4..+10%, +1..+2%, +1..+4% (docs/decisions.md)
-_BWD_WIDE_SWITCHES: dict[int, dict] = {
-    192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_tma": True, "dq_slots": 1,
-          "dq_rows_interleaved": True},
-    256: {"ds_stages": 1, "dq_tma": True, "dq_slots": 1, "dq_rows_interleaved": True, "dq_slot_halves": True,
-          "dq_slot_ring": 3},
-}
-# The wide kernel as dispatched before that (dQ by atomics, two P / dS pairs; 192 as 3 warpgroups of
-# 64 head-dim rows): the base its earlier candidates were measured on, kept for the tests and scripts
-BWD_WIDE_ATOMICS: dict[int, dict] = {
-    192: {"num_consumer_wg": 3, "dkv_by_keys": False, "ds_stages": 2, "dq_tma": False, "dq_slots": 0,
-          "dq_rows_interleaved": False},
-    256: {"ds_stages": 2, "dq_tma": False, "dq_slots": 0, "dq_rows_interleaved": False,
-          "dq_slot_halves": False, "sdp_by_gemm": False},
-}
-# hdim 256 (not softcap): S and dP split by GEMM between the warpgroups, geomean +0.8%
-_BWD_SDP_BY_GEMM = frozenset({256})
-# operand and step choices per hdim of the keys kernel, each measured up (docs/decisions.md)
-_BWD_KEYS_SWITCHES: dict[int, dict] = {64: {"dq_by_rows": True, "dk_rs": True, "dq_per_wg": True,
-                                            "dq_rows_interleaved": True},
-                                       96: {"dq_per_wg": True, "dk_rs": True, "scale_in_ds": True},
-                                       128: {"dq_per_wg": True, "dk_rs": True, "mask_runs": True,
-                                             "scale_in_ds": True}}
-# the preprocess clears the dQ accumulator: one launch fewer, +0.0..+1.6%
-_BWD_PRE_ZERO_DQ = True
-# added to _BWD_KEYS_SWITCHES with no causal / local mask, and with one
-_BWD_KEYS_UNMASKED: dict[int, dict] = {64: {"ds_then_dv": True}}
-_BWD_KEYS_MASKED: dict[int, dict] = {64: {"mask_runs": True}, 96: {"mask_runs": True}}
-
-
-# longest-first launch per call: hdim 128 causal 2k-8k, hdim 256 causal 1k-2k (+2..+5%)
-_BWD_LPT_CAUSAL = {128: (2048, 8192), 256: (1024, 2048)}
-
-
-def bwd_lpt(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic: bool) -> bool:
-    """Whether a backward call launches longest first (_BWD_LPT_CAUSAL; never deterministic,
-    whose dQ order fixes the launch order)."""
-    lo, hi = _BWD_LPT_CAUSAL.get(hdim, (1, 0))
-    return causal and not deterministic and lo <= max(seqlen_q, seqlen_k) <= hi
-
-
-# hdim 128 causal up to 1k: 64-row steps with interleaved dQ rows (+2.6..+5%; not softcap)
-_BWD_SHORT_CAUSAL = {128: (1024, {"tile_m": 64, "dq_rows_interleaved": True})}
-
-
-def bwd_per_call(hdim: int, seqlen_q: int, seqlen_k: int, causal: bool, deterministic: bool,
-                 softcap: bool = False) -> dict:
-    """BwdConfig fields chosen per call from the sequence lengths (bwd_lpt, _BWD_SHORT_CAUSAL);
-    only where timed: deterministic mode keeps the per-hdim config."""
-    fields = {"lpt": True} if bwd_lpt(hdim, seqlen_q, seqlen_k, causal, deterministic) else {}
-    longest, short = _BWD_SHORT_CAUSAL.get(hdim, (0, {}))
-    if causal and not deterministic and not softcap and max(seqlen_q, seqlen_k) <= longest:
-        fields.update(short)
-    return fields
-
-
 def parse_overrides(text: str) -> dict:
     """Config fields from the command line / environment: 'tile_n=80,do_stages=1' ->
     {'tile_n': 80, 'do_stages': 1}; 'dq_by_rows=True' -> {'dq_by_rows': True} (true / false in any
@@ -874,32 +685,6 @@ def parse_overrides(text: str) -> dict:
         key, value = (x.strip() for x in item.split("=", 1))
         fields[key] = value.lower() == "true" if value.lower() in ("true", "false") else int(value)
     return fields
-
-
-@functools.cache  # on every backward call; BwdConfig is frozen
-def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-               softcap: bool = False, deterministic: bool = False, **overrides) -> BwdConfig:
-    wide = {}
-    if hdim in BWD_WIDE:
-        wide = dict(zip(("tile_n", "num_consumer_wg"), BWD_WIDE[hdim], strict=True), kv_split="hdim",
-                    do_stages=_BWD_WIDE_DO_STAGES.get(hdim, 0), **_BWD_WIDE_SWITCHES.get(hdim, {}))
-        # the slot's halves spilled 16 bytes under a local window before sdp_by_gemm (not with it:
-        # earlier, cases passed) and were never timed there
-        if local:
-            wide.update(dq_slot_halves=False, dq_slot_ring=0)
-        if hdim in _BWD_SDP_BY_GEMM and not softcap:
-            wide["sdp_by_gemm"] = True
-    cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
-                    deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
-                    tile_m=_BWD_TILE_M.get(hdim, 64),
-                    **{"ds_stages": _BWD_DS_STAGES.get(hdim, 1), **wide}, **_BWD_KEYS_SWITCHES.get(hdim, {}),
-                    **(_BWD_KEYS_MASKED if causal or local else _BWD_KEYS_UNMASKED).get(hdim, {}))
-    return bwd_with_overrides(cfg, **overrides) if overrides else _checked(cfg)
-
-
-def _checked(cfg: BwdConfig) -> BwdConfig:
-    cfg.check()
-    return cfg
 
 
 def bwd_with_overrides(cfg: BwdConfig, **overrides) -> BwdConfig:

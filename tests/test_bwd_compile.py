@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from flashhopper import config
+from flashhopper import plan
 from flashhopper.compile import inspect_kernel
-from flashhopper.config import BWD_HDIMS, BWD_WIDE, BWD_WIDE_ATOMICS, SMEM_CAPACITY, BwdPreConfig, bwd_config
+from flashhopper.config import BWD_HDIMS, SMEM_CAPACITY, BwdPreConfig
+from flashhopper.plan import BWD_WIDE, BWD_WIDE_ATOMICS, bwd_config
 
 MASKS = {"none": {}, "causal": {"causal": True}, "local": {"local": True}, "softcap": {"softcap": True}}
 KEYS_HDIMS = tuple(d for d in BWD_HDIMS if d not in BWD_WIDE)  # hopper/bwd.py (64 keys per warpgroup)
@@ -231,8 +232,8 @@ def test_backward_80_rows_variants_compile(fields, mask):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_backward_short_causal_64_rows_compiles(dtype):
     # what runtime.backward dispatches at hdim 128 under a causal mask up to 1k tokens
-    # (config.bwd_per_call): 64 query rows with hdim 128's switches (dk_rs, dq_per_wg, mask_runs, ...)
-    fields = config.bwd_per_call(128, 1024, 1024, True, False)
+    # (plan.bwd_per_call): 64 query rows with hdim 128's switches (dk_rs, dq_per_wg, mask_runs, ...)
+    fields = plan.bwd_per_call(128, 1024, 1024, True, False)
     assert fields == {"tile_m": 64, "dq_rows_interleaved": True}
     cfg = bwd_config(dtype, 128, causal=True, **fields)
     assert not cfg.dq_transposed and cfg.dk_rs and cfg.mask_runs and cfg.scale_in_ds
@@ -420,7 +421,7 @@ def _check_wide_report(report, cfg, mask):
 @pytest.mark.parametrize("hdim", [192, 256])
 def test_backward_wide_hdim_compiles_without_spills(hdim, dtype, mask):
     # dK/dV split by head dim (hopper/bwd_wide.py): 3 consumer warpgroups at 192, 2 at 256
-    from flashhopper.config import bwd_config
+    from flashhopper.plan import bwd_config
 
     cfg = bwd_config(dtype, hdim, **MASKS[mask])
     assert cfg.kv_split == "hdim"

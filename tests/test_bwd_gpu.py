@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
 
-from flashhopper import config, flash_attn_func  # noqa: E402
+from flashhopper import flash_attn_func, plan  # noqa: E402
 from flashhopper.hopper import runtime  # noqa: E402
 
 DEV = "cuda"
@@ -160,7 +160,7 @@ def test_backward_dq_per_wg(d, fields, dtype, b, sq, sk, hq, hk, causal, window,
     (96, {"scale_in_ds": True}, _BF16),
     (128, {"scale_in_ds": False}, _BF16), (128, {"scale_in_ds": False}, _FP16),  # on by default there
     (128, {"scale_in_ds": True, "tile_m": 64}, _BF16), (192, {"scale_in_ds": True}, _BF16),
-    (256, {"scale_in_ds": True}, _BF16), (256, {"scale_in_ds": True, **config.BWD_WIDE_ATOMICS[256]}, _FP16)])
+    (256, {"scale_in_ds": True}, _BF16), (256, {"scale_in_ds": True, **plan.BWD_WIDE_ATOMICS[256]}, _FP16)])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _SWITCH_CASES)
 def test_backward_scale_in_ds(d, fields, dtype, b, sq, sk, hq, hk, causal, window, softcap):
     """The softmax scale carried by dS (BwdConfig.scale_in_ds: D * scale from the preprocess, no
@@ -303,7 +303,7 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 
 # the wide kernel with dQ by atomics, as formerly dispatched (the candidate tiles below were
 # chosen against it; dQ by TMA reduce-adds through one smem part is dispatched since)
-WIDE_ATOMICS = config.BWD_WIDE_ATOMICS
+WIDE_ATOMICS = plan.BWD_WIDE_ATOMICS
 
 
 @pytest.mark.parametrize(("d", "fields"), [
@@ -329,9 +329,9 @@ def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, so
 @pytest.mark.parametrize("b,sq,sk,hq,hk", [(1, 512, 512, 2, 2), (2, 300, 517, 4, 2), (2, 1024, 1000, 4, 1),
                                           (1, 17, 1024, 2, 2), (1, 1, 1, 2, 2), (2, 80, 80, 2, 1)])
 def test_backward_short_causal_dispatch(dtype, b, sq, sk, hq, hk):
-    """hdim 128 causal up to 1k tokens runs 64-row steps (config.bwd_per_call), not the 80 of longer
+    """hdim 128 causal up to 1k tokens runs 64-row steps (plan.bwd_per_call), not the 80 of longer
     sequences: the dispatched path itself, with ragged ends and GQA."""
-    assert config.bwd_per_call(128, sq, sk, True, False) == {"tile_m": 64, "dq_rows_interleaved": True}
+    assert plan.bwd_per_call(128, sq, sk, True, False) == {"tile_m": 64, "dq_rows_interleaved": True}
     run_case(b, sq, sk, hq, hk, 128, dtype=dtype, causal=True)
 
 
@@ -339,9 +339,9 @@ def test_backward_short_causal_dispatch(dtype, b, sq, sk, hq, hk):
                                               (256, 1, 1100, 2048, 2, 2), (128, 1, 5000, 5000, 2, 1),
                                               (128, 1, 4097, 8192, 2, 2)])
 def test_backward_lpt_causal_dispatch(d, b, sq, sk, hq, hk):
-    """Causal hdim 256 at 1k-2k tokens and hdim 128 at 2k-8k launch longest first (config.bwd_per_call):
+    """Causal hdim 256 at 1k-2k tokens and hdim 128 at 2k-8k launch longest first (plan.bwd_per_call):
     the dispatched path itself, with ragged ends, GQA and seqlen_q != seqlen_k."""
-    assert config.bwd_per_call(d, sq, sk, True, False) == {"lpt": True}
+    assert plan.bwd_per_call(d, sq, sk, True, False) == {"lpt": True}
     run_case(b, sq, sk, hq, hk, d, causal=True)
 
 

@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from flashhopper import config
+from flashhopper import config, plan
 from flashhopper.bench.ablation import ablation_switches
 from flashhopper.config import (
     DTYPES,
@@ -14,9 +14,9 @@ from flashhopper.config import (
     SUPPORTED_HDIMS,
     WARPGROUP_THREADS,
     FwdConfig,
-    fwd_config,
     fwd_grid,
 )
+from flashhopper.plan import fwd_config
 
 # causal and local are never both set: the runtime folds a causal window into `local`
 MASKS = (
@@ -95,7 +95,7 @@ def test_register_split_over_the_register_file(monkeypatch):
     with pytest.raises(ValueError, match=r"register split 32/240 needs 65536 > 64512 registers"):
         FwdConfig(dtype="bf16", hdim=64).check()
     with pytest.raises(ValueError, match=r"register split 32/240 needs 65536 > 64512 registers"):
-        config.bwd_config.__wrapped__("bf16", 128)  # not the cached config of an earlier test
+        plan.bwd_config.__wrapped__("bf16", 128)  # not the cached config of an earlier test
 
 
 def test_mask_kind_matches_the_reference_semantics():
@@ -113,12 +113,12 @@ def test_mask_kind_matches_the_reference_semantics():
 @pytest.mark.parametrize("hdim", config.BWD_HDIMS)
 @pytest.mark.parametrize("mask", MASKS)
 def test_backward_configs_fit(hdim, mask):
-    cfg = config.bwd_config("bf16", hdim, **mask)
+    cfg = plan.bwd_config("bf16", hdim, **mask)
     cfg.check()
     assert cfg.smem_bytes() <= SMEM_CAPACITY
     regs = WARPGROUP_THREADS * (cfg.producer_regs + cfg.consumer_regs * cfg.num_consumer_wg)
     assert regs <= config.register_pool(1 + cfg.num_consumer_wg) <= REGS_PER_SM
-    if hdim in config.BWD_WIDE:
+    if hdim in plan.BWD_WIDE:
         # head-dim split: whole 64-row WGMMA M tiles per warpgroup, P and dS tiles in smem
         assert cfg.kv_split == "hdim"
         # whole 64-row WGMMA M tiles per warpgroup: head-dim rows, or keys (hdim 192, FA4's split)
@@ -200,7 +200,7 @@ def test_invalid_backward_configs_name_the_budget(fields, budget):
 def test_hdim64_consumer_warpgroups_per_mask(dtype, mask):
     # 192 x 128 as in FA3 without a mask and causal (it compiles without spills since the mask
     # compares compile-time columns; tests/test_fwd_compile.py checks the spills); 128 x 128 with a
-    # local window and for short causal query lengths (measured, config._TILES_LOCAL / _TILES_NARROW)
+    # local window and for short causal query lengths (measured, plan._TILES_LOCAL / _TILES_NARROW)
     cfg = fwd_config(dtype, 64, **mask)
     wide = not mask.get("local")
     assert (cfg.tile_m, cfg.tile_n, cfg.num_consumer_wg) == ((192, 128, 3) if wide else (128, 128, 2))
@@ -214,16 +214,16 @@ def test_hdim64_consumer_warpgroups_per_mask(dtype, mask):
 def test_narrow_tile_only_where_the_wide_one_pads():
     # causal: 192 query rows pad 512 / 1024 queries by 12.5% (measured 13-14% slower than 128 rows
     # there); at 1536 / 2048 they pad 0-3% and were faster. Never without a mask.
-    narrow = {s for s in range(1, 20000) if config.fwd_narrow_tile(64, s, causal=True)}
+    narrow = {s for s in range(1, 20000) if plan.fwd_narrow_tile(64, s, causal=True)}
     assert {1, 17, 128, 512, 1000, 1024} <= narrow
     assert not {192, 1536, 2048, 4096, 4097, 8192, 16384} & narrow
     for s in (384, 768, 1152, 4032):  # multiples of 192 never pad
         assert s not in narrow
-    assert not any(config.fwd_narrow_tile(64, s, causal=False) for s in range(1, 5000))
-    assert not any(config.fwd_narrow_tile(hdim, 512, causal=True) for hdim in (96, 128, 192, 256))
+    assert not any(plan.fwd_narrow_tile(64, s, causal=False) for s in range(1, 5000))
+    assert not any(plan.fwd_narrow_tile(hdim, 512, causal=True) for hdim in (96, 128, 192, 256))
     for s in range(1, 5000, 7):
         wide, thin = -(-s // 192) * 192, -(-s // 128) * 128
-        assert config.fwd_narrow_tile(64, s, causal=True) == (wide > 1.06 * thin)
+        assert plan.fwd_narrow_tile(64, s, causal=True) == (wide > 1.06 * thin)
 
 
 # the wide-kernel candidates for GPU timing (docs/design.md "hdim 192 and 256"): (hdim, fields,
@@ -249,8 +249,8 @@ WIDE_CANDIDATES = [
 def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, do_stages, mask):
     # the candidates as measured then (dQ by atomics), with one P / dS buffer pair unless the row
     # says otherwise
-    base = config.BWD_WIDE_ATOMICS[hdim]
-    cfg = config.bwd_config("bf16", hdim, **mask, **({**base, "ds_stages": 1, **fields} if fields else base))
+    base = plan.BWD_WIDE_ATOMICS[hdim]
+    cfg = plan.bwd_config("bf16", hdim, **mask, **({**base, "ds_stages": 1, **fields} if fields else base))
     assert cfg.kv_split == "hdim" and cfg.smem_bytes() == smem <= SMEM_CAPACITY
     assert cfg.num_dq_chunks == chunks
     assert cfg.num_do_stages == do_stages
@@ -267,7 +267,7 @@ def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, do_stages, mas
 
 
 def test_do_stages_default_follows_num_stages():
-    cfg = config.bwd_config("bf16", 192)
+    cfg = plan.bwd_config("bf16", 192)
     assert cfg.do_stages == 0 and cfg.num_do_stages == cfg.num_stages == 2
     one = dataclasses.replace(cfg, num_stages=1)
     assert one.num_do_stages == 1 and one.smem_bytes() < cfg.smem_bytes()
@@ -277,8 +277,8 @@ def test_do_stages_default_follows_num_stages():
 def test_backward_80_rows_config(mask):
     # hdim 128 at FA3 / FA4's 80 query rows (dispatched): dQ computed transposed, the
     # 208-register accumulator exception, LSE / D stages 128-byte aligned for their TMA
-    cfg = config.bwd_config("bf16", 128, **mask)
-    assert cfg == config.bwd_config("bf16", 128, tile_m=80, **mask)
+    cfg = plan.bwd_config("bf16", 128, **mask)
+    assert cfg == plan.bwd_config("bf16", 128, tile_m=80, **mask)
     assert cfg.dq_transposed and cfg.ds_before_dv and not cfg.dq_by_rows
     assert cfg.tile_m + cfg.hdim == 208 and cfg.row_stride == 96
     stages = cfg.num_stages + cfg.num_do_stages
@@ -286,7 +286,7 @@ def test_backward_80_rows_config(mask):
     assert cfg.smem_bytes() == 1024 + kv + q_do + stages * 96 * 4 + ds + dq + 8 * (2 + 2 * stages)
     assert dataclasses.replace(cfg, ds_stages=2).smem_bytes() <= SMEM_CAPACITY
     # whole 32-row multiples keep their rows unpadded
-    assert all(config.bwd_config("bf16", d).row_stride == config.bwd_config("bf16", d).tile_m
+    assert all(plan.bwd_config("bf16", d).row_stride == plan.bwd_config("bf16", d).tile_m
                for d in config.BWD_HDIMS if d != 128)
 
 
@@ -353,23 +353,23 @@ def test_forward_wg_epilogue_dispatch():
     # the per-warpgroup epilogue everywhere but hdim 64's 192-row causal tile with softcap (spills)
     for hdim in SUPPORTED_HDIMS:
         for causal, local, softcap in itertools.product((False, True), (False, True), (False, True)):
-            cfg = config.fwd_config("bf16", hdim, causal=causal, local=local, softcap=softcap)
+            cfg = plan.fwd_config("bf16", hdim, causal=causal, local=local, softcap=softcap)
             assert cfg.wg_epilogue == (not (softcap and causal and cfg.tile_m == 192))
-    assert not config.fwd_config("bf16", 64, causal=True, softcap=True).wg_epilogue
+    assert not plan.fwd_config("bf16", 64, causal=True, softcap=True).wg_epilogue
 
 
 def test_wide_backward_two_pds_buffers_fit():
     # hdim 192 / 256 with two P / dS buffer pairs (BwdConfig.ds_stages=2, hopper/bwd_wide.py), dQ by
     # atomics (formerly dispatched)
-    for hdim in config.BWD_WIDE:
-        base = config.BWD_WIDE_ATOMICS[hdim]
-        one = config.bwd_config("bf16", hdim, **{**base, "ds_stages": 1})
-        two = config.bwd_config("bf16", hdim, **base)
+    for hdim in plan.BWD_WIDE:
+        base = plan.BWD_WIDE_ATOMICS[hdim]
+        one = plan.bwd_config("bf16", hdim, **{**base, "ds_stages": 1})
+        two = plan.bwd_config("bf16", hdim, **base)
         assert two.ds_stages == 2
         assert two.smem_bytes() - one.smem_bytes() == 2 * one.tile_m * one.tile_n * 2
         assert two.smem_bytes() <= SMEM_CAPACITY
     with pytest.raises(ValueError, match="ds_stages 3"):
-        config.bwd_config("bf16", 256, ds_stages=3)
+        plan.bwd_config("bf16", 256, ds_stages=3)
 
 
 def test_wide_backward_dq_slot_dispatch_fits():
@@ -378,8 +378,8 @@ def test_wide_backward_dq_slot_dispatch_fits():
     # under a local window, which keeps the part whole)
     for hdim, part in ((192, 64 * 96 * 4), (256, 64 * 64 * 4)):
         for mask in MASKS:
-            cfg = config.bwd_config("bf16", hdim, **mask)
-            plain = config.bwd_config("bf16", hdim, **mask, dq_tma=False, dq_slots=0)
+            cfg = plan.bwd_config("bf16", hdim, **mask)
+            plain = plan.bwd_config("bf16", hdim, **mask, dq_tma=False, dq_slots=0)
             ring = part // 2 * 3 if cfg.dq_slot_ring else part
             assert cfg.dq_slot_ring == (3 if hdim == 256 and not mask.get("local") else 0)
             assert cfg.smem_bytes() - plain.smem_bytes() == ring
@@ -391,55 +391,55 @@ def test_wide_backward_dq_slot_dispatch_fits():
 
 def test_short_causal_hdim256_only_up_to_1024():
     # hdim 256 causal with queries and keys <= 512: 64-key tiles, persistent + dynamic scheduler
-    # (measured +11 / +13% at 512, even or lower from 1024: config._SHORT_CAUSAL); <= 1024: the
+    # (measured +11 / +13% at 512, even or lower from 1024: plan._SHORT_CAUSAL); <= 1024: the
     # persistent grid (+4.5% at 1k, -4.6% at 2k); O in V's stages in both
-    short = config.fwd_short_causal
+    short = plan.fwd_short_causal
     assert short(256, 512, 512, True) == short(256, 1, 1, True) == short(256, 17, 500, True) == 1
     assert short(256, 513, 512, True) == short(256, 512, 513, True) == short(256, 1024, 1024, True) == 2
     assert not short(256, 1025, 1024, True) and not short(256, 1, 1025, True)
     assert not short(256, 512, 512, False) and not short(256, 0, 0, True)
     assert not any(short(hdim, 512, 512, True) for hdim in (64, 96, 128))
     for dtype, softcap in itertools.product(("bf16", "fp16"), (False, True)):
-        cfg = config.fwd_config(dtype, 256, causal=True, softcap=softcap, short=True)
-        mid = config.fwd_config(dtype, 256, causal=True, softcap=softcap, short=2)
-        base = config.fwd_config(dtype, 256, causal=True, softcap=softcap)
+        cfg = plan.fwd_config(dtype, 256, causal=True, softcap=softcap, short=True)
+        mid = plan.fwd_config(dtype, 256, causal=True, softcap=softcap, short=2)
+        base = plan.fwd_config(dtype, 256, causal=True, softcap=softcap)
         assert (cfg.tile_n, cfg.persistent, cfg.dynamic_sched, cfg.o_v_stages) == (64, True, True, True)
         assert (mid.tile_n, mid.persistent, mid.dynamic_sched, mid.o_v_stages) == (80, True, True, True)
         assert (base.tile_n, base.persistent, base.dynamic_sched, base.o_in_v) == (80, False, False, False)
         assert cfg.smem_bytes() <= SMEM_CAPACITY and mid.smem_bytes() <= SMEM_CAPACITY
     # a local window keeps its own dispatch; no mask ignores `short`
-    local = config.fwd_config("bf16", 256, local=True)
-    assert config.fwd_config("bf16", 256, local=True, short=True) == local
-    assert config.fwd_config("bf16", 256, short=True) == config.fwd_config("bf16", 256)
+    local = plan.fwd_config("bf16", 256, local=True)
+    assert plan.fwd_config("bf16", 256, local=True, short=True) == local
+    assert plan.fwd_config("bf16", 256, short=True) == plan.fwd_config("bf16", 256)
 
 
 def test_short_causal_hdim192_only_up_to_1024():
     # hdim 192 causal with queries and keys <= 1024: the persistent grid with O in V's stages
-    # (config._SHORT_CAUSAL: +23.5% at 512, +9.4% at 1k, -6.5% at 2k over one CTA per tile)
-    short = config.fwd_short_causal
+    # (plan._SHORT_CAUSAL: +23.5% at 512, +9.4% at 1k, -6.5% at 2k over one CTA per tile)
+    short = plan.fwd_short_causal
     assert short(192, 1024, 1024, True) == short(192, 1, 1, True) == short(192, 17, 1000, True) == 1
     assert not short(192, 1025, 1024, True) and not short(192, 1, 1025, True)
     assert not short(192, 512, 512, False)
     for dtype, softcap in itertools.product(("bf16", "fp16"), (False, True)):
-        cfg = config.fwd_config(dtype, 192, causal=True, softcap=softcap, short=1)
-        base = config.fwd_config(dtype, 192, causal=True, softcap=softcap)
+        cfg = plan.fwd_config(dtype, 192, causal=True, softcap=softcap, short=1)
+        base = plan.fwd_config(dtype, 192, causal=True, softcap=softcap)
         assert (cfg.tile_n, cfg.persistent, cfg.dynamic_sched, cfg.o_v_stages) == (112, True, True, True)
         assert cfg.o_per_stage and cfg.smem_bytes() <= SMEM_CAPACITY
         assert (base.persistent, base.o_in_v) == (False, False)
-    assert config.fwd_config("bf16", 192, local=True, short=1) == config.fwd_config("bf16", 192, local=True)
+    assert plan.fwd_config("bf16", 192, local=True, short=1) == plan.fwd_config("bf16", 192, local=True)
 
 
 def test_short_nomask_hdim192_only_up_to_512():
-    # hdim 192 without a mask, queries and keys <= 512: O in V's stages (config._SHORT_NOMASK: +7.5 /
+    # hdim 192 without a mask, queries and keys <= 512: O in V's stages (plan._SHORT_NOMASK: +7.5 /
     # +8.7% at 512, -2.4 / -2.6% at 1k); nowhere else, and never under a mask
-    short = config.fwd_short_nomask
+    short = plan.fwd_short_nomask
     assert short(192, 512, 512, False) and short(192, 1, 1, False) and short(192, 17, 500, False)
     assert not short(192, 513, 512, False) and not short(192, 512, 513, False)
     assert not short(192, 512, 512, True) and not short(192, 0, 0, False)
     assert not any(short(hdim, 512, 512, False) for hdim in (64, 96, 128, 256))
     for dtype, softcap in itertools.product(("bf16", "fp16"), (False, True)):
-        cfg = config.fwd_config(dtype, 192, softcap=softcap, short=True)
-        base = config.fwd_config(dtype, 192, softcap=softcap)
+        cfg = plan.fwd_config(dtype, 192, softcap=softcap, short=True)
+        base = plan.fwd_config(dtype, 192, softcap=softcap)
         assert (cfg.persistent, cfg.o_v_stages, cfg.o_per_stage) == (True, True, True)
         assert dataclasses.replace(cfg, o_in_v=False, o_v_stages=False) == base
         assert cfg.smem_bytes() <= SMEM_CAPACITY
@@ -447,46 +447,46 @@ def test_short_nomask_hdim192_only_up_to_512():
 
 def test_short_qring_hdim64_only_up_to_1024():
     # hdim 64 with queries and keys <= 1024 and no window: Q ring of two, three K / V stages
-    # (config._SHORT_QRING: +2..+9% at 512-1k, -1.3% at causal 8k)
-    ring = config.fwd_short_qring
+    # (plan._SHORT_QRING: +2..+9% at 512-1k, -1.3% at causal 8k)
+    ring = plan.fwd_short_qring
     assert ring(64, 1024, 1024, False) and ring(64, 1, 1, False) and ring(64, 17, 1000, False)
     assert not ring(64, 1025, 1024, False) and not ring(64, 1024, 1025, False)
     assert not ring(64, 512, 512, True)
     assert not any(ring(hdim, 512, 512, False) for hdim in (96, 128, 192, 256))
     for dtype, causal, softcap in itertools.product(("bf16", "fp16"), (False, True), (False, True)):
-        narrow = config.fwd_narrow_tile(64, 512, causal)
-        cfg = config.fwd_config(dtype, 64, causal=causal, softcap=softcap, narrow=narrow, qring=True)
-        base = config.fwd_config(dtype, 64, causal=causal, softcap=softcap, narrow=narrow)
+        narrow = plan.fwd_narrow_tile(64, 512, causal)
+        cfg = plan.fwd_config(dtype, 64, causal=causal, softcap=softcap, narrow=narrow, qring=True)
+        base = plan.fwd_config(dtype, 64, causal=causal, softcap=softcap, narrow=narrow)
         assert (cfg.q_stages, cfg.num_stages, cfg.tile_m) == (2, 3, base.tile_m)
         assert (base.q_stages, base.num_stages) == (1, 2)
         assert cfg.o_buffer and cfg.smem_bytes() <= SMEM_CAPACITY
     # a local window keeps its own dispatch
-    assert config.fwd_config("bf16", 64, local=True, qring=True) == config.fwd_config("bf16", 64, local=True)
+    assert plan.fwd_config("bf16", 64, local=True, qring=True) == plan.fwd_config("bf16", 64, local=True)
 
 def test_backward_lpt_is_refused_with_deterministic():
-    assert config.bwd_config("bf16", 128, causal=True, lpt=True).lpt
+    assert plan.bwd_config("bf16", 128, causal=True, lpt=True).lpt
     with pytest.raises(ValueError, match="lpt and deterministic"):
-        config.bwd_config("bf16", 128, causal=True, deterministic=True, lpt=True)
+        plan.bwd_config("bf16", 128, causal=True, deterministic=True, lpt=True)
     with pytest.raises(ValueError, match="lpt_l2_kib 0"):
-        config.bwd_config("bf16", 128, causal=True, lpt=True, lpt_l2_kib=0)
+        plan.bwd_config("bf16", 128, causal=True, lpt=True, lpt_l2_kib=0)
 
 
 def test_backward_pre_zero_dq_is_dispatched_everywhere():
     # timed on the H200 in (docs/decisions.md): no fill kernel before the backward
     for hdim in config.BWD_HDIMS:
         for causal in (False, True):
-            assert config.bwd_config("bf16", hdim, causal=causal).pre_zero_dq
-    assert not config.bwd_config("bf16", 128, causal=True, pre_zero_dq=False).pre_zero_dq
+            assert plan.bwd_config("bf16", hdim, causal=causal).pre_zero_dq
+    assert not plan.bwd_config("bf16", 128, causal=True, pre_zero_dq=False).pre_zero_dq
 
 
 def test_backward_per_call_fields_only_where_timed():
     # hdim 128 causal up to 1k tokens takes 64-row steps (+5.0% at 512 on the H200) with the dQ tile's
     # rows interleaved (+2.6 / +4.0% at 512 / 1k), 2k-8k lpt
-    per_call = config.bwd_per_call
+    per_call = plan.bwd_per_call
     short = {"tile_m": 64, "dq_rows_interleaved": True}
     assert per_call(128, 512, 512, True, False) == short
     assert per_call(128, 17, 1024, True, False) == short
-    assert config.bwd_config("bf16", 128, causal=True, **short).dq_rows_fit()
+    assert plan.bwd_config("bf16", 128, causal=True, **short).dq_rows_fit()
     assert per_call(128, 1025, 1025, True, False) == {}
     assert per_call(128, 2048, 2048, True, False) == {"lpt": True}
     assert per_call(128, 512, 512, False, False) == {}  # no mask: -1..-3% at 1k / 2k
@@ -505,9 +505,9 @@ def test_register_pool_is_what_setmaxnreg_can_move():
 
 
 def test_backward_lpt_per_call_only_where_timed():
-    # causal, hdim 128 from 2k to 8k tokens and hdim 256 from 1k to 2k (config._BWD_LPT_CAUSAL): +2..+5%
+    # causal, hdim 128 from 2k to 8k tokens and hdim 256 from 1k to 2k (plan._BWD_LPT_CAUSAL): +2..+5%
     # on the H200
-    lpt = config.bwd_lpt
+    lpt = plan.bwd_lpt
     assert lpt(128, 2048, 2048, True, False) and lpt(128, 8192, 8192, True, False)
     assert lpt(128, 100, 3000, True, False)
     assert not lpt(128, 2047, 2047, True, False) and not lpt(128, 8193, 8193, True, False)
@@ -516,7 +516,7 @@ def test_backward_lpt_per_call_only_where_timed():
     assert not lpt(128, 2048, 2048, False, False)  # no mask: -1..-3%
     assert not lpt(128, 2048, 2048, True, True)  # deterministic launches in its own order
     assert not any(lpt(hdim, 2048, 2048, True, False) for hdim in (64, 96, 192))
-    assert config.bwd_config("bf16", 128, causal=True, lpt=True).lpt
+    assert plan.bwd_config("bf16", 128, causal=True, lpt=True).lpt
 
 
 def test_q_ring_budget():
@@ -535,13 +535,13 @@ def test_q_ring_budget():
 def test_o_v_stages_dispatched_at_hdim256_on_the_persistent_grid():
     # +0.6..+3.3% without a mask (512-8k); masks on one CTA per tile keep O in Q's buffer
     for dtype, softcap in itertools.product(("bf16", "fp16"), (False, True)):
-        cfg = config.fwd_config(dtype, 256, softcap=softcap)
+        cfg = plan.fwd_config(dtype, 256, softcap=softcap)
         assert cfg.persistent and cfg.o_in_v and cfg.o_v_stages and cfg.o_in_q_buffer is False
     for mask in ({"causal": True}, {"local": True}):
-        cfg = config.fwd_config("bf16", 256, **mask)
+        cfg = plan.fwd_config("bf16", 256, **mask)
         assert not cfg.persistent and not cfg.o_in_v and cfg.o_in_q_buffer
-    assert not any(config.fwd_config("bf16", hdim).o_in_v for hdim in (64, 96, 128, 192))
-    assert config.fwd_config("bf16", 256).o_per_stage
+    assert not any(plan.fwd_config("bf16", hdim).o_in_v for hdim in (64, 96, 128, 192))
+    assert plan.fwd_config("bf16", 256).o_per_stage
     # without what a part per stage needs it falls back to one hand-off for all of sV (the ablation
     # turns wg_epilogue off on dispatched configs)
     on = {"o_in_v": True, "o_v_stages": True, "wg_epilogue": True}

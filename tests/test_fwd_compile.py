@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
-from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, FwdConfig, fwd_config
+from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, FwdConfig
+from flashhopper.plan import fwd_config
 
 _PERSISTENT = {"persistent": True, "dynamic_sched": True}
 MASKS = {
@@ -34,7 +35,7 @@ def test_forward_hdim64_mask_with_softcap_compiles(dtype, mask):
     _check_forward(dtype, 64, {**MASKS[mask], "softcap": True})
 
 
-# hdim 64 where 192 rows would pad the query length (config.fwd_narrow_tile): 128 x 128, 2 consumer
+# hdim 64 where 192 rows would pad the query length (plan.fwd_narrow_tile): 128 x 128, 2 consumer
 # warpgroups, every mask
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -42,7 +43,7 @@ def test_forward_hdim64_narrow_tile_compiles(dtype, mask):
     _check_forward(dtype, 64, MASKS[mask], tile_m=128, num_consumer_wg=2)
 
 
-# hdim 256 causal on short sequences (config.fwd_short_causal): 64-key tiles on the persistent grid
+# hdim 256 causal on short sequences (plan.fwd_short_causal): 64-key tiles on the persistent grid
 # up to 512, 80-key tiles on it up to 1024, O in V's stages in both
 @pytest.mark.parametrize("bracket", [1, 2])
 @pytest.mark.parametrize("softcap", [False, True])
@@ -88,7 +89,7 @@ def test_forward_o_v_stages_compiles(dtype, hdim, mask, fields):
     assert report["sass"]["HGMMA"] == default["HGMMA"] and report["sass"]["UTMASTG"] == default["UTMASTG"]
 
 
-# hdim 64 on short sequences (config.fwd_short_qring): a Q ring of two and three K / V stages, at
+# hdim 64 on short sequences (plan.fwd_short_qring): a Q ring of two and three K / V stages, at
 # both of hdim 64's query tiles (192 rows without a mask, 128 under a causal mask at 512 / 1k)
 @pytest.mark.parametrize("mask", ["none", "causal", "softcap"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -277,8 +278,8 @@ def test_mask_columns_are_thread0_columns_plus_one_offset():
     import cutlass.cute as cute
     import cutlass.utils.hopper_helpers as sm90_utils
 
-    from flashhopper.config import fwd_config
     from flashhopper.hopper import layout as L
+    from flashhopper.plan import fwd_config
 
     tiles = sorted({(cfg.num_consumer_wg, cfg.tile_n) for cfg in (
         fwd_config("bf16", hdim, causal=True) for hdim in SUPPORTED_HDIMS)})

@@ -12,6 +12,7 @@ import zlib
 import pytest
 import torch
 
+from flashhopper import plan
 from flashhopper.reference import attention_ref, visible_mask
 
 pytestmark = pytest.mark.gpu
@@ -291,15 +292,15 @@ def test_rescale_o_before_pv(d, causal, window, overlap, rescale_early, monkeypa
 def test_short_causal_hdim256(dtype, softcap, monkeypatch):
     """hdim 256 causal with both lengths <= 512 dispatches 64-key tiles on the persistent grid with
     the dynamic scheduler, <= 1024 the persistent grid, both with O in V's stages
-    (config.fwd_short_causal): ragged ends, more keys than queries and the other way round, one row,
+    (plan.fwd_short_causal): ragged ends, more keys than queries and the other way round, one row,
     and CTAs walking many tiles."""
-    from flashhopper import config
+    from flashhopper import plan
     from flashhopper.hopper import runtime
 
     cases = [(512, 512), (1, 1), (17, 17), (1, 512), (512, 1), (300, 500), (500, 300), (65, 129)]
     mid = [(1024, 1024), (513, 513), (1000, 600), (600, 1000), (1024, 1), (81, 1024)]
-    assert all(config.fwd_short_causal(256, sq, sk, True) == 1 for sq, sk in cases)
-    assert all(config.fwd_short_causal(256, sq, sk, True) == 2 for sq, sk in mid)
+    assert all(plan.fwd_short_causal(256, sq, sk, True) == 1 for sq, sk in cases)
+    assert all(plan.fwd_short_causal(256, sq, sk, True) == 2 for sq, sk in mid)
     for sq, sk in cases + mid:
         run_case(2, sq, sk, 4, 2, 256, dtype, causal=True, softcap=softcap)
     monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
@@ -311,14 +312,13 @@ def test_short_causal_hdim256(dtype, softcap, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_short_causal_hdim192(dtype, softcap, monkeypatch):
     """hdim 192 causal with both lengths <= 1024 dispatches the persistent grid with O in V's stages
-    (config.fwd_short_causal), with no override: ragged ends, more keys than queries and the other
+    (plan.fwd_short_causal), with no override: ragged ends, more keys than queries and the other
     way round, one row, 1-, 2- and 3-block tiles, and CTAs walking many tiles."""
-    from flashhopper import config
     from flashhopper.hopper import runtime
 
     cases = [(1024, 1024), (512, 512), (1, 1), (17, 17), (1, 1000), (1000, 1), (300, 700), (700, 300),
              (65, 129), (113, 224), (333, 200)]
-    assert all(config.fwd_short_causal(192, sq, sk, True) == 1 for sq, sk in cases)
+    assert all(plan.fwd_short_causal(192, sq, sk, True) == 1 for sq, sk in cases)
     for sq, sk in cases:
         run_case(2, sq, sk, 4, 2, 192, dtype, causal=True, softcap=softcap)
     monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
@@ -330,13 +330,12 @@ def test_short_causal_hdim192(dtype, softcap, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_short_nomask_hdim192(dtype, softcap, monkeypatch):
     """hdim 192 without a mask with both lengths <= 512 dispatches O in V's stages
-    (config.fwd_short_nomask), with no override: ragged ends, 1-, 2- and 3-block tiles, and CTAs
+    (plan.fwd_short_nomask), with no override: ragged ends, 1-, 2- and 3-block tiles, and CTAs
     walking many tiles."""
-    from flashhopper import config
     from flashhopper.hopper import runtime
 
     cases = [(512, 512), (1, 1), (17, 17), (1, 500), (500, 1), (300, 200), (65, 129), (113, 224), (129, 337)]
-    assert all(config.fwd_short_nomask(192, sq, sk, False) for sq, sk in cases)
+    assert all(plan.fwd_short_nomask(192, sq, sk, False) for sq, sk in cases)
     for sq, sk in cases:
         run_case(2, sq, sk, 4, 2, 192, dtype, softcap=softcap)
     monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
@@ -536,15 +535,14 @@ def test_o_in_v(d, dtype, causal, window, softcap, fields, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal,softcap", [(False, 0.0), (True, 0.0), (True, 5.0)])
 def test_short_qring_hdim64(dtype, causal, softcap, monkeypatch):
-    """The dispatched hdim 64 path for short sequences (config.fwd_short_qring: Q ring of two, three
+    """The dispatched hdim 64 path for short sequences (plan.fwd_short_qring: Q ring of two, three
     K / V stages), with no override: ragged ends, more keys than queries and the other way round,
     one row, then persistent CTAs walking many tiles."""
-    from flashhopper import config
     from flashhopper.hopper import runtime
 
     cases = [(1024, 1024), (512, 512), (1, 1), (17, 17), (1, 1000), (1000, 1), (300, 700), (700, 300),
              (65, 129)]
-    assert all(config.fwd_short_qring(64, sq, sk, False) for sq, sk in cases)
+    assert all(plan.fwd_short_qring(64, sq, sk, False) for sq, sk in cases)
     for sq, sk in cases:
         run_case(2, sq, sk, 4, 2, 64, dtype, causal=causal, softcap=softcap)
     monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles

@@ -41,11 +41,11 @@ def _tensors(b, sq, sk, hq, hk, d):
 
 def expected_fwd(d, b, sq, sk, hq, causal, window, softcap):
     causal_k, local, wl, wr = plan.mask_kind(causal, window)
-    cfg = config.fwd_config("bf16", d, causal=causal_k, local=local, softcap=softcap,
-                            narrow=config.fwd_narrow_tile(d, sq, causal_k and not local),
-                            short=(config.fwd_short_causal(d, sq, sk, not local) if causal_k
-                                   else config.fwd_short_nomask(d, sq, sk, local)),
-                            qring=config.fwd_short_qring(d, sq, sk, local))
+    cfg = plan.fwd_config("bf16", d, causal=causal_k, local=local, softcap=softcap,
+                            narrow=plan.fwd_narrow_tile(d, sq, causal_k and not local),
+                            short=(plan.fwd_short_causal(d, sq, sk, not local) if causal_k
+                                   else plan.fwd_short_nomask(d, sq, sk, local)),
+                            qring=plan.fwd_short_qring(d, sq, sk, local))
     grid = config.fwd_grid(cfg, sq, hq * b, 132 if cfg.persistent else None)
     section = runtime._l2_section(sk, cfg, hq * b) if cfg.causal or cfg.local else 1
     return cfg, (wl, wr, grid, section)
@@ -94,8 +94,8 @@ def test_backward_launches_the_dispatched_config(bwd_launches):
                         runtime.backward(q, k, v, q, q, lse, 0.1, causal, window, 0.0, deterministic)
                         cfg, args = bwd_launches.pop()
                         causal_k, local, wl, wr = plan.mask_kind(causal, window)
-                        fields = config.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
-                        assert cfg == config.bwd_config("bf16", d, causal=causal_k, local=local,
+                        fields = plan.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
+                        assert cfg == plan.bwd_config("bf16", d, causal=causal_k, local=local,
                                                         deterministic=deterministic, **fields)
                         assert args[-2:] == (wl, wr)
 

@@ -51,7 +51,7 @@ pair, and with dq_rows_interleaved the stores into it are free of bank conflicts
 dispatched at 192 and 256 (+10..+20%, then +4..+10%, docs/decisions.md); at 256 the
 slot also goes round in two column halves (dq_slot_halves, +1..+2%) through
 a ring of three half-size boxes (dq_slot_ring: +1..+4%); the atomics kernel
-stays reachable as config.BWD_WIDE_ATOMICS. docs/decisions.md has the step's
+stays reachable as plan.BWD_WIDE_ATOMICS. docs/decisions.md has the step's
 shared-memory budget.
 
 At hdim 256 without softcap the step's S and dP are split by GEMM (sdp_by_gemm, dispatched in

@@ -17,9 +17,10 @@ import torch
 
 from flashhopper import plan
 from flashhopper.artifact import CompiledArtifact
-from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, bwd_config, fwd_config, fwd_grid
+from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, fwd_grid
 from flashhopper.hopper import kernel_cache
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA, every_q_block_visited, softmax_constants
+from flashhopper.plan import bwd_config, fwd_config
 
 _TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
