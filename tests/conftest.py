@@ -53,6 +53,16 @@ def _seed():
 
 
 @pytest.fixture(autouse=True)
+def _poison_for_gpu_tests(request, monkeypatch):
+    """Every GPU test's outputs and workspaces start as NaN (runtime.poison)."""
+    if "gpu" in request.keywords:
+        from flashhopper.hopper import runtime  # no DSL import
+
+        monkeypatch.setattr(runtime, "poison", True)
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _env_config_overrides():
     """FH_TEST_FWD_OVERRIDES / FH_TEST_BWD_OVERRIDES run every test with those FwdConfig /
     BwdConfig fields replaced (e.g. to GPU-test a candidate default before it is made one)."""

@@ -6,33 +6,23 @@ exact result as a straightforward low-precision implementation (bf16 matmuls, fp
 
 import pytest
 import torch
+from accuracy import check_lse, check_output, emulate_forward
 
 from flashhopper import flash_attn_func
-from flashhopper.reference import attention_ref, expand_kv, visible_mask
+from flashhopper.reference import attention_ref
 
 pytestmark = pytest.mark.gpu
-
-
-def lowp_attention(q, k, v, causal=False, window_size=(-1, -1), softcap=0.0):
-    """Plain attention in the input precision: the yardstick for how much error bf16 costs."""
-    heads = q.shape[2]
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, expand_kv(k, heads), expand_kv(v, heads)))
-    s = (qt @ kt.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window_size, q.device), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return (p.to(q.dtype) @ vt).transpose(1, 2)
 
 
 def check(q, k, v, **kw):
     out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
     ref, ref_lse = attention_ref(q, k, v, **kw)
-    yard = (lowp_attention(q, k, v, **kw).double() - ref).abs().max().item()
-    err = (out.double() - ref).abs().max().item()
-    assert out.shape == q.shape and out.dtype == q.dtype and not out.isnan().any()
-    assert err <= 2 * yard + 1e-5, f"max error {err:.3e} vs low-precision yardstick {yard:.3e}"
-    torch.testing.assert_close(lse, ref_lse, atol=1e-3, rtol=1e-3)
+    scale = kw.get("softmax_scale") or q.shape[-1] ** -0.5
+    emu, emu_lse = emulate_forward(q, k, v, scale, kw.get("causal", False), kw.get("window_size", (-1, -1)),
+                                   kw.get("softcap", 0.0))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    check_output("out", out, ref, emu, kw.get("softcap", 0.0))
+    check_lse(lse, ref_lse, emu_lse, kw.get("softcap", 0.0))
 
 
 def rand(*shape, dtype=torch.bfloat16):
@@ -63,6 +53,14 @@ def test_forward_gqa_mqa(heads_k):
 def test_forward_sliding_window(window_size, causal):
     check(rand(1, 700, 4, 128), rand(1, 700, 4, 128), rand(1, 700, 4, 128),
           causal=causal, window_size=window_size)
+
+
+@pytest.mark.parametrize("softcap", [0.0, 7.0])
+@pytest.mark.parametrize("scale", [0.03, 0.3])
+def test_forward_custom_scale(scale, softcap):
+    """A softmax_scale other than 1/sqrt(d): a kernel that ignored it would fail here."""
+    q, k, v = rand(2, 333, 4, 128), rand(2, 517, 2, 128), rand(2, 517, 2, 128)
+    check(q, k, v, softmax_scale=scale, softcap=softcap, causal=True)
 
 
 @pytest.mark.parametrize("causal", [False, True])

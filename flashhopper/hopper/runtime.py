@@ -30,11 +30,15 @@ persistent_ctas_cap: int | None = None
 
 
 _bwd_overrides: dict = {}
-# tests: fill the dQ accumulator with NaN before the preprocess that should clear it
-# (BwdConfig.pre_zero_dq), so that a row it missed shows
-poison_dq_accum = False
-# test hook: fill the dQ output with NaN before a fused_dq_cast backward (catches unwritten rows)
-poison_dq = False
+# test hook (the GPU tests turn it on for every call): every output and workspace a kernel must
+# write in full (out, LSE; dK, dV, a fused dQ; the preprocess's rows; the dQ accumulator the
+# preprocess clears) is filled with NaN first, so an element a kernel misses, or reads before its
+# producer wrote it, shows as NaN in the result
+poison = False
+
+
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
+    return t.fill_(float("nan")) if poison else t
 
 
 @contextlib.contextmanager
@@ -170,9 +174,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0)
     fn = get_kernel(cfg)
     if out is None:
-        out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
+        out = _poisoned(torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device))
     if lse is None:
-        lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+        lse = _poisoned(torch.empty(b, h, sq, dtype=torch.float32, device=q.device))
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
@@ -225,12 +229,10 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     # the preprocess writes whole blocks of its PRE_ROWS_PER_CTA rows: with 80-row query blocks the
     # kernel's last block may end inside one of them (the rows past sq_pad are never read)
     rows = -(-sq_pad // PRE_ROWS_PER_CTA) * PRE_ROWS_PER_CTA
-    lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
-    d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
+    lse_log2 = _poisoned(torch.empty((b, h, rows), dtype=torch.float32, device=q.device))
+    d_rows = _poisoned(torch.empty((b, h, rows), dtype=torch.float32, device=q.device))
     if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
-        dq_accum_all = _dq_accum(q, cfg, torch.empty)
-        if poison_dq_accum:
-            dq_accum_all.fill_(float("nan"))
+        dq_accum_all = _poisoned(_dq_accum(q, cfg, torch.empty))
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
         pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
@@ -251,13 +253,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         # key, at the ends of some masks) must read 0
         every = every_q_block_visited(sq, k.shape[1], cfg.tile_m, cfg.tile_n, causal or local, local, wl, wr)
         if every:
-            dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            if poison_dq:
-                dq.fill_(float("nan"))
+            dq = _poisoned(torch.empty(q.shape, dtype=q.dtype, device=q.device))
         else:
             dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty_like(k) if dk is None else dk
-    dv = torch.empty_like(v) if dv is None else dv
+    dk = _poisoned(torch.empty_like(k)) if dk is None else dk
+    dv = _poisoned(torch.empty_like(v)) if dv is None else dv
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
        softmax_scale, wl, wr)

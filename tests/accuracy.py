@@ -1,0 +1,99 @@
+"""The one correctness rule every GPU comparison uses (forward, backward; FP8, varlen and decode as
+they come).
+
+- The reference is float64 on the same rounded inputs (flashhopper.reference).
+- The yardstick is our emulator of the kernel's rounding points, never SDPA: fp32 scores and
+  softmax, P rounded to the input dtype before P @ V, O rounded at the end (`emulate_forward`); in
+  the backward also dS rounded before the dQ / dK GEMMs (`emulate_backward`). Its error against the
+  reference is what the dtype costs an exact-arithmetic flash kernel.
+- For each output and each block of 128 rows of its sequence dimension (queries for O and dQ, keys
+  for dK and dV): max|x - ref| <= r * max|emu - ref| + 2 ulp(max|ref|), and the same with the means
+  (2 ulp of the mean |ref|); r = 2, or 3 with softcap (the kernels' tanh is the hardware
+  approximation). No element may be NaN: the kernels' outputs and workspaces are NaN-poisoned
+  before each call (runtime.poison, set for every GPU test by conftest.py).
+- LSE: the same rows of -inf (no visible key); elsewhere within 1e-5 * max(1, |lse|), and with
+  softcap within 2x the emulator's error plus softcap * 2^-10 (the approximate tanh moves every
+  score by up to softcap * 2^-11).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flashhopper.reference import attention_grads_flash_rounding, visible_mask
+
+BLOCK = 128
+_MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
+
+
+def ratio(softcap: float) -> float:
+    return 3.0 if softcap else 2.0
+
+
+def ulp(value: float, dtype) -> float:
+    """The spacing of `dtype` at |value| (its smallest normal spacing at 0)."""
+    mant = _MANTISSA[dtype]
+    tiny = torch.finfo(dtype).tiny
+    value = max(abs(value), tiny)
+    return 2.0 ** (math.floor(math.log2(value)) - mant)
+
+
+def emulate_forward(q, k, v, scale, causal, window, softcap):
+    """(out in q's dtype, LSE in fp32 natural units) with the forward kernel's rounding points."""
+    group = q.shape[2] // k.shape[2]
+    kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), vf).to(q.dtype)
+    return o, lse
+
+
+def emulate_backward(q, k, v, dout, scale, causal, window, softcap):
+    """(dq, dk, dv) with the backward kernels' rounding points (P and dS in the input dtype)."""
+    return attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap)
+
+
+def check_output(name: str, x: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0,
+                 seq_dim: int = 1) -> None:
+    """The rule for one output (x, emu in the kernel's dtype; ref float64), per block of BLOCK rows of
+    `seq_dim`."""
+    assert x.shape == ref.shape == emu.shape, (name, x.shape, ref.shape, emu.shape)
+    assert not x.isnan().any(), f"{name}: NaN (an element no kernel wrote, or a NaN computed)"
+    r, dtype = ratio(softcap), x.dtype
+    err = (x.double() - ref).abs().movedim(seq_dim, 0)
+    yard = (emu.double() - ref).abs().movedim(seq_dim, 0)
+    mag = ref.abs().movedim(seq_dim, 0)
+    for start in range(0, err.shape[0], BLOCK):
+        e, y, m = (t[start:start + BLOCK] for t in (err, yard, mag))
+        e_max, y_max = e.max().item(), y.max().item()
+        bound = r * y_max + 2 * ulp(m.max().item(), dtype)
+        assert e_max <= bound, (f"{name} rows {start}+: max error {e_max:.3g} > {bound:.3g} "
+                                f"(emulator {y_max:.3g})")
+        e_mean, y_mean = e.mean().item(), y.mean().item()
+        bound = r * y_mean + 2 * ulp(m.mean().item(), dtype)
+        assert e_mean <= bound, (f"{name} rows {start}+: mean error {e_mean:.3g} > {bound:.3g} "
+                                 f"(emulator {y_mean:.3g})")
+
+
+def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0) -> None:
+    """The rule for the LSE (b, h, sq): fp32 against the float64 reference."""
+    assert not lse.isnan().any(), "LSE: unwritten or NaN rows"
+    no_key = torch.isinf(ref)
+    assert torch.equal(torch.isinf(lse), no_key), "rows that see no key must have LSE = -inf, only those"
+    seen = ~no_key
+    if not seen.any():
+        return
+    err = (lse[seen].double() - ref[seen]).abs()
+    if softcap:
+        bound = 2 * (emu[seen].double() - ref[seen]).abs().max().item() + softcap * 2.0 ** -10
+        assert err.max().item() <= bound, (err.max().item(), bound)
+    else:
+        bound = 1e-5 * torch.clamp(ref[seen].abs(), min=1.0)
+        worst = (err / bound).max().item()
+        assert worst <= 1.0, f"LSE error {worst:.3g}x the bound 1e-5 * max(1, |lse|)"

@@ -1,0 +1,80 @@
+"""The one correctness rule (tests/accuracy.py) on the CPU, with the emulator standing in for a
+kernel: it passes the emulator's own output, and fails each kind of fault a kernel could make (a
+key block of dV zeroed, a wrong softmax scale, an unwritten row, a stale LSE)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accuracy import check_lse, check_output, emulate_backward, emulate_forward
+
+from flashhopper.reference import attention_bwd_ref, attention_ref
+
+SCALE = 64 ** -0.5
+
+
+def inputs(sq=300, sk=517, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, sq, 2, 64, generator=g).to(dtype)
+    k, v = (torch.randn(1, sk, 1, 64, generator=g).to(dtype) for _ in range(2))
+    dout = torch.randn(1, sq, 2, 64, generator=g).to(dtype)
+    return q, k, v, dout
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_emulator_passes_its_own_rule(causal, softcap):
+    q, k, v, dout = inputs()
+    out_ref, lse_ref = attention_ref(q, k, v, SCALE, causal, (-1, -1), softcap)
+    out, lse = emulate_forward(q, k, v, SCALE, causal, (-1, -1), softcap)
+    check_output("out", out, out_ref, out, softcap)
+    check_lse(lse, lse_ref, lse, softcap)
+    grads = emulate_backward(q, k, v, dout, SCALE, causal, (-1, -1), softcap)
+    refs = attention_bwd_ref(q, k, v, dout, SCALE, causal, (-1, -1), softcap)
+    for name, x, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+        check_output(name, x, ref, x, softcap)
+
+
+def test_a_zeroed_key_block_of_dv_fails():
+    q, k, v, dout = inputs()
+    dq, dk, dv = emulate_backward(q, k, v, dout, SCALE, False, (-1, -1), 0.0)
+    ref = attention_bwd_ref(q, k, v, dout, SCALE, False, (-1, -1), 0.0)[2]
+    bad = dv.clone()
+    bad[:, 384:] = 0  # the last (partial) 128-key block
+    with pytest.raises(AssertionError, match="dv rows 384"):
+        check_output("dv", bad, ref, dv)
+
+
+def test_a_wrong_scale_fails():
+    q, k, v, _ = inputs()
+    ref, _ = attention_ref(q, k, v, SCALE, True, (-1, -1), 0.0)
+    emu, _ = emulate_forward(q, k, v, SCALE, True, (-1, -1), 0.0)
+    wrong, _ = emulate_forward(q, k, v, SCALE * 1.01, True, (-1, -1), 0.0)
+    with pytest.raises(AssertionError, match="error"):
+        check_output("out", wrong, ref, emu)
+
+
+def test_an_unwritten_row_fails():
+    q, k, v, _ = inputs()
+    ref, _ = attention_ref(q, k, v, SCALE, False, (-1, -1), 0.0)
+    emu, _ = emulate_forward(q, k, v, SCALE, False, (-1, -1), 0.0)
+    bad = emu.clone()
+    bad[:, 299] = float("nan")  # as runtime.poison leaves a row no kernel wrote
+    with pytest.raises(AssertionError, match="NaN"):
+        check_output("out", bad, ref, emu)
+
+
+def test_a_stale_or_shifted_lse_fails():
+    q, k, v, _ = inputs()
+    _, lse_ref = attention_ref(q, k, v, SCALE, True, (-1, -1), 0.0)
+    _, lse = emulate_forward(q, k, v, SCALE, True, (-1, -1), 0.0)
+    with pytest.raises(AssertionError, match="LSE error"):
+        check_lse(lse + 1e-3, lse_ref, lse)
+    sq = q.shape[1]
+    no_key = torch.full_like(lse, float("-inf"))  # a window that hides every key
+    with pytest.raises(AssertionError, match="-inf"):
+        check_lse(lse, no_key.double(), no_key)
+    stale = lse.clone()
+    stale[:, :, sq // 2:] = lse[:, :, : sq - sq // 2]  # rows read from the wrong place
+    with pytest.raises(AssertionError, match="LSE error"):
+        check_lse(stale, lse_ref, lse)
