@@ -78,3 +78,17 @@ def test_a_stale_or_shifted_lse_fails():
     stale[:, :, sq // 2:] = lse[:, :, : sq - sq // 2]  # rows read from the wrong place
     with pytest.raises(AssertionError, match="LSE error"):
         check_lse(stale, lse_ref, lse)
+
+
+def test_the_cancellation_floor_does_not_hide_a_zeroed_block_of_dk():
+    from accuracy import cancellation_floor
+
+    q, k, v, dout = inputs()
+    dk = emulate_backward(q, k, v, dout, SCALE, True, (-1, -1), 0.0)[1]
+    ref = attention_bwd_ref(q, k, v, dout, SCALE, True, (-1, -1), 0.0)[1]
+    floor = cancellation_floor(dout, v, q, SCALE)
+    check_output("dk", dk, ref, dk, floor=floor)
+    bad = dk.clone()
+    bad[:, 128:256] = 0
+    with pytest.raises(AssertionError, match="dk rows 128"):
+        check_output("dk", bad, ref, dk, floor=floor)
