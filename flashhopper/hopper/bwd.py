@@ -1,5 +1,8 @@
 """FlashAttention backward for Hopper (sm_90a), hdim 64/96/128 (192/256: hopper/bwd_wide.py).
 
+Over 800 lines because it is one kernel class with one step schedule; what it shares with
+bwd_wide.py is in bwd_common.py.
+
 One CTA owns one block of `tile_n` keys of one (batch, KV head) and walks every query block
 (of every query head sharing that KV head, so GQA needs no dK/dV reduction) that can see it:
 

@@ -1,5 +1,8 @@
 """FlashAttention backward for Hopper (sm_90a), head dims 192 and 256: dK/dV split by head dim.
 
+Over 800 lines because it is one kernel class with one step schedule; what it shares with bwd.py
+is in bwd_common.py.
+
 GPU-tested on the H200 (tests/test_bwd_gpu.py); every variant compiles in tests/test_bwd_compile.py.
 
 Why not hopper/bwd.py: there each consumer warpgroup owns 64 keys and keeps 64 x hdim fp32 of

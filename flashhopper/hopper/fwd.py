@@ -1,5 +1,8 @@
 """FlashAttention forward for Hopper (sm_90a): warp-specialized TMA + WGMMA kernel.
 
+Over 800 lines because it is one kernel class: the producer, the consumers' schedules and the
+epilogue share one set of pipelines and barriers, and splitting them would scatter one schedule.
+
 One CTA computes one (tile_m x hdim) output tile for one (batch, head):
 
   warpgroup 0 (producer, setmaxnreg.dec): one warp issues TMA loads of Q once and of K, V
