@@ -7,7 +7,7 @@ STAMP := $(VENV)/.flashhopper-installed
 # A usable NVIDIA GPU means the machine already has a CUDA torch: reuse it instead of a CPU wheel.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: venv test demo gpu-test
+.PHONY: venv test test-full demo gpu-test
 
 venv: $(STAMP)
 
@@ -27,6 +27,12 @@ TEST_JOBS ?= 2
 test: venv
 	$(BIN)/ruff check flashhopper tests scripts
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
+
+# every dispatched kernel compiled and checked (tests/test_dispatched.py), not only CI's covering subset:
+# run before a kernel change lands
+test-full: venv
+	$(BIN)/ruff check flashhopper tests scripts
+	FH_TEST_FULL=1 $(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 demo: venv
 	$(BIN)/python -m flashhopper.cli demo

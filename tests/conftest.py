@@ -4,8 +4,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from hypothesis import settings
 
 from flashhopper.config import parse_overrides
+
+# hypothesis: the same examples on every CI run (a failure there reproduces), random ones elsewhere
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 # FH_REQUIRE_GPU=1 (make gpu-test): a GPU test that skips, or no Hopper GPU at all, is a failure
 REQUIRE_GPU = os.environ.get("FH_REQUIRE_GPU") == "1"

@@ -1,0 +1,74 @@
+"""Every kernel a user can reach (flashhopper.plan.dispatched_kernels: 92 forward, 130 backward, 10
+preprocess configs) compiles for sm_90a without a GPU with its structure in SASS: WGMMA (or the
+preprocess's 16-byte loads) present, register hand-off where there are warpgroups to hand off to, no
+local memory, no spill.
+
+`make test` compiles a covering subset: configs taken in the planner's order while each adds a value
+not yet covered of one of its class's fields in COVER (head dim, dtype, mask kind, softcap,
+deterministic, tiles, stages, schedule): every hdim, dtype, mask kind and schedule at least once.
+`make test-full` (FH_TEST_FULL=1) compiles every one; run it before a kernel change lands.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from flashhopper.compile import ensure_arch_env, inspect_cubin
+from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
+from flashhopper.plan import dispatched_kernels
+
+ensure_arch_env()
+
+ALL = dispatched_kernels()
+FULL = os.environ.get("FH_TEST_FULL") == "1"
+
+
+# the fields whose every dispatched value the CI subset covers
+COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
+         "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
+         "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq")
+
+
+def features(cfg) -> set:
+    return {(type(cfg).__name__, f, getattr(cfg, f)) for f in COVER if hasattr(cfg, f)}
+
+
+def covering_subset(configs) -> list:
+    """Configs in order, each kept only if it covers a (class, field, value) none before did."""
+    covered, chosen = set(), []
+    for cfg in configs:
+        new = features(cfg) - covered
+        if new:
+            chosen.append(cfg)
+            covered |= new
+    return chosen
+
+
+CHOSEN = ALL if FULL else covering_subset(ALL)
+
+
+def test_the_set_is_what_users_reach():
+    kinds = [type(c) for c in ALL]
+    assert (kinds.count(FwdConfig), kinds.count(BwdConfig), kinds.count(BwdPreConfig)) == (92, 130, 10)
+    assert len(set(ALL)) == len(ALL)
+    subset = covering_subset(ALL)
+    assert set().union(*map(features, subset)) == set().union(*map(features, ALL))
+    assert len(subset) < len(ALL) // 3
+
+
+@pytest.mark.parametrize("cfg", CHOSEN, ids=lambda c: f"{type(c).__name__}-{abs(hash(repr(c))) % 10**8}")
+def test_dispatched_kernel_compiles_clean(cfg):
+    from flashhopper.hopper.runtime import kernel_cubin
+
+    report = inspect_cubin(kernel_cubin(cfg))
+    sass = report["sass"]
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0, repr(cfg)
+    if isinstance(cfg, BwdPreConfig):
+        assert sass["LDG.128"] > 0
+        return
+    assert sass["HGMMA"] > 0 and sass["UTMALDG"] >= 3 and sass["SYNCS"] > 0, repr(cfg)
+    assert (sass["MUFU.TANH"] > 0) == cfg.softcap, repr(cfg)
+    regs = sass["USETMAXREG"]
+    assert min(regs) < max(regs), (repr(cfg), regs)  # the producer gives registers to the consumers
