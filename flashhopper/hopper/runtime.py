@@ -37,6 +37,13 @@ _bwd_overrides: dict = {}
 poison = False
 
 
+# test hook: one deliberate fault, to show that the GPU suite catches it (tests/test_faults_gpu.py):
+# "wrong_scale" (the forward's scale 1% off), "unwritten_row" (the forward skips the last query
+# row), "dv_key_block" (keys 128-255 of dV zeroed), "stale_workspace" (the backward's preprocess
+# not run: the main kernel reads LSE / D rows nobody wrote)
+fault: str | None = None
+
+
 def _poisoned(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan")) if poison else t
 
@@ -177,11 +184,17 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
         out = _poisoned(torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device))
     if lse is None:
         lse = _poisoned(torch.empty(b, h, sq, dtype=torch.float32, device=q.device))
+    q_run, out_run, lse_run = q, out, lse
+    if fault:  # tests only
+        if fault == "unwritten_row":  # launched on all rows but the last, which keeps its poison
+            q_run, out_run, lse_run, sq = q[:, :-1], out[:, :-1], lse[:, :, :-1], sq - 1
+        elif fault == "wrong_scale":
+            softmax_scale *= 1.01
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
-    fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
+    fn(q_run, k, v, out_run, lse_run, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
     return out, lse
 
 
@@ -234,7 +247,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
         dq_accum_all = _poisoned(_dq_accum(q, cfg, torch.empty))
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
-        pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
+        if fault != "stale_workspace":
+            pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
         if cfg.scale_in_ds:
             pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
@@ -261,6 +275,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
        softmax_scale, wl, wr)
+    if fault == "dv_key_block":
+        dv[:, 128:256] = 0
     if dq is not None:
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
