@@ -1,4 +1,4 @@
-"""Command line: `flashhopper inspect | precompile | cache | demo | bench | plot`."""
+"""Command line: `flashhopper inspect | precompile | cache | fuzz | demo | bench | plot`."""
 
 from __future__ import annotations
 
@@ -124,6 +124,36 @@ def _cmd_cache(args) -> int:
     return 0
 
 
+def _cmd_fuzz(args) -> int:
+    import torch
+
+    from flashhopper.fuzz import Case, fuzz, run
+
+    if args.cases < 1 and not args.case:
+        print(f"flashhopper fuzz: --cases takes N >= 1, got {args.cases}", file=sys.stderr)
+        return 2
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        print("flashhopper fuzz: needs an NVIDIA Hopper GPU (sm_90)", file=sys.stderr)
+        return 2
+    if args.case:
+        try:
+            case = Case.from_json(args.case)
+        except (ValueError, TypeError, KeyError) as exc:
+            print(f"flashhopper fuzz: --case takes the JSON a failure printed ({exc})", file=sys.stderr)
+            return 2
+        from flashhopper.hopper import runtime
+
+        runtime.poison = True
+        problem = run(case, backward=not args.no_bwd)
+        print(problem or "passed")
+        return 1 if problem else 0
+    report = fuzz(args.cases, args.seed, backward=not args.no_bwd)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 1 if report["failed"] else 0
+
+
 def _cmd_demo(args) -> int:
     from flashhopper.demo import run_demo
 
@@ -236,6 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stale", action="store_true", help="clear: only folders of other fingerprints")
     p.add_argument("--json", action="store_true", help="info: print one JSON object")
     p.set_defaults(func=_cmd_cache)
+
+    p = sub.add_parser("fuzz", help="random cases over the dispatched kernels, checked by the correctness "
+                       "rule (GPU)")
+    p.add_argument("--cases", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-bwd", action="store_true", help="the forward only")
+    p.add_argument("--case", metavar="JSON", help="run the one case a failure printed")
+    p.add_argument("--json", metavar="FILE", help="also write the counts as JSON")
+    p.set_defaults(func=_cmd_fuzz)
 
     p = sub.add_parser("demo", help="run the kernels on Hopper; elsewhere inspect them")
     p.set_defaults(func=_cmd_demo)

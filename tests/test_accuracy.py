@@ -1,4 +1,4 @@
-"""The one correctness rule (tests/accuracy.py) on the CPU, with the emulator standing in for a
+"""The one correctness rule (flashhopper/accuracy.py) on the CPU, with the emulator standing in for a
 kernel: it passes the emulator's own output, and fails each kind of fault a kernel could make (a
 key block of dV zeroed, a wrong softmax scale, an unwritten row, a stale LSE)."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from accuracy import check_lse, check_output, emulate_backward, emulate_forward
 
+from flashhopper.accuracy import check_lse, check_output, emulate_backward, emulate_forward
 from flashhopper.reference import attention_bwd_ref, attention_ref
 
 SCALE = 64 ** -0.5
@@ -81,7 +81,7 @@ def test_a_stale_or_shifted_lse_fails():
 
 
 def test_the_cancellation_floor_does_not_hide_a_zeroed_block_of_dk():
-    from accuracy import cancellation_floor
+    from flashhopper.accuracy import cancellation_floor
 
     q, k, v, dout = inputs()
     dk = emulate_backward(q, k, v, dout, SCALE, True, (-1, -1), 0.0)[1]

@@ -6,9 +6,9 @@ exact result as a straightforward low-precision implementation (bf16 matmuls, fp
 
 import pytest
 import torch
-from accuracy import check_lse, check_output, emulate_forward
 
 from flashhopper import flash_attn_func
+from flashhopper.accuracy import check_lse, check_output, emulate_forward
 from flashhopper.reference import attention_ref
 
 pytestmark = pytest.mark.gpu

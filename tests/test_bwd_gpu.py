@@ -1,6 +1,6 @@
 """Backward kernel (through flash_attn_func's autograd) against the float64 reference on an sm_90 GPU.
 
-Every gradient is checked by the one rule of tests/accuracy.py (per 128-row block, max and mean,
+Every gradient is checked by the one rule of flashhopper/accuracy.py (per 128-row block, max and mean,
 against our emulator of the kernels' rounding points); every buffer the kernels write starts as
 NaN (runtime.poison), so an unwritten element fails.
 """
@@ -12,8 +12,8 @@ import zlib
 
 import pytest
 import torch
-from accuracy import cancellation_floor, check_output, emulate_backward
 
+from flashhopper.accuracy import cancellation_floor, check_output, emulate_backward
 from flashhopper.reference import attention_bwd_ref, attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -60,7 +60,7 @@ def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-
 
 
 def check_grads(grads, q, k, v, dout, scale, causal, window, softcap):
-    """dq, dk, dv against the float64 reference by the one rule (tests/accuracy.py)."""
+    """dq, dk, dv against the float64 reference by the one rule (flashhopper/accuracy.py)."""
     ref = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
     emu = emulate_backward(q, k, v, dout, scale, causal, window, softcap)
     floors = (cancellation_floor(dout, v, k, scale), cancellation_floor(dout, v, q, scale), 0.0)

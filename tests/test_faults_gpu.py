@@ -1,5 +1,5 @@
 """The GPU suite catches a broken kernel: each deliberate fault of runtime.fault, run through the
-suite's own checks (test_fwd_gpu.run_case / test_bwd_gpu.run_case and the rule of accuracy.py),
+suite's own checks (test_fwd_gpu.run_case / test_bwd_gpu.run_case and the rule of flashhopper/accuracy.py),
 must fail them; without the fault the same cases pass."""
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import zlib
 
 import pytest
 import torch
-from accuracy import check_lse, check_output, emulate_forward
 
 from flashhopper import plan
+from flashhopper.accuracy import check_lse, check_output, emulate_forward
 from flashhopper.reference import attention_ref
 
 pytestmark = pytest.mark.gpu

@@ -11,9 +11,9 @@ import math
 
 import pytest
 import torch
-from accuracy import cancellation_floor, check_output, emulate_backward
 
 from flashhopper import flash_attn_func, ops
+from flashhopper.accuracy import cancellation_floor, check_output, emulate_backward
 from flashhopper.reference import attention_bwd_ref
 
 pytestmark = pytest.mark.gpu

@@ -1,5 +1,5 @@
-"""The one correctness rule every GPU comparison uses (forward, backward; FP8, varlen and decode as
-they come).
+"""The one correctness rule every GPU comparison uses: the tests and `flashhopper fuzz`; forward and
+backward, FP8, varlen and decode as they come.
 
 - The reference is float64 on the same rounded inputs (flashhopper.reference).
 - The yardstick is our emulator of the kernel's rounding points, never SDPA: fp32 scores and
@@ -11,7 +11,7 @@ they come).
   (2 ulp of the mean |ref|), plus for dQ and dK the fp32 cancellation floor of dS
   (`cancellation_floor`); r = 2, or 3 with softcap (the kernels' tanh is the hardware
   approximation). No element may be NaN: the kernels' outputs and workspaces are NaN-poisoned
-  before each call (runtime.poison, set for every GPU test by conftest.py).
+  before each call (runtime.poison, set for every GPU test by tests/conftest.py and by the fuzzer).
 - LSE: the same rows of -inf (no visible key); elsewhere within 1e-5 * max(1, |lse|), and with
   softcap within 2x the emulator's error plus softcap * 2^-10 (the approximate tanh moves every
   score by up to softcap * 2^-11).

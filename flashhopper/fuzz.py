@@ -1,0 +1,198 @@
+"""`flashhopper fuzz`: random cases, stratified over the dispatched kernels, checked by the one
+correctness rule (flashhopper/accuracy.py); every failure printed as a one-line reproducer.
+
+Case i draws its stratum (dtype, head dim, mask kind, softcap, deterministic) round-robin, so N cases
+cover every stratum N / 40 times, then from its own seed: lengths (bracket edges of the dispatch,
+odd and tiny ones, or log-uniform up to 4096), batch, heads and GQA ratio, window bounds, layout
+(contiguous, heads strided, packed qkv), a softmax scale (default or drawn) and the inputs'
+magnitude. The forward is checked, then (unless --no-bwd) the backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import random
+
+from flashhopper.config import DTYPES, SUPPORTED_HDIMS
+
+MASKS = ("none", "causal", "window", "causal_window")
+_EDGES = (1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 511, 512, 513, 1023, 1024, 1025,
+          2047, 2048, 2049)
+# the float64 reference holds b * hq * sq * sk scores (and the backward several such tensors)
+_MAX_SCORES = 1 << 25
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    dtype: str
+    hdim: int
+    mask: str
+    softcap: float
+    deterministic: bool
+    b: int
+    sq: int
+    sk: int
+    hq: int
+    hk: int
+    window: tuple[int, int]
+    layout: str  # "bshd", "strided" (every other head of a wider tensor) or "packed" (one qkv tensor)
+    scale: float | None
+    magnitude: float
+    seed: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Case:
+        fields = json.loads(text)
+        fields["window"] = tuple(fields["window"])
+        return cls(**fields)
+
+    @property
+    def causal(self) -> bool:
+        return self.mask in ("causal", "causal_window")
+
+
+def strata() -> list[tuple]:
+    return list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True)))
+
+
+def _length(rng: random.Random) -> int:
+    if rng.random() < 0.5:
+        return rng.choice(_EDGES)
+    return max(1, int(math.exp(rng.uniform(0.0, math.log(4096)))))
+
+
+def draw(index: int, seed: int) -> Case:
+    """Case `index` of a fuzz run seeded `seed` (the same on every machine)."""
+    table = strata()
+    dtype, hdim, mask, softcap, deterministic = table[index % len(table)]
+    case_seed = seed * 1_000_003 + index
+    rng = random.Random(case_seed)
+    sq, sk = _length(rng), _length(rng)
+    ratio = rng.choice((1, 1, 2, 4, 8))
+    hk = rng.choice((1, 1, 2, 3))
+    hq = hk * ratio
+    b = rng.choice((1, 1, 2, 3))
+    while b * hq * sq * sk > _MAX_SCORES and b > 1:
+        b -= 1
+    while hq * sq * sk > _MAX_SCORES:
+        sq, sk = max(1, sq // 2), max(1, sk // 2)
+    left = rng.choice((0, 1, 17, 64, 200, 1000))
+    right = rng.choice((0, 3, 64, 500)) if mask == "window" else -1
+    window = {"none": (-1, -1), "causal": (-1, -1), "window": (left, right),
+              "causal_window": (left, -1)}[mask]
+    layout = rng.choice(("bshd", "bshd", "strided", "packed"))
+    if layout == "packed" and (sq != sk or hq != hk):
+        layout = "strided"
+    scale = None if rng.random() < 0.6 else rng.uniform(0.02, 1.0) / math.sqrt(hdim) * 4
+    magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
+    return Case(dtype, hdim, mask, softcap, deterministic, b, sq, sk, hq, hk, window, layout, scale,
+                magnitude, case_seed)
+
+
+def make_inputs(case: Case, device="cuda"):
+    import torch
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    g = torch.Generator(device=device).manual_seed(case.seed)
+
+    def randn(*shape):
+        return (torch.randn(*shape, device=device, generator=g) * case.magnitude).to(dt)
+
+    d = case.hdim
+    if case.layout == "packed":
+        q, k, v = randn(case.b, case.sq, 3, case.hq, d).unbind(2)
+    elif case.layout == "strided":
+        q = randn(case.b, case.sq, 2 * case.hq, d)[:, :, ::2]
+        k = randn(case.b, case.sk, 2 * case.hk, d)[:, :, ::2]
+        v = randn(case.b, case.sk, 2 * case.hk, d)[:, :, 1::2]
+    else:
+        q = randn(case.b, case.sq, case.hq, d)
+        k, v = randn(case.b, case.sk, case.hk, d), randn(case.b, case.sk, case.hk, d)
+    dout = randn(case.b, case.sq, case.hq, d)
+    return q, k, v, dout
+
+
+def run(case: Case, backward: bool = True) -> str | None:
+    """The case through flash_attn_func, checked by the rule: None, or what failed."""
+    import torch
+
+    from flashhopper import flash_attn_func
+    from flashhopper.accuracy import (
+        cancellation_floor,
+        check_lse,
+        check_output,
+        emulate_backward,
+        emulate_forward,
+    )
+    from flashhopper.reference import attention_bwd_ref, attention_ref
+
+    q, k, v, dout = make_inputs(case)
+    scale = case.scale if case.scale is not None else case.hdim ** -0.5
+    kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, softmax_scale=case.scale)
+    try:
+        if backward:
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+            out, lse = flash_attn_func(qg, kg, vg, return_lse=True, deterministic=case.deterministic, **kw)
+            grads = torch.autograd.grad(out, (qg, kg, vg), dout)
+        else:
+            out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
+        torch.cuda.synchronize()
+        ref, ref_lse = attention_ref(q, k, v, scale, case.causal, case.window, case.softcap)
+        emu, emu_lse = emulate_forward(q, k, v, scale, case.causal, case.window, case.softcap)
+        check_output("out", out.detach(), ref, emu, case.softcap)
+        check_lse(lse, ref_lse, emu_lse, case.softcap)
+        if backward:
+            refs = attention_bwd_ref(q, k, v, dout, scale, case.causal, case.window, case.softcap)
+            emus = emulate_backward(q, k, v, dout, scale, case.causal, case.window, case.softcap)
+            floors = (cancellation_floor(dout, v, k, scale), cancellation_floor(dout, v, q, scale), 0.0)
+            for name, x, r, e, f in zip(("dq", "dk", "dv"), grads, refs, emus, floors, strict=True):
+                check_output(name, x, r, e, case.softcap, floor=f)
+    except AssertionError as exc:
+        return str(exc).splitlines()[0][:300]
+    except Exception as exc:  # a crash or a refusal is a failure too
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    return None
+
+
+def kernels_of(case: Case, backward: bool) -> set:
+    """The kernel configs the case dispatches (for the count of configs hit)."""
+    from flashhopper import plan
+    from flashhopper.config import BwdPreConfig
+
+    hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
+                         case.softcap > 0)[0]}
+    if backward:
+        cfg = plan.bwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
+                            case.softcap > 0, case.deterministic)[0]
+        hit |= {cfg, BwdPreConfig.of(cfg)}
+    return hit
+
+
+def fuzz(cases: int, seed: int, backward: bool = True, log=print) -> dict:
+    """Run `cases` cases; print each failure's reproducer; return the counts."""
+    from flashhopper.hopper import runtime
+    from flashhopper.plan import dispatched_kernels
+
+    runtime.poison = True  # every output and workspace starts as NaN
+    failures, hit = [], set()
+    for i in range(cases):
+        case = draw(i, seed)
+        hit |= kernels_of(case, backward)
+        problem = run(case, backward)
+        if problem:
+            failures.append(case)
+            flag = "" if backward else " --no-bwd"
+            log(f"FAIL {problem}\n  reproduce: flashhopper fuzz --case '{case.to_json()}'{flag}")
+        if (i + 1) % 100 == 0:
+            log(f"{i + 1} cases, {len(failures)} failed, {len(hit)} kernel configs hit")
+    reachable = set(dispatched_kernels(forward=True, backward=backward))
+    log(f"{cases} cases (seed {seed}), {len(failures)} failed; kernel configs hit: {len(hit & reachable)} of "
+        f"{len(reachable)} dispatched")
+    return {"cases": cases, "failed": len(failures), "configs_hit": len(hit & reachable),
+            "configs": len(reachable)}
