@@ -276,18 +276,44 @@ _LENGTHS = (1, 100, 128, 129, 200, 256, 300, 512, 513, 700, 1024, 1025, 2048, 20
 MASKS = ((False, (-1, -1)), (True, (-1, -1)), (False, (128, 0)))
 
 
-def dispatched_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
-                       backward: bool = True) -> list:
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A call's static shape: what the dispatch looks at (batch and heads do not matter to it)."""
+
+    dtype: str
+    hdim: int
+    sq: int
+    sk: int
+    causal: bool
+    window: tuple[int, int]
+    softcap: bool
+    deterministic: bool
+
+
+def dispatched_calls(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
+                     backward: bool = True) -> dict:
     """Every kernel config a call can dispatch for these dtypes and head dims (forward, backward
-    main kernel, backward preprocess), each once, in a stable order."""
+    main kernel, backward preprocess), each once in a stable order, with the first Call that
+    dispatches it: lengths that are not a multiple of 64 and walk a few blocks first, so that a case
+    made from it is odd-shaped and small."""
+    odd_first = sorted(_LENGTHS, key=lambda n: (n % 64 == 0 or not 128 < n < 2100, _LENGTHS.index(n)))
     seen: dict = {}
     for dtype, hdim in itertools.product(dtypes, hdims):
-        for (causal, window), softcap, sq, sk in itertools.product(MASKS, (False, True), _LENGTHS, _LENGTHS):
+        shapes = itertools.product(MASKS, (False, True), odd_first, odd_first)
+        for (causal, window), softcap, sq, sk in shapes:
             if forward:
-                seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0])
+                seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0],
+                                Call(dtype, hdim, sq, sk, causal, window, softcap, False))
             if backward and hdim in BWD_HDIMS:
                 for deterministic in (False, True):
                     cfg = bwd_plan(dtype, hdim, sq, sk, causal, window, softcap, deterministic)[0]
-                    seen.setdefault(cfg)
-                    seen.setdefault(BwdPreConfig.of(cfg))
-    return list(seen)
+                    call = Call(dtype, hdim, sq, sk, causal, window, softcap, deterministic)
+                    seen.setdefault(cfg, call)
+                    seen.setdefault(BwdPreConfig.of(cfg), call)
+    return seen
+
+
+def dispatched_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
+                       backward: bool = True) -> list:
+    """Every kernel config a call can dispatch (dispatched_calls' keys)."""
+    return list(dispatched_calls(dtypes, hdims, forward, backward))

@@ -1,0 +1,71 @@
+"""compute-sanitizer over one odd-shaped call of each dispatched kernel class: the covering subset
+of tests/test_dispatched.py (every field value of the dispatch at least once), each call made from
+the first lengths that dispatch it (flashhopper.plan.dispatched_calls), forward and backward.
+
+    compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize.py
+    compute-sanitizer --tool racecheck --report-api-errors no python3 scripts/sanitize.py --fwd
+    python3 scripts/sanitize.py --list
+
+Run it for each of memcheck, racecheck and synccheck; a clean run ends with "0 errors".
+(`--report-api-errors no`: the CUDA Python bindings probe driver entry points at start-up, which
+memcheck would otherwise count.) --all takes every dispatched kernel instead of the subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from flashhopper.config import BwdConfig, BwdPreConfig  # noqa: E402
+from flashhopper.plan import dispatched_calls  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fwd", action="store_true", help="forward kernels only")
+    parser.add_argument("--all", action="store_true", help="every dispatched kernel, not the covering subset")
+    parser.add_argument("--list", action="store_true", help="print the calls; run nothing")
+    args = parser.parse_args()
+    calls = dispatched_calls(backward=not args.fwd)
+    if not args.all:
+        from test_dispatched import covering_subset
+
+        calls = {cfg: calls[cfg] for cfg in covering_subset(list(calls))}
+    runs = []
+    for cfg, call in calls.items():
+        if isinstance(cfg, BwdPreConfig):
+            continue  # run by its backward
+        runs.append((call, isinstance(cfg, BwdConfig)))
+    if args.list:
+        for call, bwd in runs:
+            print(("bwd " if bwd else "fwd ") + repr(call))
+        print(f"{len(runs)} calls")
+        return 0
+    from flashhopper import flash_attn_func
+    from flashhopper.hopper import runtime
+
+    runtime.persistent_ctas_cap = 2  # persistent grids: every CTA walks several tiles
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    for call, bwd in runs:
+        torch.manual_seed(0)
+        q = torch.randn(1, call.sq, 2, call.hdim, device="cuda", dtype=dt[call.dtype], requires_grad=bwd)
+        k, v = (torch.randn(1, call.sk, 1, call.hdim, device="cuda", dtype=dt[call.dtype], requires_grad=bwd)
+                for _ in range(2))
+        out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window,
+                              softcap=5.0 if call.softcap else 0.0, deterministic=call.deterministic)
+        if bwd:
+            out.sum().backward()
+        torch.cuda.synchronize()
+        print(("bwd " if bwd else "fwd ") + repr(call) + f": finite={bool(out.isfinite().all())}", flush=True)
+    print(f"{len(runs)} calls ran", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
