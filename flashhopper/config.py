@@ -382,10 +382,6 @@ class BwdConfig(_KernelConfig):
     # registers, 64 x 96; docs/decisions.md). The accumulator count is the same; the M split
     # needs hdim / W to be whole 64-row tiles (so 3 warpgroups at 192), this one does not.
     dkv_by_keys: bool = False
-    # with dkv_by_keys: dV^T is issued as soon as this warpgroup's own P columns are in smem (a
-    # 128-thread barrier), before the all-consumer barrier that dQ (reading every warpgroup's dS)
-    # still needs; order dV^T, dQ, dK^T instead of dQ, dV^T, dK^T (dQ's atomics then run under dK^T)
-    dkv_early: bool = False
     # kv_split "hdim": dQ = dS K in this many column chunks, one after the other in the same
     # registers (hopper/bwd_wide.py); 0 picks 1, or 2 where the whole dQ tile would not fit next
     # to dK^T and dV^T (_check_hdim_split's arithmetic: hdim 256 from tile_n 80)
@@ -433,11 +429,6 @@ class BwdConfig(_KernelConfig):
     # the rows interleaved a half-warp's four rows sit at swizzle phases 0, 2, 4, 6. dQaccum is then
     # allocated with seqlen_q padded to whole query blocks (the view merges batch into the rows).
     dq_rows_interleaved: bool = False
-    # kv_split "hdim": where the tile-wide swizzle atom of P / dS does not divide a warpgroup's key
-    # columns, the widest atom that does (FA4's rule: 48 keys at hdim 192 by keys -> the 32-byte
-    # swizzle, 32 keys of tile_n 64 -> the 64-byte one) instead of the interleaved atom; 40 keys (the
-    # dispatched 64 x 80 at 256) have none and stay interleaved
-    pds_swizzle_per_wg: bool = False
     # Programmatic dependent launch: the main kernel is launched so that it may start while the
     # preprocess (pre_zero_dq's, which signals once its O / dO rows are read) is still finishing, and
     # only the warps that read what the preprocess writes (LSE / D rows, the cleared dQ accumulator)
@@ -528,7 +519,7 @@ class BwdConfig(_KernelConfig):
         """Whether S and dP can be split by GEMM (sdp_by_gemm): two warpgroups splitting dK^T / dV^T by
         head dim, dQ in two chunks (hdim 256), no softcap."""
         return (self.kv_split == "hdim" and self.num_consumer_wg == 2 and self.num_dq_chunks == 2
-                and not (self.softcap or self.dkv_by_keys or self.dkv_early))
+                and not (self.softcap or self.dkv_by_keys))
 
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
@@ -563,9 +554,6 @@ class BwdConfig(_KernelConfig):
         if self.dkv_by_keys and self.kv_split != "hdim":
             raise ValueError("dkv_by_keys exists only for kv_split 'hdim' (hdim 192 / 256, "
                              "hopper/bwd_wide.py); kv_split 'keys' splits dK and dV by keys already")
-        if self.dkv_early and not (self.dkv_by_keys and self.kv_split == "hdim" and self.num_dq_chunks == 1):
-            raise ValueError("dkv_early needs dkv_by_keys (each warpgroup reading only its own P columns for "
-                             "dV^T) and dQ in one chunk")
         if self.dq_tma and self.kv_split != "hdim":
             raise ValueError("dq_tma exists only for kv_split 'hdim' (hdim 192 / 256, hopper/bwd_wide.py); "
                              "kv_split 'keys' always adds dQ by TMA reduce-adds")
@@ -580,15 +568,13 @@ class BwdConfig(_KernelConfig):
                              "boxes, and only with dq_slot_halves")
         if self.sdp_by_gemm and not self.sdp_by_gemm_fits():
             raise ValueError("sdp_by_gemm needs kv_split 'hdim' with two consumer warpgroups splitting "
-                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap, "
-                             "dkv_by_keys or dkv_early")
+                             "dK^T / dV^T by head dim, dQ in two chunks (hdim 256), and no softcap or "
+                             "dkv_by_keys")
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
                              "d) accumulator (its view merges batch into the rows) and no fused_dq_cast "
                              "(which reads the accumulator in query order)")
-        if self.pds_swizzle_per_wg and self.kv_split != "hdim":
-            raise ValueError("pds_swizzle_per_wg exists only for kv_split 'hdim' (hopper/bwd_wide.py)")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":
@@ -703,7 +689,7 @@ def bwd_with_overrides(cfg: BwdConfig, **overrides) -> BwdConfig:
     if cfg.dq_rows_interleaved and "dq_rows_interleaved" not in overrides and not cfg.dq_rows_fit():
         cfg = dataclasses.replace(cfg, dq_rows_interleaved=False)
     # and S / dP split by GEMM only where its check holds (two warpgroups by head dim, dQ in two
-    # chunks, not dkv_by_keys / dkv_early)
+    # chunks, not dkv_by_keys)
     if cfg.sdp_by_gemm and "sdp_by_gemm" not in overrides and not cfg.sdp_by_gemm_fits():
         cfg = dataclasses.replace(cfg, sdp_by_gemm=False)
     # and the slot's halves only with one slot of whole 64-column parts

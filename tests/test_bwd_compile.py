@@ -588,8 +588,7 @@ def test_fused_dq_cast_is_refused_where_it_does_not_exist():
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
-@pytest.mark.parametrize(("hdim", "fields"), [(192, {"num_consumer_wg": 2}),
-                                              (192, {"num_consumer_wg": 2, "dkv_early": True})])
+@pytest.mark.parametrize(("hdim", "fields"), [(192, {"num_consumer_wg": 2})])
 def test_backward_wide_dkv_by_keys_compiles(hdim, fields, mask):
     """dK^T / dV^T split by keys (BwdConfig.dkv_by_keys): at hdim 192 FA4's 2 warpgroups x 48 keys
     at 240 registers (3 M tiles each) instead of 3 x 64 head-dim rows at 160; the same structure.
@@ -605,15 +604,6 @@ def test_backward_wide_dkv_by_keys_deterministic_compiles():
     cfg = bwd_config("bf16", 192, causal=True, deterministic=True, **fields)
     report = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, deterministic=True, **fields)
     _check_wide_report(report, cfg, "causal")
-
-
-def test_backward_wide_dkv_early_adds_one_barrier():
-    # a 128-thread barrier per warpgroup before dV^T; the WGMMAs stay asynchronous (5 waits)
-    fields = {**BWD_WIDE_ATOMICS[192], "num_consumer_wg": 2, "dkv_by_keys": True}
-    early = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, dkv_early=True, **fields)["sass"]
-    plain = inspect_kernel("bwd", dtype="bf16", hdim=192, causal=True, **fields)["sass"]
-    assert early["BAR"] == plain["BAR"] + 1
-    assert early["HGMMA_WAITS"] == plain["HGMMA_WAITS"] == 5
 
 
 _NO_DQ_TMA = {"dq_tma": False, "dq_slots": 0}
@@ -736,16 +726,6 @@ def test_dq_rows_interleaved_is_refused_where_it_does_not_apply():
         bwd_config("bf16", 128, causal=True, fused_dq_cast=True, dq_rows_interleaved=True)
 
 
-@pytest.mark.parametrize("mask", ["none", "causal", "softcap"])
-def test_backward_wide_pds_swizzle_per_wg_compiles(mask):
-    # FA4's step at hdim 192 (48 keys per warpgroup: the 32-byte swizzle for P / dS, dV^T before the
-    # all-consumer barrier, the scale in dS) with dQ through one smem part
-    fields = {**_DQ_SLOT[192], "dq_tma": True, "dq_slots": 1, "pds_swizzle_per_wg": True, "dkv_early": True,
-              "scale_in_ds": True}
-    cfg = bwd_config("bf16", 192, **fields, **MASKS[mask])
-    _check_wide_report(inspect_kernel("bwd", dtype="bf16", hdim=192, **fields, **MASKS[mask]), cfg, mask)
-
-
 @pytest.mark.parametrize(("hdim", "mask", "waits"), [
     (64, "none", 2), (128, "causal", 2), (128, "deterministic", 2), (192, "none", 2), (256, "causal", 2)])
 def test_backward_pdl_compiles(hdim, mask, waits):
@@ -817,8 +797,6 @@ def test_dq_tma_only_in_the_wide_kernel():
         bwd_config("bf16", 256, ds_stages=1, dq_tma=False, dq_slots=1)
     with pytest.raises(ValueError, match="dq_slots 2"):
         bwd_config("bf16", 256, ds_stages=1, dq_tma=True, dq_slots=2)
-    with pytest.raises(ValueError, match="pds_swizzle_per_wg exists only"):
-        bwd_config("bf16", 128, pds_swizzle_per_wg=True)
     with pytest.raises(ValueError, match="shared memory"):
         # the whole dQ tile has no room in the dispatched 64 x 80 tile, even with one P / dS pair
         bwd_config("bf16", 256, dq_tma=True, dq_slots=0)
@@ -830,8 +808,6 @@ def test_dkv_by_keys_only_in_the_wide_kernel():
     with pytest.raises(ValueError, match="must split into 64-row WGMMA M tiles"):
         bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=False)  # the head-dim split needs 3 at 192
     assert bwd_config("bf16", 192, num_consumer_wg=2, dkv_by_keys=True).num_consumer_wg == 2
-    with pytest.raises(ValueError, match="dkv_early needs dkv_by_keys"):
-        bwd_config("bf16", 192, **BWD_WIDE_ATOMICS[192], dkv_early=True)
 
 
 def test_dq_accum_head_major_is_a_permuted_view():

@@ -319,7 +319,6 @@ WIDE_ATOMICS = plan.BWD_WIDE_ATOMICS
     (256, {"ds_stages": 1}),  # one P / dS buffer pair (two, the default, drop a barrier per step)
     (192, {"ds_stages": 1}),
     (192, {"dkv_by_keys": True, "num_consumer_wg": 2}),  # FA4's shape (docs/decisions.md)
-    (192, {"dkv_by_keys": True, "num_consumer_wg": 2, "dkv_early": True}),
 ])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _WIDE_CASES)
 def test_backward_wide_variants(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
@@ -483,18 +482,6 @@ DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_
 # accumulator (BwdConfig.dq_rows_interleaved): batch > 1 with ragged query lengths is where a wrong
 # merge of batch into the rows would show
 DQ_ROWS = {d: {**DQ_SLOT[d], "dq_rows_interleaved": True} for d in DQ_SLOT}
-
-
-# FA4's whole step at 192: its P / dS swizzle, dV^T first, the scale in dS, dQ through one part
-DQ_FA4_STEP = {192: {**DQ_SLOT[192], "pds_swizzle_per_wg": True, "dkv_early": True, "scale_in_ds": True}}
-
-
-@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
-    (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0),
-    (1, 700, 700, 2, 2, False, (100, 20), 10.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
-def test_backward_dq_slot_fa4_step_192(b, sq, sk, hq, hk, causal, window, softcap):
-    with runtime.bwd_config_overrides(**DQ_FA4_STEP[192]):
-        run_case(b, sq, sk, hq, hk, 192, causal=causal, window=window, softcap=softcap)
 
 
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [

@@ -71,7 +71,6 @@ import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
@@ -84,7 +83,7 @@ _BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are don
 _BAR_PDS_FULL = 3  # this query block's P and dS are in smem
 _BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any more / tile written
 _BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
-# dkv_early: warpgroup w's own P / dS columns are in smem (its 128 threads), ids 6 .. 6 + W - 1
+# sdp_by_gemm: warpgroup 0's own P columns are in smem (its 128 threads)
 _BAR_WG_PDS = 6
 # sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
 _BAR_P_FULL = 8
@@ -117,8 +116,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         keys of tile_n 80, 48 of 96 with two warpgroups, 32 of 64 whose tile-wide atom is the
         128-byte one) the interleaved (unswizzled) atom of 8 x 8 core matrices, as FA3 picks for
         64 x 80: each core matrix is 128 contiguous bytes, so stmatrix and WGMMA stay free of bank
-        conflicts; with pds_swizzle_per_wg the widest swizzle that does divide the warpgroup's keys
-        where there is one (FA4's rule).
+        conflicts.
         """
         atom_cols = _atom_cols(self.dtype, self.tile_n)
         # one pair of buffers keeps the 2-D layout (and the dispatched kernels' code) unchanged
@@ -126,11 +124,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         if self.keys_per_wg % atom_cols == 0:
             return L.smem_layout_row_major(self.dtype, self.tile_m, self.tile_n, *stages)
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_INTER, self.dtype)
-        swizzled = _atom_cols(self.dtype, self.keys_per_wg) >= 256 // self.dtype.width
-        if self.cfg.pds_swizzle_per_wg and swizzled:
-            # a narrower swizzle that each warpgroup's columns hold whole (SW32 for 48 keys)
-            kind = sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.keys_per_wg)
-            atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
         shape = (self.tile_m, self.tile_n, *stages)
         return cute.tile_to_shape(atom, shape, order=tuple(range(len(shape))))
 
@@ -541,20 +534,11 @@ class FlashBwdWideSm90(BwdKernelBase):
                 tVrP_s = self.pds_buffer(tVrP, pds)
                 tKrdS_s = self.pds_buffer(tKrdS, pds)
                 tQrdS_s = self.pds_buffer(tQrdS, pds)
-                if cutlass.const_expr(self.cfg.dkv_early):
-                    # dV^T reads only this warpgroup's P columns: it starts once this warpgroup has
-                    # written them; dQ reads every warpgroup's dS and waits for all of them
-                    cute.arch.barrier(barrier_id=_BAR_WG_PDS + wg, number_of_threads=128)
-                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
-                          zero_init=False)
-                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
-                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                else:
-                    cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
-                    # dQ first, so its atomics run under dV and dK
-                    issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
-                    issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
-                          zero_init=False)
+                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                # dQ first, so its atomics run under dV and dK
+                issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
+                issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
+                      zero_init=False)
                 if cutlass.const_expr(self.dq_chunks == 2):
                     # dQ in two halves through the same registers: the first's atomics under dV^T, the
                     # second's under dK^T
@@ -576,8 +560,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 else:
                     issue(tiled_mma_dkv, acc_dK, tKrQ[None, None, None, state.index], tKrdS_s,
                           zero_init=False)
-                    # dQ has landed (issued first, or second after dV^T with dkv_early)
-                    warpgroup.wait_group(1 if self.cfg.dkv_early else 2)
+                    # dQ has landed (issued first)
+                    warpgroup.wait_group(2)
                     self.emit_dq(acc_dQ, rdQ_half, dq_copy, tdQsdQ, dq_coords, 0, wg, mdQaccum, mdQsem,
                                  m_block, n_block, head, batch, seqlen_q, seqlen_k, window_left, window_right,
                                  tidx, softmax_scale, step)
