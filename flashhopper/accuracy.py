@@ -109,3 +109,25 @@ def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: 
         bound = 1e-5 * torch.clamp(ref[seen].abs(), min=1.0)
         worst = (err / bound).max().item()
         assert worst <= 1.0, f"LSE error {worst:.3g}x the bound 1e-5 * max(1, |lse|)"
+
+
+def check_forward(out, lse, q, k, v, scale, causal, window, softcap) -> None:
+    """A forward's out and LSE against the float64 reference by the rule."""
+    from flashhopper.reference import attention_ref
+
+    ref, ref_lse = attention_ref(q, k, v, scale, causal, window, softcap)
+    emu, emu_lse = emulate_forward(q, k, v, scale, causal, window, softcap)
+    check_output("out", out, ref, emu, softcap)
+    check_lse(lse, ref_lse, emu_lse, softcap)
+
+
+def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, label: str = "") -> None:
+    """(dq, dk, dv) against the float64 reference by the rule, with dQ's and dK's cancellation floor."""
+    from flashhopper.reference import attention_bwd_ref
+
+    refs = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
+    emus = emulate_backward(q, k, v, dout, scale, causal, window, softcap)
+    floors = (cancellation_floor(dout, v, k, scale), cancellation_floor(dout, v, q, scale), 0.0)
+    for name, x, ref, emu, floor in zip(("dq", "dk", "dv"), grads, refs, emus, floors, strict=True):
+        assert x.dtype == q.dtype, (name, x.dtype)
+        check_output(f"{name}{label}", x, ref, emu, softcap, floor=floor)

@@ -141,9 +141,6 @@ def _cmd_fuzz(args) -> int:
         except (ValueError, TypeError, KeyError) as exc:
             print(f"flashhopper fuzz: --case takes the JSON a failure printed ({exc})", file=sys.stderr)
             return 2
-        from flashhopper.hopper import runtime
-
-        runtime.poison = True
         problem = run(case, backward=not args.no_bwd)
         print(problem or "passed")
         return 1 if problem else 0

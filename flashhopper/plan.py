@@ -317,3 +317,24 @@ def dispatched_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = Tru
                        backward: bool = True) -> list:
     """Every kernel config a call can dispatch (dispatched_calls' keys)."""
     return list(dispatched_calls(dtypes, hdims, forward, backward))
+
+
+# the fields whose every dispatched value a covering subset holds (CI's compile checks, the sanitizer)
+COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
+         "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
+         "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq")
+
+
+def features(cfg) -> set:
+    return {(type(cfg).__name__, f, getattr(cfg, f)) for f in COVER if hasattr(cfg, f)}
+
+
+def covering_subset(configs) -> list:
+    """Configs in order, each kept only if it covers a (class, field, value) none before did."""
+    covered, chosen = set(), []
+    for cfg in configs:
+        new = features(cfg) - covered
+        if new:
+            chosen.append(cfg)
+            covered |= new
+    return chosen

@@ -1,6 +1,6 @@
-"""compute-sanitizer over one odd-shaped call of each dispatched kernel class: the covering subset
-of tests/test_dispatched.py (every field value of the dispatch at least once), each call made from
-the first lengths that dispatch it (flashhopper.plan.dispatched_calls), forward and backward.
+"""compute-sanitizer over one odd-shaped call of each dispatched kernel class: plan.covering_subset
+(every field value of the dispatch at least once, as CI's compile checks), each call made from the
+first lengths that dispatch it (flashhopper.plan.dispatched_calls), forward and backward.
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize.py
     compute-sanitizer --tool racecheck --report-api-errors no python3 scripts/sanitize.py --fwd
@@ -20,9 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from flashhopper.config import BwdConfig, BwdPreConfig  # noqa: E402
-from flashhopper.plan import dispatched_calls  # noqa: E402
+from flashhopper.plan import covering_subset, dispatched_calls  # noqa: E402
 
 
 def main() -> int:
@@ -34,8 +33,6 @@ def main() -> int:
     args = parser.parse_args()
     calls = dispatched_calls(backward=not args.fwd)
     if not args.all:
-        from test_dispatched import covering_subset
-
         calls = {cfg: calls[cfg] for cfg in covering_subset(list(calls))}
     runs = []
     for cfg, call in calls.items():

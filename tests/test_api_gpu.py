@@ -8,21 +8,17 @@ import pytest
 import torch
 
 from flashhopper import flash_attn_func
-from flashhopper.accuracy import check_lse, check_output, emulate_forward
-from flashhopper.reference import attention_ref
+from flashhopper.accuracy import check_forward
 
 pytestmark = pytest.mark.gpu
 
 
 def check(q, k, v, **kw):
     out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
-    ref, ref_lse = attention_ref(q, k, v, **kw)
     scale = kw.get("softmax_scale") or q.shape[-1] ** -0.5
-    emu, emu_lse = emulate_forward(q, k, v, scale, kw.get("causal", False), kw.get("window_size", (-1, -1)),
-                                   kw.get("softcap", 0.0))
     assert out.shape == q.shape and out.dtype == q.dtype
-    check_output("out", out, ref, emu, kw.get("softcap", 0.0))
-    check_lse(lse, ref_lse, emu_lse, kw.get("softcap", 0.0))
+    check_forward(out, lse, q, k, v, scale, kw.get("causal", False), kw.get("window_size", (-1, -1)),
+                  kw.get("softcap", 0.0))
 
 
 def rand(*shape, dtype=torch.bfloat16):

@@ -518,7 +518,7 @@ def test_backward_lpt_compiles(hdim, mask, fields):
 
 # BwdConfig.fused_dq_cast: dQ converted inside the main kernel (hopper/bwd.py convert_dq)
 def _brute_force_visits(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr):
-    from flashhopper.hopper.bwd_common import host_m_block_range
+    from flashhopper.hopper.host import host_m_block_range
 
     num_m = -(-sq // tile_m)
     visits = [0] * num_m
@@ -534,7 +534,8 @@ def test_dq_contributors_match_the_key_blocks_that_visit():
     blocks nobody visits, against the visits of every key block's m_block_range."""
     import random
 
-    from flashhopper.hopper.bwd_common import dq_contributors, every_q_block_visited
+    from flashhopper.hopper.bwd_common import dq_contributors
+    from flashhopper.hopper.host import every_q_block_visited
 
     rng = random.Random(7)
     big = 1 << 30  # runtime._UNBOUNDED

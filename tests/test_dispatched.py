@@ -4,7 +4,7 @@ preprocess's 16-byte loads) present, register hand-off where there are warpgroup
 local memory, no spill.
 
 `make test` compiles a covering subset: configs taken in the planner's order while each adds a value
-not yet covered of one of its class's fields in COVER (head dim, dtype, mask kind, softcap,
+not yet covered of one of its class's fields in plan.COVER (head dim, dtype, mask kind, softcap,
 deterministic, tiles, stages, schedule): every hdim, dtype, mask kind and schedule at least once.
 `make test-full` (FH_TEST_FULL=1) compiles every one; run it before a kernel change lands.
 """
@@ -17,33 +17,12 @@ import pytest
 
 from flashhopper.compile import ensure_arch_env, inspect_cubin
 from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
-from flashhopper.plan import dispatched_kernels
+from flashhopper.plan import covering_subset, dispatched_kernels, features
 
 ensure_arch_env()
 
 ALL = dispatched_kernels()
 FULL = os.environ.get("FH_TEST_FULL") == "1"
-
-
-# the fields whose every dispatched value the CI subset covers
-COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
-         "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
-         "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq")
-
-
-def features(cfg) -> set:
-    return {(type(cfg).__name__, f, getattr(cfg, f)) for f in COVER if hasattr(cfg, f)}
-
-
-def covering_subset(configs) -> list:
-    """Configs in order, each kept only if it covers a (class, field, value) none before did."""
-    covered, chosen = set(), []
-    for cfg in configs:
-        new = features(cfg) - covered
-        if new:
-            chosen.append(cfg)
-            covered |= new
-    return chosen
 
 
 CHOSEN = ALL if FULL else covering_subset(ALL)

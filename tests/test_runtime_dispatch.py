@@ -125,16 +125,20 @@ def test_backward_override_wins_over_the_per_call_choice_it_rules_out(bwd_launch
     assert not cfg.dq_rows_interleaved
 
 
-def test_fault_hooks_launch_what_they_say(fwd_launches, monkeypatch):
-    """runtime.fault's forward faults (tests/test_faults_gpu.py): the last row left out of the launch
+@pytest.mark.parametrize("fault", ["unwritten_row", "wrong_scale"])
+def test_fault_hooks_launch_what_they_say(fwd_launches, monkeypatch, fault):
+    """tests/faults.py's forward faults (tests/test_faults_gpu.py): the last row left out of the launch
     while the caller still gets every row; the scale 1% off."""
+    import faults
+
     q, k, v = _tensors(1, 300, 517, 2, 2, 128)
     runtime.forward(q, k, v, 0.1, False, (-1, -1), 0.0)
     plain = fwd_launches.pop()[1]
-    monkeypatch.setattr(runtime, "fault", "unwritten_row")
+    faults.inject(monkeypatch, runtime, fault)
     out, lse = runtime.forward(q, k, v, 0.1, False, (-1, -1), 0.0)
     args = fwd_launches.pop()[1]
-    assert args[0].shape[1] == 299 and args[3].shape[1] == 299 and out.shape[1] == 300 and lse.shape[2] == 300
-    monkeypatch.setattr(runtime, "fault", "wrong_scale")
-    runtime.forward(q, k, v, 0.1, False, (-1, -1), 0.0)
-    assert fwd_launches.pop()[1][6] == pytest.approx(plain[6] * 1.01)
+    if fault == "unwritten_row":
+        assert args[0].shape[1] == 299 and args[3].shape[1] == 299
+        assert out.shape[1] == 300 and lse.shape[2] == 300
+    else:
+        assert args[6] == pytest.approx(plain[6] * 1.01)

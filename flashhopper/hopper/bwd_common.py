@@ -11,7 +11,6 @@ from cutlass.cute.nvgpu import cpasync
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
-from flashhopper.hopper.host import every_q_block_visited, host_m_block_range  # noqa: F401 (re-exported)
 
 
 def smem_struct(fields: dict):

@@ -248,16 +248,15 @@ def _read_valid(folder: Path, name: str, key: str) -> dict | None:
             and manifest.get("fingerprint") == fingerprint()):
         stats["broken"] += 1
         return None
+    exts = ("o", "cubin") + (("so",) if manifest.get("so_sha256") else ())
     try:
-        hashes_ok = all(manifest.get(f"{ext}_sha256") == _sha((folder / f"{name}.{ext}").read_bytes())
-                        for ext in ("o", "cubin") + (("so",) if manifest.get("so_sha256") else ()))
-        cubin = (folder / f"{name}.cubin").read_bytes()
+        files = {ext: (folder / f"{name}.{ext}").read_bytes() for ext in exts}
     except OSError:
-        hashes_ok = False
-    if not hashes_ok:
+        files = {}
+    if not files or any(manifest.get(f"{ext}_sha256") != _sha(data) for ext, data in files.items()):
         stats["broken"] += 1
         return None
-    return {**manifest, "cubin": cubin}
+    return {**manifest, "cubin": files["cubin"]}
 
 
 def _load_disk(folder: Path, name: str, key: str) -> _Entry | None:

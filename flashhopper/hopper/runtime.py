@@ -35,17 +35,7 @@ _bwd_overrides: dict = {}
 # preprocess clears) is filled with NaN first, so an element a kernel misses, or reads before its
 # producer wrote it, shows as NaN in the result
 poison = False
-
-
-# test hook: one deliberate fault, to show that the GPU suite catches it (tests/test_faults_gpu.py):
-# "wrong_scale" (the forward's scale 1% off), "unwritten_row" (the forward skips the last query
-# row), "dv_key_block" (keys 128-255 of dV zeroed), "stale_workspace" (the backward's preprocess
-# not run: the main kernel reads LSE / D rows nobody wrote)
-fault: str | None = None
-
-
-def _poisoned(t: torch.Tensor) -> torch.Tensor:
-    return t.fill_(float("nan")) if poison else t
+_NAN = float("nan")
 
 
 @contextlib.contextmanager
@@ -181,20 +171,18 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0)
     fn = get_kernel(cfg)
     if out is None:
-        out = _poisoned(torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device))
+        out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
+        if poison:
+            out.fill_(_NAN)
     if lse is None:
-        lse = _poisoned(torch.empty(b, h, sq, dtype=torch.float32, device=q.device))
-    q_run, out_run, lse_run = q, out, lse
-    if fault:  # tests only
-        if fault == "unwritten_row":  # launched on all rows but the last, which keeps its poison
-            q_run, out_run, lse_run, sq = q[:, :-1], out[:, :-1], lse[:, :, :-1], sq - 1
-        elif fault == "wrong_scale":
-            softmax_scale *= 1.01
+        lse = torch.empty(b, h, sq, dtype=torch.float32, device=q.device)
+        if poison:
+            lse.fill_(_NAN)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
-    fn(q_run, k, v, out_run, lse_run, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
+    fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
     return out, lse
 
 
@@ -218,10 +206,12 @@ def _dq_rows(dq_accum_all, cfg: BwdConfig, sq: int):
 
 def _bwd_plan_uncached(dtype, hdim: int, sq: int, sk: int, causal: bool, window_size, softcap: bool,
                        deterministic: bool):
-    """The backward's config and mask for a call's shapes and flags: (config, causal kernel,
-    local kernel, window_left, window_right), the test / tuning overrides applied."""
-    return plan.bwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap, deterministic,
-                         **_bwd_overrides)
+    """The backward's configs and mask for a call's shapes and flags: (config, its preprocess's
+    config, causal kernel, local kernel, window_left, window_right), the test / tuning overrides
+    applied."""
+    cfg, *mask = plan.bwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap,
+                               deterministic, **_bwd_overrides)
+    return (cfg, BwdPreConfig.of(cfg), *mask)
 
 
 _bwd_plan = functools.lru_cache(maxsize=4096)(_bwd_plan_uncached)  # as _fwd_plan; overrides bypass it
@@ -231,10 +221,10 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
              deterministic: bool = False, dk=None, dv=None):
     """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
     plan = _bwd_plan_uncached if _bwd_overrides else _bwd_plan
-    cfg, causal, local, wl, wr = plan(q.dtype, q.shape[-1], q.shape[1], k.shape[1], causal,
-                                      tuple(window_size), softcap > 0.0, deterministic)
+    cfg, pre_cfg, causal, local, wl, wr = plan(q.dtype, q.shape[-1], q.shape[1], k.shape[1], causal,
+                                               tuple(window_size), softcap > 0.0, deterministic)
     fn = get_kernel(cfg)
-    pre = get_kernel(BwdPreConfig.of(cfg))
+    pre = get_kernel(pre_cfg)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
     # where P must be 0 (padding, rows that saw no key), D = rowsum(dO * O) with 0 padding
     b, sq, h, _ = q.shape
@@ -242,13 +232,17 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     # the preprocess writes whole blocks of its PRE_ROWS_PER_CTA rows: with 80-row query blocks the
     # kernel's last block may end inside one of them (the rows past sq_pad are never read)
     rows = -(-sq_pad // PRE_ROWS_PER_CTA) * PRE_ROWS_PER_CTA
-    lse_log2 = _poisoned(torch.empty((b, h, rows), dtype=torch.float32, device=q.device))
-    d_rows = _poisoned(torch.empty((b, h, rows), dtype=torch.float32, device=q.device))
+    lse_log2 = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
+    d_rows = torch.empty((b, h, rows), dtype=torch.float32, device=q.device)
+    if poison:
+        lse_log2.fill_(_NAN)
+        d_rows.fill_(_NAN)
     if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
-        dq_accum_all = _poisoned(_dq_accum(q, cfg, torch.empty))
+        dq_accum_all = _dq_accum(q, cfg, torch.empty)
+        if poison:
+            dq_accum_all.fill_(_NAN)
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
-        if fault != "stale_workspace":
-            pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
+        pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
         if cfg.scale_in_ds:
             pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
@@ -266,17 +260,20 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         # the kernel stores every query block some key block sees; the others (queries with no
         # key, at the ends of some masks) must read 0
         every = every_q_block_visited(sq, k.shape[1], cfg.tile_m, cfg.tile_n, causal or local, local, wl, wr)
-        if every:
-            dq = _poisoned(torch.empty(q.shape, dtype=q.dtype, device=q.device))
-        else:
-            dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dk = _poisoned(torch.empty_like(k)) if dk is None else dk
-    dv = _poisoned(torch.empty_like(v)) if dv is None else dv
+        dq = (torch.empty if every else torch.zeros)(q.shape, dtype=q.dtype, device=q.device)
+        if every and poison:
+            dq.fill_(_NAN)
+    if dk is None:
+        dk = torch.empty_like(k)
+        if poison:
+            dk.fill_(_NAN)
+    if dv is None:
+        dv = torch.empty_like(v)
+        if poison:
+            dv.fill_(_NAN)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
        softmax_scale, wl, wr)
-    if fault == "dv_key_block":
-        dv[:, 128:256] = 0
     if dq is not None:
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
