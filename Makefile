@@ -7,7 +7,7 @@ STAMP := $(VENV)/.flashhopper-installed
 # A usable NVIDIA GPU means the machine already has a CUDA torch: reuse it instead of a CPU wheel.
 HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 
-.PHONY: venv test test-full demo gpu-test
+.PHONY: venv test test-full demo gpu-test gpu-test-full
 
 venv: $(STAMP)
 
@@ -39,8 +39,15 @@ demo: venv
 
 # The whole GPU suite on an H100/H200 (after `source .device/setup.sh` there): the dispatched kernels
 # compiled first by parallel workers, then the tests in GPU_JOBS processes sharing one GPU and the
-# kernel cache; a GPU test that skips fails.
+# kernel cache, with compiling forbidden (a kernel precompile did not build fails its test); a GPU
+# test that skips fails.
 GPU_JOBS ?= 8
 gpu-test:
 	python3 -m flashhopper.cli precompile --bwd --jobs $$(nproc)
-	FH_REQUIRE_GPU=1 python3 -m pytest -q -m gpu -n $(GPU_JOBS) tests
+	FLASHHOPPER_JIT=0 FH_REQUIRE_GPU=1 python3 -m pytest -q -m gpu -n $(GPU_JOBS) tests
+
+# also the GPU tests of kernel variants no user is dispatched (tests marked `variant`), compiled as
+# they come: run before a kernel change lands
+gpu-test-full:
+	python3 -m flashhopper.cli precompile --bwd --jobs $$(nproc)
+	FH_TEST_FULL=1 FH_REQUIRE_GPU=1 python3 -m pytest -q -m gpu -n $(GPU_JOBS) tests

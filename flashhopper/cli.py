@@ -127,7 +127,7 @@ def _cmd_cache(args) -> int:
 def _cmd_fuzz(args) -> int:
     import torch
 
-    from flashhopper.fuzz import Case, fuzz, run
+    from flashhopper.fuzz import Case, fuzz, fuzz_parallel, run
 
     if args.cases < 1 and not args.case:
         print(f"flashhopper fuzz: --cases takes N >= 1, got {args.cases}", file=sys.stderr)
@@ -144,7 +144,20 @@ def _cmd_fuzz(args) -> int:
         problem = run(case, backward=not args.no_bwd)
         print(problem or "passed")
         return 1 if problem else 0
-    report = fuzz(args.cases, args.seed, backward=not args.no_bwd)
+    try:
+        k, n = (int(x) for x in args.shard.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except ValueError:
+        print(f"flashhopper fuzz: --shard takes K/N with 0 <= K < N, got {args.shard!r}", file=sys.stderr)
+        return 2
+    if args.jobs < 1:
+        print(f"flashhopper fuzz: --jobs takes N >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    if args.jobs > 1:
+        report = fuzz_parallel(args.cases, args.seed, args.jobs, backward=not args.no_bwd)
+    else:
+        report = fuzz(args.cases, args.seed, backward=not args.no_bwd, shard=(k, n))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -270,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-bwd", action="store_true", help="the forward only")
     p.add_argument("--case", metavar="JSON", help="run the one case a failure printed")
+    p.add_argument("--jobs", type=int, default=1, help="processes sharing the GPU, each a shard of the cases")
+    p.add_argument("--shard", default="0/1", metavar="K/N", help="only cases i with i %% N == K")
     p.add_argument("--json", metavar="FILE", help="also write the counts as JSON")
     p.set_defaults(func=_cmd_fuzz)
 

@@ -162,23 +162,62 @@ def kernels_of(case: Case, backward: bool) -> set:
     return hit
 
 
-def fuzz(cases: int, seed: int, backward: bool = True, log=print) -> dict:
-    """Run `cases` cases; print each failure's reproducer; return the counts."""
+def fuzz(cases: int, seed: int, backward: bool = True, log=print, shard: tuple[int, int] = (0, 1)) -> dict:
+    """Run cases i < `cases` with i % n == k for shard (k, n); print each failure's reproducer;
+    return the counts, the failures' JSON and the configs hit (as reprs, for merging shards)."""
     from flashhopper.plan import dispatched_kernels
 
+    k, n = shard
     failures, hit = [], set()
-    for i in range(cases):
+    mine = range(k, cases, n)
+    for done, i in enumerate(mine, 1):
         case = draw(i, seed)
         hit |= kernels_of(case, backward)
         problem = run(case, backward)
         if problem:
-            failures.append(case)
+            failures.append(case.to_json())
             flag = "" if backward else " --no-bwd"
             log(f"FAIL {problem}\n  reproduce: flashhopper fuzz --case '{case.to_json()}'{flag}")
-        if (i + 1) % 100 == 0:
-            log(f"{i + 1} cases, {len(failures)} failed, {len(hit)} kernel configs hit")
+        if done % 100 == 0:
+            log(f"{done} cases, {len(failures)} failed, {len(hit)} kernel configs hit")
     reachable = set(dispatched_kernels(forward=True, backward=backward))
-    log(f"{cases} cases (seed {seed}), {len(failures)} failed; kernel configs hit: {len(hit & reachable)} of "
-        f"{len(reachable)} dispatched")
-    return {"cases": cases, "failed": len(failures), "configs_hit": len(hit & reachable),
-            "configs": len(reachable)}
+    log(f"{len(mine)} cases (seed {seed}, shard {k}/{n}), {len(failures)} failed; kernel configs hit: "
+        f"{len(hit & reachable)} of {len(reachable)} dispatched")
+    return {"cases": len(mine), "failed": len(failures), "configs_hit": len(hit & reachable),
+            "configs": len(reachable), "failures": failures, "hit": sorted(repr(c) for c in hit & reachable)}
+
+
+def fuzz_parallel(cases: int, seed: int, jobs: int, backward: bool = True, log=print) -> dict:
+    """`fuzz` in `jobs` processes sharing the GPU (shard k of n each), merged: the draws are those of
+    one process, only spread."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="flashhopper-fuzz-") as tmp:
+        procs = []
+        for k in range(jobs):
+            cmd = [sys.executable, "-m", "flashhopper.cli", "fuzz", "--cases", str(cases),
+                   "--seed", str(seed), "--shard", f"{k}/{jobs}", "--json", os.path.join(tmp, f"{k}.json")]
+            procs.append(subprocess.Popen(cmd + ([] if backward else ["--no-bwd"]), stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        reports = []
+        for k, proc in enumerate(procs):
+            out, _ = proc.communicate()
+            for line in out.splitlines():
+                if line.startswith(("FAIL", "  reproduce", "Traceback")) or "Error" in line:
+                    log(line)
+            path = os.path.join(tmp, f"{k}.json")
+            if not os.path.exists(path):
+                raise RuntimeError(f"fuzz shard {k}/{jobs} ended without a report (exit {proc.returncode}):\n"
+                                   + out[-2000:])
+            with open(path) as f:
+                reports.append(json.load(f))
+    hit = set().union(*(r["hit"] for r in reports))
+    merged = {"cases": sum(r["cases"] for r in reports), "failed": sum(r["failed"] for r in reports),
+              "configs_hit": len(hit), "configs": reports[0]["configs"],
+              "failures": [f for r in reports for f in r["failures"]], "hit": sorted(hit)}
+    log(f"{merged['cases']} cases (seed {seed}, {jobs} processes), {merged['failed']} failed; kernel configs "
+        f"hit: {merged['configs_hit']} of {merged['configs']} dispatched")
+    return merged

@@ -15,6 +15,16 @@ if os.environ.get("CI"):
 
 # FH_REQUIRE_GPU=1 (make gpu-test): a GPU test that skips, or no Hopper GPU at all, is a failure
 REQUIRE_GPU = os.environ.get("FH_REQUIRE_GPU") == "1"
+# FH_TEST_FULL=1 (make test-full, make gpu-test-full): also the tests of kernel variants no user is
+# dispatched (a config override); without it they are deselected, so `make gpu-test` runs only kernels
+# `flashhopper precompile` built and can forbid compiling (FLASHHOPPER_JIT=0)
+FULL = os.environ.get("FH_TEST_FULL") == "1"
+
+
+def _is_variant(item) -> bool:
+    """Marked `variant`, or parametrized with a non-empty `fields` override."""
+    fields = getattr(getattr(item, "callspec", None), "params", {}).get("fields")
+    return "variant" in item.keywords or bool(fields)
 
 
 def hopper_available() -> bool:
@@ -25,7 +35,16 @@ def hopper_available() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: `-m variant` sees the marks added here
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _is_variant(item):
+            item.add_marker(pytest.mark.variant)
+    if not FULL:
+        variants = [item for item in items if _is_variant(item)]
+        if variants:
+            config.hook.pytest_deselected(items=variants)
+            items[:] = [item for item in items if not _is_variant(item)]
     # a variant that has never run on a GPU could hang the whole GPU suite: its tests run only when asked
     if os.environ.get("FH_TEST_EXPERIMENTAL") != "1":
         later = pytest.mark.skip(reason="experimental kernel variant: set FH_TEST_EXPERIMENTAL=1")

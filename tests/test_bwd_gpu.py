@@ -162,6 +162,7 @@ def test_backward_scale_in_ds(d, fields, dtype, b, sq, sk, hq, hk, causal, windo
         run_case(b, sq, sk, hq, hk, d, dtype=dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(128, True, (-1, -1)), (256, False, (300, 40))])
 def test_deterministic_scale_in_ds_is_bitwise_reproducible(d, causal, window):
     # (hdim 128 has it by default, so its off variant is the one checked there)
@@ -192,6 +193,7 @@ def test_backward_80_rows(fields, dtype, b, sq, sk, hq, hk, causal, window, soft
         run_case(b, sq, sk, hq, hk, 128, dtype=dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 def test_backward_80_rows_writes_every_gradient():
     q, k, v, dout = make_inputs(2, 333, 517, 4, 2, 128, torch.bfloat16, "bshd", 12)
     out, lse = runtime.forward(q, k, v, 0.125, False, (-1, -1), 0.0)
@@ -255,6 +257,7 @@ def test_backward_mask_runs_variants(d, fields, b, sq, sk, hq, hk, causal, windo
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap",
                          [_MASK_RUNS_CASES[i] for i in (0, 1, 3, 4, 5, 6)])
@@ -275,6 +278,7 @@ def test_backward_mask_runs_matches_default_bitwise(d, b, sq, sk, hq, hk, causal
         assert torch.equal(a, b_), f"d{name}: mask_runs differs from the default kernel"
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (128, False, (200, 50)),
                                              (96, False, (-1, -1))])
 def test_deterministic_mask_runs_is_bitwise_reproducible(d, causal, window):
@@ -299,6 +303,7 @@ _WIDE_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 WIDE_ATOMICS = plan.BWD_WIDE_ATOMICS
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize(("d", "fields"), [
     (256, {"tile_n": 64, "do_stages": 0}),
     (256, {"tile_n": 64, "do_stages": 1}),
@@ -418,6 +423,7 @@ _HEAD_MAJOR_CASES = [  # the wide kernel's TMA reduce-adds (dq_tma) exist at hdi
     for d in (64, 128, 192, 256) if name != "dq_slot" or d >= 192]
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize(("fields", "d"), _HEAD_MAJOR_CASES)
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
@@ -430,12 +436,14 @@ def test_backward_dq_accum_head_major(fields, d, b, sq, sk, hq, hk, causal, wind
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(128, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_dq_accum_head_major_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(dq_accum_head_major=True):
         _check_deterministic(d, causal, window)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
@@ -449,6 +457,7 @@ def test_backward_pdl(d, b, sq, sk, hq, hk, causal, window, softcap):
             run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(128, True, (-1, -1)), (256, False, (300, 40))])
 def test_deterministic_pdl_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(pdl=True):
@@ -474,6 +483,7 @@ DQ_SLOT = {192: {"num_consumer_wg": 2, "dkv_by_keys": True, "ds_stages": 1, "dq_
 DQ_ROWS = {d: {**DQ_SLOT[d], "dq_rows_interleaved": True} for d in DQ_SLOT}
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0),
     (1, 700, 700, 2, 2, False, (100, 20), 10.0), (2, 17, 17, 4, 2, True, (-1, -1), 0.0)])
@@ -484,6 +494,7 @@ def test_backward_dq_tma_fa4_tile_256(b, sq, sk, hq, hk, causal, window, softcap
         run_case(b, sq, sk, hq, hk, 256, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("slot", ["tile", "slot", "rows"])
 @pytest.mark.parametrize("d", [192, 256])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
@@ -495,6 +506,7 @@ def test_backward_dq_tma(slot, d, b, sq, sk, hq, hk, causal, window, softcap):
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("slot", ["tile", "slot", "rows"])
 @pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (256, False, (300, 40))])
 def test_deterministic_dq_tma_is_bitwise_reproducible(slot, d, causal, window):
@@ -503,6 +515,7 @@ def test_deterministic_dq_tma_is_bitwise_reproducible(slot, d, causal, window):
 
 
 # the keys kernel's dQ tile with its rows interleaved the same way (hdim 64 / 96; 128 at 64-row steps)
+@pytest.mark.variant
 @pytest.mark.parametrize(("d", "fields"), [(64, {}), (96, {}), (128, {"tile_m": 64})])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (2, 517, 300, 2, 2, True, (-1, -1), 0.0),
@@ -513,18 +526,21 @@ def test_backward_dq_rows_interleaved_keys(d, fields, b, sq, sk, hq, hk, causal,
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (96, False, (300, 40))])
 def test_deterministic_dq_rows_interleaved_keys_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(dq_rows_interleaved=True):
         _check_deterministic(d, causal, window)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(256, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_one_pds_buffer_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(**{**WIDE_ATOMICS[d], "ds_stages": 1}):
         _check_deterministic(d, causal, window)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(192, True, (-1, -1)), (192, False, (300, 40))])
 def test_deterministic_wide_dkv_by_keys_is_bitwise_reproducible(d, causal, window):
     with runtime.bwd_config_overrides(**{**WIDE_ATOMICS[d], "dkv_by_keys": True, "num_consumer_wg": 2}):
@@ -592,6 +608,7 @@ def test_backward_lpt(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
     check_grads((dq, dk, dv), q, k, v, dout, scale, causal, window, softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", [
     (2, 300, 517, 4, 2, False, (-1, -1), 0.0), (1, 1000, 1000, 2, 1, True, (-1, -1), 0.0),
@@ -620,6 +637,7 @@ _FUSED_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
 ]
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("fields", [{}, {"pre_zero_dq": False}])
 @pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _FUSED_CASES)
@@ -632,6 +650,7 @@ def test_backward_fused_dq_cast(d, fields, b, sq, sk, hq, hk, causal, window, so
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (128, False, (-1, -1)),
                                              (96, False, (300, 40)), (128, True, (-1, -1))])
 def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
@@ -653,6 +672,7 @@ def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
 
 # hdim 256 splits S / dP by GEMM (sdp_by_gemm, dispatched) except under softcap,
 # which keeps the split by keys: that kernel without softcap too, as formerly dispatched
+@pytest.mark.variant
 @pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window", [
     (2, 300, 517, 4, 2, False, (-1, -1)), (1, 1000, 1000, 3, 1, True, (-1, -1)),
     (1, 700, 700, 2, 2, False, (100, 20)), (1, 1, 17, 2, 2, False, (-1, -1))])

@@ -113,6 +113,7 @@ def test_no_recompile_across_shapes():
     assert kernel_cache.stats["compiled"] + kernel_cache.stats["disk"] == n
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window,softcap", [(128, False, (-1, -1), 0.0), (128, True, (-1, -1), 0.0),
                                                      (64, False, (-1, -1), 0.0), (64, True, (-1, -1), 0.0),
                                                      (256, True, (-1, -1), 0.0), (192, False, (-1, -1), 5.0),
@@ -128,6 +129,7 @@ def test_persistent(d, causal, window, softcap, monkeypatch):
         run_case(2, 700, 333, 4, 1, d, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,causal,window,softcap", [(128, False, (-1, -1), 0.0), (128, True, (-1, -1), 0.0),
                                                      (64, True, (-1, -1), 0.0), (256, True, (-1, -1), 0.0),
                                                      (96, False, (100, 20), 0.0)])
@@ -151,6 +153,7 @@ def _counters_zero(runtime):
         assert counter.shape == (2,) and not counter.any(), (key, counter.tolist())
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("persistent,cap", [(True, None), (True, 3), (False, None)])
 @pytest.mark.parametrize("d,causal", [(128, False), (128, True), (64, True)])
 def test_dynamic_scheduler_counter_reset(d, causal, cap, persistent, monkeypatch):
@@ -208,6 +211,7 @@ def test_dynamic_scheduler_counter_reset(d, causal, cap, persistent, monkeypatch
             assert torch.equal(out, e[0]) and torch.equal(lse, e[1]), (i, j)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("tile_n", [160, 176])
 @pytest.mark.parametrize("dtype,causal,window", [
     (torch.bfloat16, False, (-1, -1)), (torch.float16, False, (-1, -1)),
@@ -225,6 +229,7 @@ def test_wide_key_tiles(tile_n, dtype, causal, window, monkeypatch):
         run_case(2, 700, 333, 4, 1, 128, dtype, causal=causal, window=window)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("rescale_early", [False, True])
 @pytest.mark.parametrize("d,causal,window,overlap", [
     (128, False, (-1, -1), True), (128, True, (-1, -1), True), (128, False, (100, 20), True),
@@ -313,6 +318,7 @@ def _cases_then_many_tiles_per_cta(lengths, monkeypatch, d, dtype, **mask):
     run_case(3, 1000, 1000, 2, 2, d, dtype, **mask)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
     (128, torch.bfloat16, False, (-1, -1), 0.0, {}), (128, torch.bfloat16, True, (-1, -1), 0.0, {}),
     (128, torch.float16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, False, (-1, -1), 0.0, {}),
@@ -336,6 +342,7 @@ def test_wg_epilogue(d, dtype, causal, window, softcap, fields, monkeypatch):
             d, dtype, causal=causal, window=window, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
     (64, torch.bfloat16, False, (-1, -1), 0.0, {}), (64, torch.float16, True, (-1, -1), 0.0, {}),
     (64, torch.bfloat16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, True, (-1, -1), 5.0, {}),
@@ -371,6 +378,7 @@ _CLUSTER_SEQLENS = [(1, 1), (17, 17), (1000, 1000), (4097, 4097), (17, 4097), (4
                     (256, 1000), (500, 129)]
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("d,dtype,softcap", [(128, torch.bfloat16, 0.0), (128, torch.float16, 0.0),
                                              (256, torch.bfloat16, 0.0), (256, torch.float16, 0.0),
@@ -392,6 +400,7 @@ def test_cluster(d, dtype, softcap, persistent, monkeypatch):
                 run_case(1, 4097, 300, 3, 3, d, dtype, softcap=softcap)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("persistent", [False, True])
 def test_cluster_repeated_launches_are_identical(persistent, monkeypatch):
     """Many short clusters back to back (1-2 key blocks: the producer tail and the cluster
@@ -425,6 +434,7 @@ def test_cluster_refused_with_causal_or_the_dynamic_scheduler():
             forward(q, q, q, 0.088, False, (-1, -1), 0.0)
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
     (64, torch.bfloat16, True, (-1, -1), 0.0, {}), (64, torch.float16, False, (-1, -1), 0.0, {}),
     (64, torch.bfloat16, False, (100, 20), 0.0, {}), (64, torch.bfloat16, True, (-1, -1), 5.0, {}),
@@ -452,6 +462,7 @@ def test_q_ring(d, dtype, causal, window, softcap, fields, monkeypatch):
 _PERSISTENT = {"persistent": True, "dynamic_sched": True}
 
 
+@pytest.mark.variant
 @pytest.mark.parametrize("d,dtype,causal,window,softcap,fields", [
     (256, torch.bfloat16, False, (-1, -1), 0.0, {"o_v_stages": False}),
     (256, torch.bfloat16, True, (-1, -1), 0.0, _PERSISTENT),

@@ -180,6 +180,16 @@ def test_disk_off(tmp_path, monkeypatch):
     assert kernel_cache.stats["compiled"] == 1 and not (tmp_path / "cache").exists()
 
 
+def test_jit_off_serves_cached_kernels_and_refuses_to_compile(cache, monkeypatch):
+    runtime.get_kernel(SMALL)  # compiled and stored while compiling is allowed
+    monkeypatch.setenv(kernel_cache.ENV_JIT, "0")
+    new_process()
+    assert callable(runtime.get_kernel(SMALL)) and kernel_cache.stats["disk"] == 1
+    with pytest.raises(RuntimeError, match="FLASHHOPPER_JIT=0 forbids compiling.*flashhopper precompile"):
+        runtime.get_kernel(dataclasses.replace(SMALL, hdim=192))
+    assert kernel_cache.stats["compiled"] == 0
+
+
 def _race(folder, barrier, cfg):
     import os
 

@@ -19,7 +19,9 @@ Many processes (data-parallel ranks, `flashhopper precompile`'s workers, a test 
 folder: a missing kernel is compiled under an exclusive `flock` on `NAME.lock`, so N processes
 asking together compile it once and the others load it; files are written to temporary names and
 renamed into place. A folder that cannot be written is reported once, and kernels are then kept in
-memory only. `FLASHHOPPER_DISK_CACHE=0` turns the disk off.
+memory only. `FLASHHOPPER_DISK_CACHE=0` turns the disk off. `FLASHHOPPER_JIT=0` forbids compiling:
+a kernel not in the cache raises (a deployment that must not stall on a compile; `make gpu-test`,
+which proves the GPU suite runs on precompiled kernels alone).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ ARCH = "sm_90a"
 FORMAT = 1
 ENV_DIR = "FLASHHOPPER_CACHE_DIR"
 ENV_DISK = "FLASHHOPPER_DISK_CACHE"
+ENV_JIT = "FLASHHOPPER_JIT"
 _FUNCTION = "func"  # the exported symbol's name in every object file
 
 # what happened to each request this process made: memory / disk hits, compiles, and entries found
@@ -292,6 +295,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def _compile(cfg, build) -> tuple[object, bytes]:
     """Compile with the cubin kept: (the TVM-FFI function, its cubin)."""
+    if os.environ.get(ENV_JIT, "1") == "0":
+        raise RuntimeError(f"flashhopper: kernel {entry_name(cfg)} ({key_text(cfg)}) is not in the kernel "
+                           f"cache {entry_dir()} and {ENV_JIT}=0 forbids compiling it; run "
+                           "`flashhopper precompile` (with the dtypes, head dims and --bwd you use) first")
     with tempfile.TemporaryDirectory(prefix="flashhopper-build-") as tmp:
         t0 = time.perf_counter()
         fn = build(cfg, f"--keep-cubin --dump-dir {tmp}")
