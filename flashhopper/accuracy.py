@@ -15,6 +15,10 @@ backward, FP8, varlen and decode as they come.
 - LSE: the same rows of -inf (no visible key); elsewhere within 1e-5 * max(1, |lse|), and with
   softcap within 2x the emulator's error plus softcap * 2^-10 (the approximate tanh moves every
   score by up to softcap * 2^-11).
+- FP8 (e4m3 inputs, bf16 out): the reference is float64 on the dequantized inputs (stored value x
+  descale); the emulator (`emulate_forward_fp8`) rounds P the kernel's way: exp2(x - max + 8),
+  i.e. P * 256, to e4m3, the row sums from the unrounded P, V's descale at the end. r = 3. The LSE
+  (fp32 sums of unrounded P: nothing FP8 adds) takes the bound above.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ BLOCK = 128
 _MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
 
 
-def ratio(softcap: float) -> float:
-    return 3.0 if softcap else 2.0
+def ratio(softcap: float, fp8: bool = False) -> float:
+    return 3.0 if softcap or fp8 else 2.0
 
 
 def ulp(value: float, dtype) -> float:
@@ -55,18 +59,45 @@ def emulate_forward(q, k, v, scale, causal, window, softcap):
     return o, lse
 
 
+def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shift_log2: int = 8):
+    """(out bf16, LSE) of the FP8 forward's rounding points: fp32 scores of the stored e4m3 values
+    times q and k descales, P * 2^p_shift_log2 rounded to e4m3 for P @ V (V as stored), the sums of
+    the unrounded P, V's descale and the division at the end."""
+    from flashhopper.reference import expand_kv
+
+    heads_q, heads_k = q.shape[2], k.shape[2]
+    group = heads_q // heads_k
+    ones = torch.ones(q.shape[0], heads_k, device=q.device)
+    qd, kd, vd = (d.float() if d is not None else ones for d in descales)
+    qk = (qd * kd).repeat_interleave(group, dim=1)  # (b, hq)
+    kf, vf = (expand_kv(t.float(), heads_q) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * (scale * qk[:, :, None, None])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(s - m) * 2.0 ** p_shift_log2
+    total = p.sum(dim=-1, keepdim=True)
+    p8 = p.to(torch.float8_e4m3fn).float()
+    o = torch.einsum("bhqk,bkhd->bqhd", p8 / torch.where(total > 0, total, torch.ones_like(total)), vf)
+    o = o * vd.repeat_interleave(group, dim=1)[:, None, :, None]
+    return o.to(torch.bfloat16), lse
+
+
 def emulate_backward(q, k, v, dout, scale, causal, window, softcap):
     """(dq, dk, dv) with the backward kernels' rounding points (P and dS in the input dtype)."""
     return attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap)
 
 
 def check_output(name: str, x: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0,
-                 seq_dim: int = 1, floor: float = 0.0) -> None:
+                 seq_dim: int = 1, floor: float = 0.0, fp8: bool = False) -> None:
     """The rule for one output (x, emu in the kernel's dtype; ref float64), per block of BLOCK rows of
     `seq_dim`; `floor` an absolute error no rounding point explains (cancellation_floor)."""
     assert x.shape == ref.shape == emu.shape, (name, x.shape, ref.shape, emu.shape)
     assert not x.isnan().any(), f"{name}: NaN (an element no kernel wrote, or a NaN computed)"
-    r, dtype = ratio(softcap), x.dtype
+    r, dtype = ratio(softcap, fp8), x.dtype
     err = (x.double() - ref).abs().movedim(seq_dim, 0)
     yard = (emu.double() - ref).abs().movedim(seq_dim, 0)
     mag = ref.abs().movedim(seq_dim, 0)
@@ -111,13 +142,19 @@ def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: 
         assert worst <= 1.0, f"LSE error {worst:.3g}x the bound 1e-5 * max(1, |lse|)"
 
 
-def check_forward(out, lse, q, k, v, scale, causal, window, softcap) -> None:
-    """A forward's out and LSE against the float64 reference by the rule."""
-    from flashhopper.reference import attention_ref
+def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(None, None, None)) -> None:
+    """A forward's out and LSE against the float64 reference by the rule (FP8: `descales`)."""
+    from flashhopper.reference import attention_ref, dequantize_fp8
 
-    ref, ref_lse = attention_ref(q, k, v, scale, causal, window, softcap)
-    emu, emu_lse = emulate_forward(q, k, v, scale, causal, window, softcap)
-    check_output("out", out, ref, emu, softcap)
+    fp8 = q.dtype == torch.float8_e4m3fn
+    if fp8:
+        ref, ref_lse = attention_ref(*dequantize_fp8(q, k, v, descales), scale, causal, window, softcap)
+        emu, emu_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap)
+        assert out.dtype == torch.bfloat16, out.dtype
+    else:
+        ref, ref_lse = attention_ref(q, k, v, scale, causal, window, softcap)
+        emu, emu_lse = emulate_forward(q, k, v, scale, causal, window, softcap)
+    check_output("out", out, ref, emu, softcap, fp8=fp8)
     check_lse(lse, ref_lse, emu_lse, softcap)
 
 

@@ -9,5 +9,5 @@ from dataclasses import dataclass
 class CompiledArtifact:
     name: str
     cubin: bytes
-    smem_bytes: int  # dynamic + static shared memory per CTA, as launched
+    smem_bytes: int  # the dynamic shared memory per CTA its launch requests (inspection adds the static)
     ptxas_log: str = ""

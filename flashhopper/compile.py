@@ -22,7 +22,7 @@ TARGET_ARCH = "sm_90a"
 # Opcode families counted in SASS. A line counts for NAME when its opcode is NAME or NAME.<modifiers>.
 # ACQBULK: griddepcontrol.wait (programmatic dependent launch, BwdConfig.pdl)
 SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH",
-                "LDL", "STL", "ACQBULK")
+                "LDL", "STL", "ACQBULK", "LDS", "STS", "PRMT", "F2FP")
 INSTALL_HINT = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
 
@@ -164,7 +164,8 @@ def _run(cmd: list[str], env: dict) -> str:
 
 
 def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = "") -> dict:
-    """Registers, spills, shared memory and SASS opcode counts of the heaviest kernel in `cubin`.
+    """Registers, spills, shared memory and SASS opcode counts of the heaviest kernel in `cubin`;
+    `smem_bytes`: the dynamic shared memory its launch requests.
 
     `registers` is the launch allocation; for a warp-specialized kernel the consumer warpgroups run
     with what USETMAXREG grants them (listed under sass["USETMAXREG"]).
@@ -188,7 +189,9 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
     sass["USETMAXREG"] = sorted({e["regs"] for e in setmaxnreg})
     # WGMMAs that wait for the warpgroup's previous ones (gsb0): one per commit group when ptxas
     # keeps the async pipeline, every one of them when it has serialized the kernel's WGMMAs
-    sass["HGMMA_WAITS"] = sum(1 for op, args in instructions if op.startswith("HGMMA") and "gsb0" in args)
+    # (QGMMA, FP8's, counted with them)
+    sass["HGMMA_WAITS"] = sum(1 for op, args in instructions
+                              if op.startswith(("HGMMA", "QGMMA")) and "gsb0" in args)
     # 16-byte global loads (the backward preprocess is written to use only these for O and dO)
     sass["LDG.128"] = sum(1 for op, _ in instructions if op.startswith("LDG") and op.endswith(".128"))
     sass["STG.128"] = sum(1 for op, _ in instructions if op.startswith("STG") and op.endswith(".128"))
@@ -202,7 +205,8 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
         "function": name,
         "registers": main.get("REG", 0),
         "spill_bytes": max(local_stack, parse_ptxas_spills(ptxas_log)),
-        "smem_bytes": smem_bytes if smem_bytes is not None else main.get("SHARED", 0),
+        # what a launch takes: the dynamic bytes it requests (read from the host code) + the static
+        "smem_bytes": (smem_bytes or 0) + main.get("SHARED", 0),
         "instructions": len(instructions),
         "sass_sha256": sass_digest(sass_text),
         "sass": sass,

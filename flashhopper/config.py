@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
 DTYPES = ("bf16", "fp16")
+# FP8 inputs (forward only): e4m3 Q, K, V with fp32 descales, bf16 output (FA3's convention)
+FP8_DTYPES = ("e4m3",)
+# fp8 P is exp2(x - max + FP8_P_SHIFT_LOG2): in [0, 256], inside e4m3's 448, fewer underflows (FA3)
+FP8_P_SHIFT_LOG2 = 8
 
 # Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
 SMEM_CAPACITY = 232448
@@ -23,6 +27,8 @@ WARPGROUP_THREADS = 128
 # (consumer, producer) registers per thread after setmaxnreg, by number of consumer warpgroups.
 # The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
 REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+# FP8: the producer warpgroup also transposes V in shared memory (8 words in flight per thread)
+FP8_REG_SPLIT = {2: (232, 40)}
 
 # BwdConfig.fused_dq_cast: rows of fp32 dQ per conversion chunk, and chunks in flight
 DQ_CAST_ROWS = 16
@@ -137,14 +143,36 @@ class FwdConfig(_KernelConfig):
     # max yet) redoes the block exactly from S, which stays in its registers: lazy steps go in pairs,
     # each writing the P @ V operand the other reads. Where it takes effect: lazy_max_active.
     lazy_max: bool = False
+    # FP8 (dtype e4m3): stages of the ring the TMA loads V into as users store it (keys x head dim),
+    # from which the producer warpgroup's transposer warps write V^T (head dim x keys, keys
+    # contiguous: FP8 WGMMA reads B K-major only) into the K/V ring's V stages
+    vt_stages: int = 2
 
     @property
     def hdim_v(self) -> int:
         return self.hdim
 
     @property
+    def is_fp8(self) -> bool:
+        return self.dtype in FP8_DTYPES
+
+    @property
     def elem_bytes(self) -> int:
+        """Bytes of a Q, K, V element."""
+        return 1 if self.is_fp8 else 2
+
+    @property
+    def o_elem_bytes(self) -> int:
+        """Bytes of an O element: bf16 for FP8 inputs, else the input type."""
         return 2
+
+    @property
+    def consumer_regs(self) -> int:
+        return (FP8_REG_SPLIT if self.is_fp8 else REG_SPLIT)[self.num_consumer_wg][0]
+
+    @property
+    def producer_regs(self) -> int:
+        return (FP8_REG_SPLIT if self.is_fp8 else REG_SPLIT)[self.num_consumer_wg][1]
 
     @property
     def num_threads(self) -> int:
@@ -154,10 +182,15 @@ class FwdConfig(_KernelConfig):
         q = self.q_stages * self.tile_m * self.hdim * self.elem_bytes
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
         v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
-        o = self.tile_m * self.hdim_v * self.elem_bytes if o_buffer else 0
+        o_bytes = self.tile_m * self.hdim_v * self.o_elem_bytes
+        o = o_bytes if o_buffer else 0
+        if not o_buffer and not self.o_in_v_ring:
+            q = max(q, o_bytes)  # O staged in Q's buffer (with FP8 inputs, wider than Q)
         o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v_ring else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
+        if self.is_fp8:  # the ring V arrives in before it is transposed, and its mbarriers
+            v += self.vt_stages * self.tile_n * self.hdim_v + 8 * 2 * self.vt_stages
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
     @property
@@ -205,16 +238,20 @@ class FwdConfig(_KernelConfig):
         rows_per_wg = 64
         s = rows_per_wg * self.tile_n // WARPGROUP_THREADS
         o = rows_per_wg * self.hdim_v // WARPGROUP_THREADS
-        return s + o + s // 2
+        return s + o + s * self.elem_bytes // 4
 
     def check(self) -> None:
         """Raise ValueError naming the first budget this configuration breaks."""
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES}")
+        if self.dtype not in DTYPES + FP8_DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} not in {DTYPES + FP8_DTYPES}")
         if self.hdim not in SUPPORTED_HDIMS:
             raise ValueError(f"hdim {self.hdim} not in {SUPPORTED_HDIMS}")
-        if self.num_consumer_wg not in REG_SPLIT:
-            raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(REG_SPLIT)}")
+        split = FP8_REG_SPLIT if self.is_fp8 else REG_SPLIT
+        if self.num_consumer_wg not in split:
+            raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(split)} "
+                             f"for {self.dtype}")
+        if self.is_fp8:
+            self._check_fp8()
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -248,6 +285,21 @@ class FwdConfig(_KernelConfig):
                 f"too many for {cons} consumer registers"
             )
 
+
+    def _check_fp8(self) -> None:
+        """What the FP8 forward (in-kernel V transpose, P in e4m3 registers) is built for."""
+        if self.tile_n % 32:
+            raise ValueError(f"e4m3: tile_n {self.tile_n} must be a multiple of 32 (the P @ V k-block)")
+        if self.vt_stages < 1:
+            raise ValueError("vt_stages must be >= 1")
+        unsupported = {"cluster_m": self.cluster_m != 1, "o_in_v": self.o_in_v, "lazy_max": self.lazy_max,
+                       "q_stages": self.q_stages != 1, "o_in_q": self.o_in_q}
+        if bad := [name for name, on in unsupported.items() if on]:
+            raise ValueError(f"e4m3: {', '.join(bad)} not supported with FP8 inputs")
+        if self.wg_epilogue and not self.o_buffer:
+            # a warpgroup's 64 bf16 O rows staged in the fp8 Q buffer cover the other warpgroup's Q
+            # rows, which its last QK^T may still read: the shared epilogue's all-consumer barrier
+            raise ValueError("e4m3: wg_epilogue needs O's own smem tile")
 
     def _check_cluster(self) -> None:
         if self.cluster_m == 1:

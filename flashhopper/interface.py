@@ -5,10 +5,13 @@ from __future__ import annotations
 import torch
 
 from flashhopper import ops, validation
-from flashhopper.reference import attention_ref
+from flashhopper.reference import attention_ref, dequantize_fp8
 from flashhopper.validation import (
+    FP8_DTYPES,
     check_backend,
+    check_descales,
     check_flag,
+    check_fp8_call,
     check_tensors,
     normalize_scale,
     normalize_softcap,
@@ -27,18 +30,24 @@ def flash_attn_func(
     deterministic=False,
     return_lse=False,
     backend="auto",
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ):
     """Attention over (batch, seqlen, heads, headdim) tensors.
 
-    q: (b, sq, hq, d); k, v: (b, sk, hk, d) with hq a multiple of hk (GQA/MQA). fp16 or bf16.
+    q: (b, sq, hq, d); k, v: (b, sk, hk, d) with hq a multiple of hk (GQA/MQA). fp16 or bf16, or
+    float8_e4m3fn (forward only, bf16 output; FA3's convention): then q_descale, k_descale,
+    v_descale are None (1) or float32 (batch, heads_k) tensors (an expanded scalar is fine) by which
+    the stored values are multiplied.
     softmax_scale defaults to 1/sqrt(d). causal aligns the diagonal bottom-right when sq != sk.
     window_size=(left, right) limits each query to keys in [i + sk - sq - left, i + sk - sq + right];
     -1 leaves a side unbounded. softcap > 0 maps scores to softcap * tanh(scores / softcap).
     backend: "hopper" runs the sm_90a kernels, "reference" the exact float64 reference (any device,
     slow, differentiable), "auto" is "hopper" for now.
 
-    Returns out (q.dtype, (b, sq, hq, d)) or (out, lse) with lse float32 (b, hq, sq), natural log;
-    rows that see no key give out = 0 and lse = -inf.
+    Returns out (q.dtype, bf16 for FP8; (b, sq, hq, d)) or (out, lse) with lse float32 (b, hq, sq),
+    natural log; rows that see no key give out = 0 and lse = -inf.
     """
     backend = check_backend(backend)
     compiling = torch.compiler.is_compiling()
@@ -51,8 +60,11 @@ def flash_attn_func(
     softcap = normalize_softcap(softcap)
     deterministic = check_flag("deterministic", deterministic)
     return_lse = check_flag("return_lse", return_lse)
+    descales = check_descales(q, k, (q_descale, k_descale, v_descale))
 
-    if backend == "reference":
+    if q.dtype in FP8_DTYPES:
+        out, lse = _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling)
+    elif backend == "reference":
         out, lse = attention_ref(q, k, v, scale, causal, window, softcap)
         out = out.to(q.dtype)
     elif compiling:  # opaque to the compiler; its autograd formula calls ops.bwd
@@ -66,6 +78,19 @@ def flash_attn_func(
 
             out, lse = forward(q, k, v, scale, causal, window, softcap)
     return (out, lse) if return_lse else out
+
+
+def _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling):
+    if backend == "reference":
+        out, lse = attention_ref(*dequantize_fp8(q, k, v, descales), scale, causal, window, softcap)
+        return out.to(torch.bfloat16), lse
+    if compiling:
+        return ops.fwd_fp8(q, k, v, *descales, scale, causal, window[0], window[1], softcap)
+    validation.require_hopper(q, backend)
+    check_fp8_call(q, k, v)
+    from flashhopper.hopper import forward
+
+    return forward(q, k, v, scale, causal, window, softcap, descales=descales)
 
 
 class _HopperAttention(torch.autograd.Function):

@@ -71,6 +71,26 @@ def _(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right,
     return q.new_empty(q.shape), torch.empty_like(k), torch.empty_like(v)
 
 
+@torch.library.custom_op("flashhopper::fwd_fp8", mutates_args=())
+def fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor | None,
+            k_descale: torch.Tensor | None, v_descale: torch.Tensor | None, softmax_scale: float,
+            causal: bool, window_left: int, window_right: int, softcap: float
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out bf16, lse) of attention over float8_e4m3fn q, k, v (forward only: no autograd formula)."""
+    validation.require_hopper(q)
+    validation.check_fp8_call(q, k, v)
+    check_layouts(("q", q), ("k", k), ("v", v))
+    return _kernels().forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
+                              descales=(q_descale, k_descale, v_descale))
+
+
+@fwd_fp8.register_fake
+def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_left, window_right, softcap):
+    b, sq, h, _ = q.shape
+    return (q.new_empty((b, sq, h, v.shape[-1]), dtype=torch.bfloat16),
+            q.new_empty((b, h, sq), dtype=torch.float32))
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, *config = inputs
     out, lse = output

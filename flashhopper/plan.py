@@ -12,6 +12,7 @@ import itertools
 from flashhopper.config import (
     BWD_HDIMS,
     DTYPES,
+    FP8_DTYPES,
     SUPPORTED_HDIMS,
     BwdConfig,
     BwdPreConfig,
@@ -116,6 +117,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     the first); `qring`: short sequences without a window (`fwd_short_qring`)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
+    if dtype in FP8_DTYPES:
+        return _fwd_config_fp8(dtype, hdim, causal, local, softcap)
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
     if narrow and causal and not local and hdim in _TILES_NARROW:
         tile_m, tile_n = _TILES_NARROW[hdim]
@@ -134,6 +137,25 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         cfg = dataclasses.replace(cfg, **_SHORT_QRING[hdim])
     if hdim in _FWD_LAZY_MAX and not softcap and (_FWD_LAZY_MAX[hdim] or not (causal or local)):
         cfg = dataclasses.replace(cfg, lazy_max=True)
+    cfg.check()
+    return cfg
+
+
+# FP8 forward (first version, not yet timed): 128 x 128 tiles; hdim 256 at 96 keys a block (128 spill
+# 64 bytes at the consumers' 232 registers) and one stage of V as loaded (room for O's own tile)
+_FP8_TILES = {**{d: (128, 128) for d in SUPPORTED_HDIMS}, 256: (128, 96)}
+_FP8_VT_STAGES = {256: 1}
+
+
+def _fwd_config_fp8(dtype: str, hdim: int, causal: bool, local: bool, softcap: bool) -> FwdConfig:
+    tile_m, tile_n = _FP8_TILES[hdim]
+    sched = _fwd_persistent(hdim, causal or local)
+    cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap, tile_m=tile_m,
+                    tile_n=tile_n, num_consumer_wg=tile_m // 64, persistent=sched, dynamic_sched=sched,
+                    rescale_o_before_pv=hdim > 128, skip_idle_wg=_FWD_SKIP_IDLE_WG,
+                    vt_stages=_FP8_VT_STAGES.get(hdim, 2))
+    if cfg.o_buffer:  # the per-warpgroup epilogue needs O's own tile (FwdConfig._check_fp8)
+        cfg = dataclasses.replace(cfg, wg_epilogue=_FWD_WG_EPILOGUE)
     cfg.check()
     return cfg
 
@@ -290,7 +312,7 @@ class Call:
     deterministic: bool
 
 
-def dispatched_calls(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
+def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
                      backward: bool = True) -> dict:
     """Every kernel config a call can dispatch for these dtypes and head dims (forward, backward
     main kernel, backward preprocess), each once in a stable order, with the first Call that
@@ -304,7 +326,7 @@ def dispatched_calls(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
             if forward:
                 seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0],
                                 Call(dtype, hdim, sq, sk, causal, window, softcap, False))
-            if backward and hdim in BWD_HDIMS:
+            if backward and hdim in BWD_HDIMS and dtype in DTYPES:  # no FP8 backward
                 for deterministic in (False, True):
                     cfg = bwd_plan(dtype, hdim, sq, sk, causal, window, softcap, deterministic)[0]
                     call = Call(dtype, hdim, sq, sk, causal, window, softcap, deterministic)
@@ -313,7 +335,7 @@ def dispatched_calls(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
     return seen
 
 
-def dispatched_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
+def dispatched_kernels(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
                        backward: bool = True) -> list:
     """Every kernel config a call can dispatch (dispatched_calls' keys)."""
     return list(dispatched_calls(dtypes, hdims, forward, backward))
@@ -322,7 +344,8 @@ def dispatched_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = Tru
 # the fields whose every dispatched value a covering subset holds (CI's compile checks, the sanitizer)
 COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
          "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
-         "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq")
+         "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq",
+         "vt_stages")
 
 
 def features(cfg) -> set:

@@ -55,6 +55,22 @@ def expand_kv(x: torch.Tensor, heads_q: int) -> torch.Tensor:
     return x if heads_q == heads_k else x.repeat_interleave(heads_q // heads_k, dim=2)
 
 
+def dequantize_fp8(q, k, v, descales=(None, None, None)):
+    """FP8 inputs as the values they stand for, in float64: x * descale, a descale per (batch,
+    kv head) of shape (batch, heads_k) (None: 1); query head h takes kv head h // (heads_q / heads_k)."""
+    heads_q = q.shape[2]
+    out = []
+    for x, d in zip((q, k, v), descales, strict=True):
+        x64 = x.to(torch.float64)
+        if d is not None:
+            scale = d.to(torch.float64)
+            if x.shape[2] != scale.shape[1]:  # q: its heads' kv heads
+                scale = scale.repeat_interleave(heads_q // scale.shape[1], dim=1)
+            x64 = x64 * scale[:, None, :, None]
+        out.append(x64)
+    return tuple(out)
+
+
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
     """Exact attention in float64. Returns (out float64 (b, sq, hq, dv), lse float32 (b, hq, sq))."""
     scale = default_scale(q.shape[-1], softmax_scale)

@@ -10,11 +10,17 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import os
 
 import torch
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+FP8_DTYPES = (torch.float8_e4m3fn,)
+# The FP8 forward compiles and its data movement is checked on the CPU (tests/test_fp8_layouts.py), but
+# it has not yet run on a GPU: until it has passed the GPU suite, calls need this variable set to 1
+FP8_GPU_VERIFIED = False
+FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -37,9 +43,10 @@ def check_tensors(q, k, v, layout: bool = True) -> None:
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{name} has dtype {t.dtype}; accepted: torch.float16, torch.bfloat16 (FP8 comes later)"
-            )
+            hint = " (FP8 attention takes e4m3: more mantissa for the same range of scores)" \
+                if t.dtype == torch.float8_e5m2 else ""
+            raise TypeError(f"{name} has dtype {t.dtype}; accepted: torch.float16, torch.bfloat16, "
+                            f"torch.float8_e4m3fn{hint}")
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}; q, k and v must share a dtype")
@@ -77,6 +84,43 @@ def _check_shapes(q, k, v) -> None:
         raise ValueError(f"v has {hv} heads but k has {hk}; k and v heads must match")
     if hq % hk:
         raise ValueError(f"q has {hq} heads, k has {hk}: heads_q must be a multiple of heads_k (GQA/MQA)")
+
+
+def check_descales(q, k, descales) -> tuple:
+    """FP8's q / k / v descales: each None (1) or a float32 tensor of shape (batch, heads_k) on q's
+    device, any strides (an expanded scalar too); only with float8_e4m3fn inputs."""
+    names = ("q_descale", "k_descale", "v_descale")
+    if q.dtype not in FP8_DTYPES:
+        for name, d in zip(names, descales, strict=True):
+            if d is not None:
+                raise ValueError(f"{name} is given but q is {q.dtype}; descales go with float8_e4m3fn inputs")
+        return descales
+    want = (int(q.shape[0]), int(k.shape[2]))
+    for name, d in zip(names, descales, strict=True):
+        if d is None:
+            continue
+        if not isinstance(d, torch.Tensor):
+            raise TypeError(f"{name} must be None or a torch.Tensor, got {type(d).__name__}")
+        if d.dtype != torch.float32:
+            raise TypeError(f"{name} has dtype {d.dtype}; accepted: torch.float32")
+        if tuple(d.shape) != want:
+            raise ValueError(f"{name} has shape {tuple(d.shape)}; accepted: (batch, heads_k) = {want} "
+                             "(expand a scalar: d.expand(batch, heads_k))")
+        if d.device != q.device:
+            raise ValueError(f"{name} is on {d.device} but q is on {q.device}")
+    return descales
+
+
+def check_fp8_call(q, k, v) -> None:
+    """What the FP8 forward does not do (yet): gradients, and running before its GPU verification."""
+    if q.dtype not in FP8_DTYPES:
+        return
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("float8_e4m3fn inputs that require grad: there is no FP8 backward; "
+                                  "detach them, or train in bf16 / fp16")
+    if not FP8_GPU_VERIFIED and os.environ.get(FP8_OPT_IN) != "1":
+        raise NotImplementedError(f"the FP8 forward has not yet been verified on a GPU; set {FP8_OPT_IN}=1 "
+                                  "to run it anyway")
 
 
 def layout_problem(name: str, t: torch.Tensor) -> str | None:

@@ -92,3 +92,33 @@ def test_the_cancellation_floor_does_not_hide_a_zeroed_block_of_dk():
     bad[:, 128:256] = 0
     with pytest.raises(AssertionError, match="dk rows 128"):
         check_output("dk", bad, ref, dk, floor=floor)
+
+
+def fp8_inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (2 * torch.randn(2, 300, 4, 64, generator=g)).to(torch.float8_e4m3fn)
+    k, v = ((2 * torch.randn(2, 517, 2, 64, generator=g)).to(torch.float8_e4m3fn) for _ in range(2))
+    descales = tuple(0.5 + torch.rand(2, 2, generator=g) for _ in range(3))
+    return q, k, v, descales
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_rule_passes_the_emulator_and_fails_a_wrong_descale(causal, softcap):
+    """FP8: the emulator (P * 256 rounded to e4m3) passes the rule at r = 3; V's descale left out, or
+    Q's read for the other kv head, fails it; so does a zeroed 128-key block of V. (What the rule
+    cannot see: errors under FP8's own rounding noise, e.g. a 2% scale error.)"""
+    from flashhopper.accuracy import check_forward, emulate_forward_fp8
+
+    q, k, v, ds = fp8_inputs()
+    out, lse = emulate_forward_fp8(q, k, v, ds, SCALE, causal, (-1, -1), softcap)
+    check_forward(out, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)
+    wrong_v = emulate_forward_fp8(q, k, v, (ds[0], ds[1], None), SCALE, causal, (-1, -1), softcap)[0]
+    swapped = (ds[0].flip(1), ds[1], ds[2])
+    wrong_q = emulate_forward_fp8(q, k, v, swapped, SCALE, causal, (-1, -1), softcap)[0]
+    v_hole = v.clone()
+    v_hole[:, 128:256] = 0
+    holed = emulate_forward_fp8(q, k, v_hole, ds, SCALE, causal, (-1, -1), softcap)[0]
+    for bad in (wrong_v, wrong_q, holed):
+        with pytest.raises(AssertionError, match="out rows"):
+            check_forward(bad, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)

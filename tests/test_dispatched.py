@@ -1,7 +1,8 @@
-"""Every kernel a user can reach (flashhopper.plan.dispatched_kernels: 92 forward, 130 backward, 10
-preprocess configs) compiles for sm_90a without a GPU with its structure in SASS: WGMMA (or the
-preprocess's 16-byte loads) present, register hand-off where there are warpgroups to hand off to, no
-local memory, no spill.
+"""Every kernel a user can reach (flashhopper.plan.dispatched_kernels: 92 bf16 / fp16 and 30 e4m3
+forward, 130 backward, 10 preprocess configs) compiles for sm_90a without a GPU with its structure
+in SASS: WGMMA (or the preprocess's 16-byte loads) present, register hand-off where there are
+warpgroups to hand off to, no local memory, no spill, the shared memory its launch requests (read
+from the compiled host code) within the SM's capacity, and the block of the config's warpgroups.
 
 `make test` compiles a covering subset: configs taken in the planner's order while each adds a value
 not yet covered of one of its class's fields in plan.COVER (head dim, dtype, mask kind, softcap,
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from smem_check import assert_smem
 
 from flashhopper.compile import ensure_arch_env, inspect_cubin
 from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
@@ -30,7 +32,7 @@ CHOSEN = ALL if FULL else covering_subset(ALL)
 
 def test_the_set_is_what_users_reach():
     kinds = [type(c) for c in ALL]
-    assert (kinds.count(FwdConfig), kinds.count(BwdConfig), kinds.count(BwdPreConfig)) == (92, 130, 10)
+    assert (kinds.count(FwdConfig), kinds.count(BwdConfig), kinds.count(BwdPreConfig)) == (92 + 30, 130, 10)
     assert len(set(ALL)) == len(ALL)
     subset = covering_subset(ALL)
     assert set().union(*map(features, subset)) == set().union(*map(features, ALL))
@@ -43,15 +45,19 @@ def _id(cfg) -> str:  # stable across processes (pytest-xdist workers must colle
 
 @pytest.mark.parametrize("cfg", CHOSEN, ids=_id)
 def test_dispatched_kernel_compiles_clean(cfg):
-    from flashhopper.hopper.runtime import kernel_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
 
-    report = inspect_cubin(kernel_cubin(cfg))
+    launch = kernel_launch(cfg)  # what the compiled host code asks of the launch
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=launch["smem"])
     sass = report["sass"]
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0, repr(cfg)
     if isinstance(cfg, BwdPreConfig):
-        assert sass["LDG.128"] > 0
+        assert sass["LDG.128"] > 0 and launch["smem"] == 0
         return
-    assert sass["HGMMA"] > 0 and sass["UTMALDG"] >= 3 and sass["SYNCS"] > 0, repr(cfg)
+    assert launch["block"] == [128 * (1 + cfg.num_consumer_wg), 1, 1], (repr(cfg), launch)  # + producer
+    assert_smem(report, cfg)
+    assert sass["HGMMA"] + sass["QGMMA"] > 0 and sass["UTMALDG"] >= 3 and sass["SYNCS"] > 0, repr(cfg)
+    assert (sass["QGMMA"] > 0) == (cfg.dtype == "e4m3") and (sass["HGMMA"] > 0) != (cfg.dtype == "e4m3")
     assert (sass["MUFU.TANH"] > 0) == cfg.softcap, repr(cfg)
     regs = sass["USETMAXREG"]
     assert min(regs) < max(regs), (repr(cfg), regs)  # the producer gives registers to the consumers

@@ -38,7 +38,11 @@ def replace(which, tensor):
 TENSOR_CASES = [
     ("not a tensor", lambda: replace("q", [[1.0]]), TypeError, r"q must be a torch\.Tensor.*list"),
     ("k not a tensor", lambda: replace("k", None), TypeError, r"k must be a torch\.Tensor.*NoneType"),
-    ("float32", lambda: qkv(dtype=torch.float32), TypeError, r"q has dtype torch\.float32.*bfloat16.*FP8"),
+    ("float32", lambda: qkv(dtype=torch.float32), TypeError, r"q has dtype torch\.float32.*bfloat16.*e4m3"),
+    ("e5m2", lambda: tuple(t.to(torch.float8_e5m2) for t in qkv()), TypeError,
+     r"q has dtype torch\.float8_e5m2.*float8_e4m3fn \(FP8 attention takes e4m3"),
+    ("fp8 and bf16", lambda: replace("k", torch.randn(1, 8, 2, 64).to(torch.float8_e4m3fn)), TypeError,
+     r"k has dtype torch\.float8_e4m3fn but q has torch\.bfloat16"),
     ("int8", lambda: replace("v", torch.zeros(1, 8, 2, 64, dtype=torch.int8)), TypeError, r"v has dtype"),
     ("dtype mismatch", lambda: replace("k", torch.randn(1, 8, 2, 64, dtype=torch.float16)), TypeError,
      r"k has dtype torch\.float16 but q has torch\.bfloat16"),
@@ -182,3 +186,65 @@ def test_package_import_does_not_load_cutlass():
     code = "import sys, flashhopper; print(any(m.split('.')[0] == 'cutlass' for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+E4M3 = torch.float8_e4m3fn
+
+
+def fp8_qkv(**kw):
+    return tuple((2 * t.float()).to(E4M3) for t in qkv(**kw))
+
+
+FP8_CASES = [
+    ("descale shape", dict(q_descale=torch.ones(1, 4)), ValueError,
+     r"q_descale has shape \(1, 4\); accepted: \(batch, heads_k\) = \(1, 2\)"),
+    ("descale dtype", dict(k_descale=torch.ones(1, 2, dtype=torch.float16)), TypeError,
+     r"k_descale has dtype torch\.float16; accepted: torch\.float32"),
+    ("descale type", dict(v_descale=1.0), TypeError, r"v_descale must be None or a torch\.Tensor, got float"),
+    ("descale device", dict(q_descale=torch.ones(1, 2, device="meta")), ValueError,
+     r"q_descale is on meta but q is on cpu"),
+]
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [c[1:] for c in FP8_CASES], ids=[c[0] for c in FP8_CASES])
+def test_fp8_validation(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        flash_attn_func(*fp8_qkv(), backend="reference", **kwargs)
+
+
+def test_descales_only_with_fp8():
+    with pytest.raises(ValueError, match=r"q_descale is given but q is torch\.bfloat16"):
+        flash_attn_func(*qkv(), q_descale=torch.ones(1, 2), backend="reference")
+
+
+def test_fp8_reference_dequantizes_per_kv_head():
+    """backend="reference" with e4m3 inputs: attention of x * descale (q's descale per its kv head),
+    bf16 out; an expanded scalar descale is the same as that value everywhere."""
+    q, k, v = fp8_qkv(batch=2, seqlen=33, heads=4, hdim=64, seqlen_k=41, heads_k=2)
+    qd, kd, vd = (0.5 + torch.rand(2, 2) for _ in range(3))
+    out, lse = flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                               return_lse=True, backend="reference")
+    deq = [t.double() * d.double().repeat_interleave(t.shape[2] // 2, dim=1)[:, None, :, None]
+           for t, d in ((q, qd), (k, kd), (v, vd))]
+    want, want_lse = attention_ref(*deq, causal=True)
+    assert out.dtype == BF16 and torch.equal(out, want.to(BF16)) and torch.equal(lse, want_lse)
+    scalar = torch.tensor(0.75).expand(2, 2)
+    a = flash_attn_func(q, k, v, q_descale=scalar, backend="reference")
+    b = flash_attn_func(q, k, v, q_descale=torch.full((2, 2), 0.75), backend="reference")
+    assert torch.equal(a, b)
+
+
+def test_fp8_kernel_path_is_refused_until_verified(monkeypatch):
+    """The FP8 forward compiles and its data movement is checked on the CPU, but until it has passed
+    the GPU suite a call needs the opt-in; and an FP8 input that requires grad is refused."""
+    from flashhopper import validation
+
+    q, k, v = fp8_qkv()
+    monkeypatch.delenv(validation.FP8_OPT_IN, raising=False)
+    if not validation.FP8_GPU_VERIFIED:
+        with pytest.raises(NotImplementedError, match=validation.FP8_OPT_IN):
+            validation.check_fp8_call(q, k, v)
+    monkeypatch.setenv(validation.FP8_OPT_IN, "1")
+    validation.check_fp8_call(q, k, v)
+    with pytest.raises(NotImplementedError, match="no FP8 backward"):
+        validation.check_fp8_call(q.requires_grad_(), k, v)

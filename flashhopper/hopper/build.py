@@ -21,20 +21,32 @@ def _options(extra: str) -> str:
 
 
 def _fake_qkvo(cfg: FwdConfig):
-    """Fake (b, s, h, d) tensors with symbolic extents and 16-byte-aligned symbolic strides."""
+    """Fake (b, s, h, d) tensors with symbolic extents and 16-byte-aligned symbolic strides; O in
+    bf16 for FP8 inputs."""
     dt = _NAME_TO_CUTE[cfg.dtype]
     b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
 
-    def qkv(s, heads, d):
-        strides = tuple(cute.sym_int64(divisibility=8) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dt, (b, s, heads, d), strides, assumed_align=16)
+    def qkv(s, heads, d, dtype=dt):
+        strides = tuple(cute.sym_int64(divisibility=16 * 8 // dtype.width) for _ in range(3)) + (1,)
+        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, d), strides, assumed_align=16)
 
-    q, k, v, o = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v), qkv(sq, h, cfg.hdim_v)
+    o_dt = cutlass.BFloat16 if cfg.is_fp8 else dt
+    q, k, v = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v)
+    o = qkv(sq, h, cfg.hdim_v, o_dt)
     lse = cute.runtime.make_fake_tensor(
         cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
     )
     counter = cute.runtime.make_fake_tensor(cutlass.Int32, (2,), (1,), assumed_align=4)
     return q, k, v, o, lse, counter
+
+
+def _fake_descales(cfg: FwdConfig):
+    """FP8: the (b, hk) fp32 descales of Q, K, V, any strides (0 too: an expanded scalar); else None."""
+    if not cfg.is_fp8:
+        return None, None, None
+    b, hk = cute.sym_int(), cute.sym_int()
+    return tuple(cute.runtime.make_fake_tensor(cutlass.Float32, (b, hk), (cute.sym_int64(), cute.sym_int64()),
+                                               assumed_align=4) for _ in range(3))
 
 
 def compile_fwd(cfg: FwdConfig, options: str = ""):
@@ -43,7 +55,7 @@ def compile_fwd(cfg: FwdConfig, options: str = ""):
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
-            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), stream)
+            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), *_fake_descales(cfg), stream)
     return cute.compile(FlashFwdSm90(cfg), *args, options=_options(options))
 
 

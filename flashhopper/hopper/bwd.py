@@ -46,8 +46,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from flashhopper.config import DQ_CAST_ROWS, DQ_CAST_STAGES
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
-from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
+from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
+from flashhopper.hopper.layout import smem_struct
 from flashhopper.hopper.mma import issue_gemm
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
@@ -206,7 +207,7 @@ class FlashBwdSm90(BwdKernelBase):
                  min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
 
     def shared_storage(self, sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout, sCvt_layout):
-        """The kernel's shared memory (bwd_common.smem_struct: built from a dict)."""
+        """The kernel's shared memory (layout.smem_struct: built from a dict)."""
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
             "mbar_KV": mem[cutlass.Int64, 2],

@@ -12,14 +12,6 @@ from cutlass.cute.nvgpu import cpasync
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
 
-
-def smem_struct(fields: dict):
-    """A cute.struct from {name: MemRange / Align type}, built in plain Python: a kernel's class-body
-    `if` would be traced (its annotations would not reach the struct), and the kernel modules'
-    postponed annotations would reach cute.struct as strings."""
-    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
-
-
 # BwdConfig.dq_rows_interleaved, per 8-row group: query row r0 + 4 r1 at tile row 2 r0 + r1 (the
 # consumers' view), and tile row s0 + 2 s1 read back from query row 4 s0 + s1 (the TMA view);
 # (shape, stride) of each, tests/test_bwd_compile.py checks that they are inverse

@@ -74,8 +74,9 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
-from flashhopper.hopper.bwd_common import BwdKernelBase, smem_struct
+from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
+from flashhopper.hopper.layout import smem_struct
 from flashhopper.hopper.mma import issue_gemm
 
 # Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
@@ -641,7 +642,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         return cute.make_composed_layout(sdQ_layout.inner, 0, cute.get(parts, mode=[0]))
 
     def shared_storage(self, sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, sdQ_layout):
-        """The kernel's shared memory (bwd_common.smem_struct: built from a dict)."""
+        """The kernel's shared memory (layout.smem_struct: built from a dict)."""
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
             "mbar_KV": mem[cutlass.Int64, 2],

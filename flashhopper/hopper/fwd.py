@@ -30,7 +30,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from flashhopper.config import LAZY_MAX_LOG2, FwdConfig
+from flashhopper.config import FP8_P_SHIFT_LOG2, LAZY_MAX_LOG2, FwdConfig
+from flashhopper.hopper import fp8 as F8
 from flashhopper.hopper import fwd_cluster as C
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
@@ -59,6 +60,10 @@ class FlashFwdSm90:
         cfg.check()
         self.cfg = cfg
         self.dtype = L.CUTE_DTYPES[cfg.dtype]
+        # FP8 inputs (hopper/fp8.py): V transposed in smem by the producer, P in e4m3, bf16 output
+        self.fp8 = cfg.is_fp8
+        self.o_dtype = cutlass.BFloat16 if self.fp8 else self.dtype
+        self.p_shift = float(FP8_P_SHIFT_LOG2) if self.fp8 else 0.0
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.hdim, self.hdim_v = cfg.hdim, cfg.hdim_v
         self.num_stages = cfg.num_stages
@@ -91,6 +96,9 @@ class FlashFwdSm90:
         window_right: Int32,
         num_ctas: Int32,  # grid size: all tiles, or one CTA per SM when persistent
         l2_section: Int32,  # (head, batch) pairs whose tiles are interleaved (see tile_coords)
+        mQd: cute.Tensor | None,  # FP8: (b, hk) fp32 descales of Q, K, V (any strides); else None
+        mKd: cute.Tensor | None,
+        mVd: cute.Tensor | None,
         stream: cuda.CUstream,
     ):
         # tile coordinates first: (seqlen, dim, head, batch)
@@ -101,11 +109,7 @@ class FlashFwdSm90:
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             Float32, atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, self.tile_n),
         )
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=(self.num_consumer_wg, 1, 1), tiler_mn=(64, self.hdim_v),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
+        tiled_mma_pv = self.make_mma_pv(self.num_consumer_wg)
 
         sQ_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim)
         q_stages = self.cfg.q_stages
@@ -114,39 +118,47 @@ class FlashFwdSm90:
         sQ_tile = self.q_tile(sQ_layout)
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
-        sO_layout = L.smem_layout_row_major(self.dtype, self.tile_m, self.hdim_v)
+        sVt_layout = None
+        if cutlass.const_expr(self.fp8):
+            # TMA lands V as stored in sVt's ring; P @ V reads V^T (head dim x keys) from sV's
+            sVt_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.cfg.vt_stages)
+            sV_layout = L.smem_layout_row_major(self.dtype, self.hdim_v, self.tile_n, self.num_stages)
+        sO_layout = L.smem_layout_row_major(self.o_dtype, self.tile_m, self.hdim_v)
         if cutlass.const_expr(self.cfg.o_per_stage):
             # one warpgroup's 64 rows, contiguous, at the base of each V stage (see store_o)
-            part = L.smem_layout_row_major(self.dtype, 64, self.hdim_v)
+            part = L.smem_layout_row_major(self.o_dtype, 64, self.hdim_v)
             stage_step = cute.make_layout(self.num_stages, stride=self.tile_n * self.hdim_v)
             sO_layout = cute.make_composed_layout(part.inner, 0, cute.append(part.outer, stage_step))
 
         o_in_v = self.cfg.o_in_v_ring
-        sO_in_q = cute.cosize(sO_layout) if self.cfg.o_in_q_buffer else 0
+        # O staged in Q's buffer, in Q's elements (FP8: 2 bytes of O per byte of Q)
+        sO_in_q = 0
+        if cutlass.const_expr(self.cfg.o_in_q_buffer):
+            sO_in_q = cute.cosize(sO_layout) * (self.o_dtype.width // self.dtype.width)
 
-        @cute.struct
-        class SharedStorage:
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        fields = {
             # with o_in_v, the O-read hand-off's barriers follow Q's (see pipe_o)
-            mbar_Q: cute.struct.MemRange[cutlass.Int64, 2 * q_stages + (2 * self.o_stages if o_in_v else 0)]
-            mbar_K: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
-            mbar_V: cute.struct.MemRange[cutlass.Int64, 2 * self.num_stages]
+            "mbar_Q": mem[cutlass.Int64, 2 * q_stages + (2 * self.o_stages if o_in_v else 0)],
+            "mbar_K": mem[cutlass.Int64, 2 * self.num_stages],
+            "mbar_V": mem[cutlass.Int64, 2 * self.num_stages],
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
-            mbar_sched: cute.struct.MemRange[cutlass.Int64, 2 * _SCHED_STAGES]
-            sTile: cute.struct.MemRange[Int32, _SCHED_STAGES]
-            sQ: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, max(cute.cosize(sQ_layout), sO_in_q)],
-                1024,
-            ]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
-            sV: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, max(cute.cosize(sV_layout),
-                                                     cute.cosize(sO_layout) if o_in_v else 0)],
-                1024,
-            ]
+            "mbar_sched": mem[cutlass.Int64, 2 * _SCHED_STAGES],
+            "sTile": mem[Int32, _SCHED_STAGES],
+        }
+        if cutlass.const_expr(self.fp8):  # the ring V is loaded into as stored: its mbarriers
+            fields["mbar_Vt"] = mem[cutlass.Int64, 2 * self.cfg.vt_stages]
+        fields |= {
+            "sQ": align[mem[self.dtype, max(cute.cosize(sQ_layout), sO_in_q)], 1024],
+            "sK": align[mem[self.dtype, cute.cosize(sK_layout)], 1024],
+            "sV": align[mem[self.dtype, max(cute.cosize(sV_layout), cute.cosize(sO_layout) if o_in_v else 0)],
+                        1024],
             # O's own tile when it fits (else O is staged in sQ); 8 elements is a placeholder
-            sO: cute.struct.Align[
-                cute.struct.MemRange[self.dtype, cute.cosize(sO_layout) if self.cfg.o_buffer else 8], 1024
-            ]
+            "sO": align[mem[self.o_dtype, cute.cosize(sO_layout) if self.cfg.o_buffer else 8], 1024],
+        }
+        if cutlass.const_expr(self.fp8):
+            fields["sVt"] = align[mem[self.dtype, cute.cosize(sVt_layout)], 1024]
+        SharedStorage = L.smem_struct(fields)
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         tma_atom_Q, tma_Q = cpasync.make_tiled_tma_atom(load_op, mQ, sQ_tile, (self.tile_m, self.hdim))
@@ -164,7 +176,8 @@ class FlashFwdSm90:
                 load_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim)
             )
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-                load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v)
+                load_op, mV, cute.select(sVt_layout if self.fp8 else sV_layout, mode=[0, 1]),
+                (self.tile_n, self.hdim_v)
             )
         if cutlass.const_expr(self.cfg.o_per_stage):
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
@@ -185,7 +198,7 @@ class FlashFwdSm90:
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
-            tiled_mma_qk, tiled_mma_pv, SharedStorage,
+            tiled_mma_qk, tiled_mma_pv, SharedStorage, mQd, mKd, mVd, sVt_layout,
         )
         if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
@@ -220,6 +233,10 @@ class FlashFwdSm90:
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
+        mQd: cute.Tensor | None,
+        mKd: cute.Tensor | None,
+        mVd: cute.Tensor | None,
+        sVt_layout: cute.ComposedLayout | None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -236,7 +253,7 @@ class FlashFwdSm90:
         elif cutlass.const_expr(self.cfg.o_in_v_ring):
             sO = storage.sV.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         else:
-            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner, dtype=self.o_dtype)
 
         # Full barriers: one producer arrive + TMA bytes. Empty barriers: one arrive per
         # consumer warp (the pipeline signals from lane 0 of each warp).
@@ -260,11 +277,28 @@ class FlashFwdSm90:
             tx_count=cute.size_in_bytes(self.dtype, cute.select(sK_layout, mode=[0, 1])),
             barrier_storage=storage.mbar_K.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
         )
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            num_stages=self.num_stages, producer_group=producer, consumer_group=kv_consumers,
-            tx_count=cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1])),
-            barrier_storage=storage.mbar_V.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
-        )
+        pipe_vt = None
+        if cutlass.const_expr(self.fp8):
+            # V reaches the consumers through the transposer warps (hopper/fp8.py): the TMA fills sVt
+            # (released by the transposer warps), the transposer fills sV (every thread arrives)
+            pipe_vt = pipeline.PipelineTmaAsync.create(
+                num_stages=self.cfg.vt_stages, producer_group=producer,
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, F8.TRANSPOSER_WARPS),
+                tx_count=cute.size_in_bytes(self.dtype, cute.select(sVt_layout, mode=[0, 1])),
+                barrier_storage=storage.mbar_Vt.data_ptr(), defer_sync=True,
+            )
+            pipe_v = pipeline.PipelineAsync.create(
+                num_stages=self.num_stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, F8.TRANSPOSER_THREADS),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+                barrier_storage=storage.mbar_V.data_ptr(), defer_sync=True,
+            )
+        else:
+            pipe_v = pipeline.PipelineTmaAsync.create(
+                num_stages=self.num_stages, producer_group=producer, consumer_group=kv_consumers,
+                tx_count=cute.size_in_bytes(self.dtype, cute.select(sV_layout, mode=[0, 1])),
+                barrier_storage=storage.mbar_V.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
+            )
         pipe_o = None
         if cutlass.const_expr(self.cfg.o_in_v_ring):
             # O staged in sV: each O part's storing thread "produces" the news that its TMA store has
@@ -279,11 +313,14 @@ class FlashFwdSm90:
                 barrier_storage=storage.mbar_Q.data_ptr() + 2 * self.cfg.q_stages, defer_sync=True,
             )
         dynamic = self.cfg.dynamic_sched
+        pipe_sched, sTile = None, None
         if cutlass.const_expr(dynamic):
-            # every consumer thread arrives on release (plain mbarrier arrives, one per thread)
+            # every consumer thread arrives on release (plain mbarrier arrives, one per thread); with
+            # FP8 the transposer threads read each tile too
+            readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.fp8 else 0)
             pipe_sched = pipeline.PipelineAsync.create(
                 num_stages=_SCHED_STAGES, producer_group=producer,
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
             sTile = storage.sTile.get_tensor(cute.make_layout(_SCHED_STAGES))
@@ -323,7 +360,12 @@ class FlashFwdSm90:
                 head_ratio = num_heads // mK.shape[2]
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.cfg.q_stages)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+                # FP8: the TMA fills sVt's ring (the transposer warps then fill sV's)
+                sV_loaded, pipe_v_loaded, v_ring = sV, pipe_v, self.num_stages
+                if cutlass.const_expr(self.fp8):
+                    sV_loaded = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
+                    pipe_v_loaded, v_ring = pipe_vt, self.cfg.vt_stages
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, v_ring)
                 tile = bidx
                 if cutlass.const_expr(dynamic):
                     lane = cute.arch.lane_idx()
@@ -337,8 +379,8 @@ class FlashFwdSm90:
                         m_block, head, batch = coords(tile)
                         n_min, n_max = block_range(m_block)
                         q_state, k_state, v_state = self.produce(
-                            mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
-                            pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
+                            mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                            pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
                             q_state, k_state, v_state, pipe_o=pipe_o)
                         tile = nxt
                     # this CTA's last claim is done (it returned an index past the last tile)
@@ -351,8 +393,8 @@ class FlashFwdSm90:
                         m_block, head, batch = coords(tile)
                         n_min, n_max = block_range(m_block)
                         q_state, k_state, v_state = self.produce(
-                            mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
-                            pipe_v, m_block, head, head // head_ratio, batch, n_min, n_max,
+                            mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                            pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
                             q_state, k_state, v_state, rank=rank, pipe_o=pipe_o)
                         tile += tile_stride
                     if cutlass.const_expr(cluster):
@@ -360,6 +402,11 @@ class FlashFwdSm90:
                         # their last stage: stay until every stage is empty again
                         pipe_k.producer_tail(k_state)
                         pipe_v.producer_tail(v_state)
+            if cutlass.const_expr(self.fp8):
+                if warp_idx > 0:
+                    # warps 1-3: V^T for the consumers, block by block in the order the TMA loads V
+                    self.transpose_tiles(storage, sVt_layout, sV_layout, pipe_vt, pipe_v, pipe_sched, sTile,
+                                         tidx - 32, tile_first, tile_stride, num_tiles, coords, block_range)
         else:
             if cutlass.const_expr(self.cfg.reg_realloc):
                 cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
@@ -367,6 +414,7 @@ class FlashFwdSm90:
             k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
             consumer_wg = cute.arch.make_warp_uniform((tidx - 128) // 128)
+            head_ratio = num_heads // mK.shape[2]
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 # the ping-pong token, primed once and carried across tiles (taken back at the end)
                 self.pingpong_prime(consumer_wg, True)
@@ -382,7 +430,7 @@ class FlashFwdSm90:
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                        pipe_o=pipe_o)
+                        pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
                     tile = self.read_tile(pipe_sched, sTile, sched_state)
                     sched_state.advance()
             else:
@@ -394,7 +442,7 @@ class FlashFwdSm90:
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                        pipe_o=pipe_o)
+                        pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
                     tile += tile_stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
@@ -405,6 +453,58 @@ class FlashFwdSm90:
                 if tidx < 128 + 32:
                     # the last tile's O store must finish reading smem before the CTA exits
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def transpose_tiles(self, storage, sVt_layout, sV_layout, pipe_vt, pipe_v, pipe_sched, sTile, tid,
+                        tile_first, tile_stride, num_tiles, coords, block_range):
+        """FP8, warps 1-3 of the producer warpgroup (`tid` 0..95): every V block of this CTA's tiles
+        from sVt into sV as V^T (hopper/fp8.py), in the tile order of the producer warp and its V
+        order (highest key block first)."""
+        vt_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.vt_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
+        vt_base = storage.sVt.data_ptr().toint()
+        v_base = storage.sV.data_ptr().toint()
+        if cutlass.const_expr(self.cfg.dynamic_sched):
+            sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, _SCHED_STAGES)
+            tile = self.read_tile(pipe_sched, sTile, sched_state)
+            sched_state.advance()
+            while tile < num_tiles:
+                m_block, _, _ = coords(tile)
+                n_min, n_max = block_range(m_block)
+                for _ in cutlass.range(cutlass.max(n_max - n_min, 0), unroll=1):
+                    self.transpose_block(sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state,
+                                         v_state, tid)
+                    vt_state.advance()
+                    v_state.advance()
+                tile = self.read_tile(pipe_sched, sTile, sched_state)
+                sched_state.advance()
+        else:
+            tile = tile_first
+            while tile < num_tiles:
+                m_block, _, _ = coords(tile)
+                n_min, n_max = block_range(m_block)
+                for _ in cutlass.range(cutlass.max(n_max - n_min, 0), unroll=1):
+                    self.transpose_block(sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state,
+                                         v_state, tid)
+                    vt_state.advance()
+                    v_state.advance()
+                tile += tile_stride
+
+    @cute.jit
+    def transpose_block(self, sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state, v_state,
+                        tid):
+        """One V block: wait for its TMA load and for a free V stage, write V^T, fence the writes
+        for the consumers' WGMMA (async proxy), hand the stage over, free the sVt stage."""
+        pipe_vt.consumer_wait(vt_state)
+        pipe_v.producer_acquire(v_state)
+        # through _opaque: the item addresses are computed here, per block; hoisted out of the tile
+        # loop they fill the producer's 40 registers and spill
+        F8.transpose_stage(sVt_layout, vt_base, vt_state.index, sV_layout, v_base, v_state.index,
+                           _opaque(tid), self.tile_n, self.hdim_v)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        pipe_v.producer_commit(v_state)
+        cute.arch.sync_warp()  # every lane's reads of sVt are done before lane 0 frees it
+        pipe_vt.consumer_release(vt_state)
 
     @cute.jit
     def publish_tile(self, pipe_sched, sTile, state, tile, lane):
@@ -581,8 +681,20 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
                 seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
-                q_state, k_state, v_state, pipe_o=None):
+                q_state, k_state, v_state, pipe_o=None, descales=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        v_descale = None
+        if cutlass.const_expr(self.fp8):
+            # FP8: S = (Q K^T in e4m3 units) * q_descale * k_descale, folded into the score scale
+            # (before tanh with softcap); V's descale multiplies 1 / l at the end
+            mQd, mKd, mVd, head_ratio = descales
+            head_kv = head // head_ratio
+            qk_descale = mQd[batch, head_kv] * mKd[batch, head_kv]
+            v_descale = mVd[batch, head_kv]
+            if cutlass.const_expr(self.has_softcap):
+                softcap_pre = softcap_pre * qk_descale
+            else:
+                scale_log2 = scale_log2 * qk_descale
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
         wg_mma_pv = tiled_mma_pv.get_slice(wg * 128)
@@ -590,11 +702,16 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.q_stages > 1):
             tSrQ = tSrQ[None, None, None, q_state.index]
         tSrK = wg_mma_qk.make_fragment_B(wg_mma_qk.partition_B(sK))
-        tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(L.transpose_view(sV)))
+        # P @ V's B operand (N = head dim, K = keys): V read as V^T, or (FP8) sV holds V^T
+        tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sV if self.fp8 else L.transpose_view(sV)))
 
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
-        tOrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
+        if cutlass.const_expr(self.fp8):
+            p_shape = tiled_mma_pv.partition_shape_A((self.tile_m, self.tile_n))
+            tOrP = cute.make_rmem_tensor(p_shape, self.dtype)
+        else:
+            tOrP = cute.make_rmem_tensor(L.acc_layout_as_operand_a(acc_S.layout), self.dtype)
         acc_S_rc = L.acc_rows_cols(acc_S)
         acc_O_rc = L.acc_rows_cols(acc_O)
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
@@ -659,7 +776,7 @@ class FlashFwdSm90:
                                                                n_min, n_max)
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
                            coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
-                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free)
+                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free, v_descale=v_descale)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
@@ -709,8 +826,8 @@ class FlashFwdSm90:
     @cute.jit
     def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
                     sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=None,
-                    before_smem=None):
-        S.finalize(row_max, row_sum, row_scale, lse, scale_log2)
+                    before_smem=None, v_descale=None):
+        S.finalize(row_max, row_sum, row_scale, lse, scale_log2, shift=self.p_shift, out_scale=v_descale)
         S.rescale_rows(acc_O_rc, row_scale)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                       m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem)
@@ -872,7 +989,8 @@ class FlashFwdSm90:
             M.apply_mask(acc_S_rc, coord_rc, coord0_rc, m_block, n_block, seqlen_q, seqlen_k,
                          window_left, window_right, self.tile_m, self.tile_n, self.has_left,
                          self.has_right, mask_seqlen)
-        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first)
+        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
+                              shift=self.p_shift)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
@@ -1038,8 +1156,8 @@ class FlashFwdSm90:
                 if row < seqlen_q:
                     mLSE[row, head, batch] = lse[r]
 
-        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
-        rO.store(acc_O.load().to(self.dtype))
+        rO = cute.make_rmem_tensor_like(acc_O, self.o_dtype)
+        rO.store(acc_O.load().to(self.o_dtype))
         self.store_o(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, signal_o=signal_o,
                      before_smem=before_smem)
 
@@ -1047,7 +1165,7 @@ class FlashFwdSm90:
     def o_to_smem(self, rO, sO, tiled_mma_pv, tidx):
         """stmatrix this thread's O fragment into sO, fenced for a TMA store."""
         smem_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                                        self.dtype)
+                                        self.o_dtype)
         # The stmatrix addresses depend only on the thread: LLVM hoists them out of the tile loop
         # and they sit in 4 registers through every mainloop. At 160 registers (3 consumer
         # warpgroups, hdim 64) that made fp16 local + softcap spill. Through _opaque they are
@@ -1110,9 +1228,15 @@ class FlashFwdSm90:
     def one_wg_mma_pv(self):
         """The P @ V tiled MMA of one warpgroup: its C partition maps a warpgroup's threads onto a
         64-row tile, the same fragment each thread of any warpgroup holds."""
+        return self.make_mma_pv(1)
+
+    def make_mma_pv(self, warpgroups: int):
+        """O += P V over `warpgroups` x 64 rows, P from registers. V is B (N = head dim, K = keys):
+        16-bit WGMMA reads it as stored (MN-major), FP8 only K-major (sV holds V^T)."""
+        b_major = cute.nvgpu.OperandMajorMode.K if self.fp8 else cute.nvgpu.OperandMajorMode.MN
         return sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=(1, 1, 1), tiler_mn=(64, self.hdim_v),
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, b_major,
+            Float32, atom_layout_mnk=(warpgroups, 1, 1), tiler_mn=(64, self.hdim_v),
             a_source=warpgroup.OperandSource.RMEM,
         )
 
@@ -1126,6 +1250,6 @@ class FlashFwdSm90:
         parts = cute.zipped_divide(sO_layout.outer, (64, self.hdim_v))
         rest = cute.get(parts, mode=[1])
         for i in range(cute.size(rest)):
-            if (rest(i) * self.cfg.elem_bytes) % 1024:
+            if (rest(i) * self.cfg.o_elem_bytes) % 1024:
                 raise ValueError(f"wg_epilogue: O part {i} starts at element {rest(i)}, not a whole KiB")
         return cute.make_composed_layout(sO_layout.inner, 0, cute.get(parts, mode=[0]))

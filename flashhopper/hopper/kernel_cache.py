@@ -11,9 +11,11 @@ and the target arch fixes the binary. The disk entry, under `$FLASHHOPPER_CACHE_
   it the object is loaded by the DSL (`cute.runtime.load_module`, JITLink). Either way: no tracing,
   no compile;
 - `NAME.cubin`: the device code, for `flashhopper inspect` and the compile tests;
-- `NAME.json`: the manifest, written last: the full key, the fingerprint and the sha256 of the
-  other files. An entry whose manifest is missing, unreadable, for another key or whose files do not
-  match their hashes is never loaded: it is compiled again and replaced.
+- `NAME.json`: the manifest, written last: the full key, the fingerprint, the sha256 of the
+  other files, and what the launch requests (dynamic shared memory, block shape: read from the
+  compiled host code, so that inspection reports what a launch really asks for). An entry whose
+  manifest is missing, unreadable, for another key or whose files do not match their hashes is
+  never loaded: it is compiled again and replaced.
 
 Many processes (data-parallel ranks, `flashhopper precompile`'s workers, a test run) share the
 folder: a missing kernel is compiled under an exclusive `flock` on `NAME.lock`, so N processes
@@ -32,6 +34,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -42,7 +45,7 @@ from collections import Counter
 from pathlib import Path
 
 ARCH = "sm_90a"
-FORMAT = 1
+FORMAT = 2
 ENV_DIR = "FLASHHOPPER_CACHE_DIR"
 ENV_DISK = "FLASHHOPPER_DISK_CACHE"
 ENV_JIT = "FLASHHOPPER_JIT"
@@ -59,6 +62,7 @@ compile_seconds: dict = {}
 class _Entry:
     fn: object  # the TVM-FFI function
     cubin: bytes | None = None
+    launch: dict | None = None  # {"smem": dynamic shared bytes, "block": [x, y, z]} (launch_request)
 
 
 _memory: dict = {}
@@ -277,7 +281,7 @@ def _load_disk(folder: Path, name: str, key: str) -> _Entry | None:
             stats["broken"] += 1
             return None
     stats["disk"] += 1
-    return _Entry(fn, manifest["cubin"])
+    return _Entry(fn, manifest["cubin"], manifest.get("launch"))
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -293,8 +297,36 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _compile(cfg, build) -> tuple[object, bytes]:
-    """Compile with the cubin kept: (the TVM-FFI function, its cubin)."""
+# the DSL's launch configuration as its host code fills it: grid, block, dynamic shared bytes, stream,
+# attributes, attribute count
+_LAUNCH_STRUCT = "!llvm.struct<(array<3 x i32>, array<3 x i32>, i64, ptr, ptr, i32)>"
+
+
+def launch_request(ir_text: str) -> dict | None:
+    """What the compiled host function asks of the kernel launch: {"smem": the dynamic shared memory
+    bytes, "block": [x, y, z]}, read from the stores of constants into the DSL's launch configuration
+    in the lowered host code (`fn.ir_module`); None when there is not exactly one launch with
+    constant values."""
+    found = []
+    for body in ir_text.split("llvm.func ")[1:]:
+        if _LAUNCH_STRUCT not in body:
+            continue
+        consts = dict(re.findall(r"(%\w+) = llvm\.mlir\.constant\((-?\d+) : i(?:32|64)\)", body))
+        fields = dict(re.findall(r"(%\w+) = llvm\.getelementptr %\w+\[0, ([\d, ]+)\] : \(!llvm\.ptr\) -> "
+                                 r"!llvm\.ptr, " + re.escape(_LAUNCH_STRUCT), body))
+        values = {}
+        for value, ptr in re.findall(r"llvm\.store (%\w+), (%\w+) : i(?:32|64), !llvm\.ptr", body):
+            if ptr in fields:
+                values[fields[ptr]] = int(consts[value]) if value in consts else None
+        if "2" in values:
+            found.append({"smem": values["2"], "block": [values.get(f"1, {i}") for i in range(3)]})
+    if len(found) != 1 or found[0]["smem"] is None or None in found[0]["block"]:
+        return None
+    return found[0]
+
+
+def _compile(cfg, build) -> tuple[object, bytes, dict | None]:
+    """Compile with the cubin kept: (the TVM-FFI function, its cubin, its launch_request)."""
     if os.environ.get(ENV_JIT, "1") == "0":
         raise RuntimeError(f"flashhopper: kernel {entry_name(cfg)} ({key_text(cfg)}) is not in the kernel "
                            f"cache {entry_dir()} and {ENV_JIT}=0 forbids compiling it; run "
@@ -304,10 +336,10 @@ def _compile(cfg, build) -> tuple[object, bytes]:
         fn = build(cfg, f"--keep-cubin --dump-dir {tmp}")
         compile_seconds[cfg] = time.perf_counter() - t0
         stats["compiled"] += 1
-        return fn, fn.__cubin__
+        return fn, fn.__cubin__, launch_request(str(fn.ir_module))
 
 
-def _store(folder: Path, name: str, key: str, fn, cubin: bytes, seconds: float) -> None:
+def _store(folder: Path, name: str, key: str, fn, cubin: bytes, launch: dict | None, seconds: float) -> None:
     with tempfile.TemporaryDirectory(dir=folder, prefix=".export-") as tmp:
         obj_path = Path(tmp) / "kernel.o"
         fn.export_to_c(str(obj_path), function_name=_FUNCTION)
@@ -316,7 +348,7 @@ def _store(folder: Path, name: str, key: str, fn, cubin: bytes, seconds: float) 
     for ext, data in files.items():
         _write_atomic(folder / f"{name}.{ext}", data)
     manifest = {"format": FORMAT, "key": key, "fingerprint": fingerprint(),
-                **{f"{ext}_sha256": _sha(data) for ext, data in files.items()},
+                **{f"{ext}_sha256": _sha(data) for ext, data in files.items()}, "launch": launch,
                 "compile_seconds": round(seconds, 3), "versions": versions(),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     _write_atomic(folder / f"{name}.json", json.dumps(manifest, indent=1).encode())  # last: the commit
@@ -339,8 +371,7 @@ def _get_entry(cfg, build) -> _Entry:
             return entry
         key, name, folder = key_text(cfg), entry_name(cfg), _disk()
         if folder is None:
-            fn, cubin = _compile(cfg, build)
-            entry = _Entry(fn, cubin)
+            entry = _Entry(*_compile(cfg, build))
         else:
             entry = _load_disk(folder, name, key)
             if entry is None:
@@ -357,13 +388,13 @@ def _get_locked(folder: Path, name: str, key: str, cfg, build) -> _Entry:
             entry = _load_disk(folder, name, key)
             if entry is not None:
                 return entry
-            fn, cubin = _compile(cfg, build)
+            fn, cubin, launch = _compile(cfg, build)
             try:
-                _store(folder, name, key, fn, cubin, compile_seconds[cfg])
+                _store(folder, name, key, fn, cubin, launch, compile_seconds[cfg])
             except OSError as exc:  # a full disk: the kernel still runs
                 warnings.warn(f"flashhopper: could not store kernel {name} in {folder} ({exc})",
                               RuntimeWarning, stacklevel=4)
-            return _Entry(fn, cubin)
+            return _Entry(fn, cubin, launch)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -377,16 +408,17 @@ def get(cfg, build):
     return _get_entry(cfg, build).fn
 
 
-def cubin(cfg, build) -> bytes:
-    """The device code of the kernel `get` returns for `cfg`: from this process, else the disk
-    (without loading the object), else compiled and stored as by `get`."""
+def cubin(cfg, build) -> tuple[bytes, dict | None]:
+    """The device code of the kernel `get` returns for `cfg` and its launch_request: from this
+    process, else the disk (without loading the object), else compiled and stored as by `get`."""
     entry = _memory.get(cfg)
     if entry is None and (folder := _disk()) is not None:
         manifest = _read_valid(folder, entry_name(cfg), key_text(cfg))
         if manifest is not None:
             stats["disk"] += 1
-            return manifest["cubin"]
-    return _get_entry(cfg, build).cubin
+            return manifest["cubin"], manifest.get("launch")
+    entry = _get_entry(cfg, build)
+    return entry.cubin, entry.launch
 
 
 def is_cached(cfg) -> bool:

@@ -9,7 +9,14 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 # the kernels' element types by the config's dtype name
-CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "e4m3": cutlass.Float8E4M3FN}
+
+
+def smem_struct(fields: dict):
+    """A cute.struct from {name: MemRange / Align type}, built in plain Python: a kernel's class-body
+    `if` would be traced (its annotations would not reach the struct), and the kernel modules'
+    postponed annotations would reach cute.struct as strings."""
+    return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
 
 def select_modes(t: cute.Tensor, modes: list[int]) -> cute.Tensor:
@@ -81,3 +88,18 @@ def acc_layout_as_operand_a(acc_layout: cute.Layout) -> cute.Layout:
             (tiled.stride[0][2][1], tiled.stride[2]),
         ),
     )
+
+
+def acc_layout_as_operand_a_fp8(acc_layout: cute.Layout) -> cute.Layout:
+    """fp32 S accumulator ((2, 2, N/8), M, 1) read as the 8-bit A operand of P @ V, ((4, 2, 2), M, N/32).
+
+    The 8-bit A fragment of m64nNk32 holds, per row, k = 4q..4q+3 and 16+4q..16+4q+3 of each
+    32-wide k-block (q = lane % 4), where the C fragment holds columns 2q, 2q+1 of each 8-column
+    group. Reading the thread's C values of groups 2h, 2h+1 (h = 0..N/16-1) as its A bytes of
+    16-column half h relabels the keys inside each 16: A position 4q + j is column
+    2q + j % 2 + 8 (j // 2), no data moves between threads. V^T in shared memory is written in the
+    same order (hopper/fp8.py: FP8_KEY_ORDER), so P @ V sums the same products.
+    """
+    groups = cute.size(acc_layout, mode=[0, 2])
+    view = cute.make_layout((((2, 2), 2, 2), 1, groups // 4), stride=(((1, 4), 2, 8), 0, 16))
+    return cute.composition(acc_layout, view)

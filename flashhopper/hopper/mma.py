@@ -27,7 +27,8 @@ def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):
 @cute.jit
 def acc_to_operand_a(acc: cute.Tensor, frag_a: cute.Tensor):
     """Convert an fp32 accumulator into the 16-bit A fragment `frag_a` (layout
-    `layout.acc_layout_as_operand_a(acc.layout)`), one 16-wide k-block at a time.
+    `layout.acc_layout_as_operand_a(acc.layout)`), one 16-wide k-block at a time; or into the e4m3
+    fragment (`layout.acc_layout_as_operand_a_fp8`), one 32-wide k-block at a time.
 
     One `.to()` over the whole accumulator is a single vector truncation; for accumulators whose
     length is not a power of two (tile_n 112, 144, 160, 176, ...) it lowers to scalar `cvt.rn.bf16.f32`
@@ -36,6 +37,9 @@ def acc_to_operand_a(acc: cute.Tensor, frag_a: cute.Tensor):
     one (gsb0). Per k-block the vectors have 8 elements, which lower to packed
     `cvt.rn.bf16x2.f32` writing the 32-bit A registers directly. Same rounding either way.
     """
-    acc_as_a = cute.make_tensor(acc.iterator, L.acc_layout_as_operand_a(acc.layout))
+    if cutlass.const_expr(frag_a.element_type.width == 8):  # e4m3 P: keys relabelled (see the layout)
+        acc_as_a = cute.make_tensor(acc.iterator, L.acc_layout_as_operand_a_fp8(acc.layout))
+    else:
+        acc_as_a = cute.make_tensor(acc.iterator, L.acc_layout_as_operand_a(acc.layout))
     for k in cutlass.range_constexpr(cute.size(frag_a, mode=[2])):
         frag_a[None, None, k].store(acc_as_a[None, None, k].load().to(frag_a.element_type))

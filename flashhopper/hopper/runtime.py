@@ -22,7 +22,7 @@ from flashhopper.hopper import kernel_cache
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA, every_q_block_visited, softmax_constants
 from flashhopper.plan import bwd_config, fwd_config
 
-_TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
 
 _overrides: dict = {}
 # caps a persistent grid below the SM count, so that tests make every CTA loop over many tiles
@@ -78,7 +78,16 @@ def get_kernel(cfg):
 
 def kernel_cubin(cfg) -> bytes:
     """Its cubin, from the same cache entry (inspection, compile tests)."""
-    return kernel_cache.cubin(cfg, _build)
+    return kernel_cache.cubin(cfg, _build)[0]
+
+
+def kernel_launch(cfg) -> dict:
+    """What its launch requests, read from the compiled host code: {"smem": dynamic shared bytes,
+    "block": [x, y, z]} (kernel_cache.launch_request)."""
+    launch = kernel_cache.cubin(cfg, _build)[1]
+    if launch is None:
+        raise RuntimeError(f"the launch configuration of {cfg!r} could not be read from its host code")
+    return launch
 
 
 @functools.cache
@@ -161,17 +170,36 @@ def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causa
 _fwd_plan = functools.lru_cache(maxsize=4096)(_fwd_plan_uncached)
 
 
-def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
+_ones: dict = {}
+
+
+def _unit_descale(device) -> torch.Tensor:
+    """A (1, 1) fp32 one on `device`, expanded (stride 0) for an FP8 descale that was not given. Under
+    CUDA graph capture a fresh one in the graph's pool (its fill is part of the graph, like the
+    scheduler's counter); otherwise one per device, kept."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.ones((1, 1), dtype=torch.float32, device=device)
+    one = _ones.get(device)
+    if one is None:
+        one = _ones[device] = _persistent_zeros((1, 1), torch.float32, device).add_(1.0)
+    return one
+
+
+def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None,
+            descales=(None, None, None)):
     """Run the forward kernel on validated CUDA tensors; returns (out, lse).
 
-    `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements).
+    `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements). FP8
+    (float8_e4m3fn) q, k, v: `descales` are the validated (batch, heads_k) fp32 q / k / v descales or
+    None (1); out is bf16.
     """
     b, sq, h, d = q.shape
     plan = _fwd_plan_uncached if _overrides else _fwd_plan
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0)
     fn = get_kernel(cfg)
+    fp8 = cfg.is_fp8
     if out is None:
-        out = torch.empty(b, sq, h, v.shape[-1], dtype=q.dtype, device=q.device)
+        out = torch.empty(b, sq, h, v.shape[-1], dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
         if poison:
             out.fill_(_NAN)
     if lse is None:
@@ -182,7 +210,12 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
-    fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section)
+    if fp8:
+        hk = k.shape[2]
+        qd, kd, vd = (d if d is not None else _unit_descale(q.device).expand(b, hk) for d in descales)
+        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd)
+    else:
+        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, None, None, None)
     return out, lse
 
 
@@ -281,7 +314,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
 
 
 def _artifact(name: str, cfg):
-    return CompiledArtifact(name=name, cubin=kernel_cubin(cfg), smem_bytes=cfg.smem_bytes())
+    return CompiledArtifact(name=name, cubin=kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
 
 
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
@@ -300,4 +333,4 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
 
 
 __all__ = ["backward", "bwd_artifact", "bwd_config_overrides", "config_overrides", "forward", "fwd_artifact",
-           "get_kernel", "kernel_cubin"]
+           "get_kernel", "kernel_cubin", "kernel_launch"]

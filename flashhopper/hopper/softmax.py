@@ -47,12 +47,15 @@ def online_softmax_step(
     row_scale: cute.Tensor,
     scale_log2: Float32,
     is_first: cutlass.Constexpr[bool],
+    shift: cutlass.Constexpr[float] = 0.0,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
 
     Updates the running max and sum and leaves in `row_scale` the factor by which the
     output accumulated so far must be multiplied. A row that has seen only masked keys
-    keeps max = -inf; using 0 as its offset makes every exp2 give 0 instead of NaN.
+    keeps max = -inf; using 0 as its offset makes every exp2 give 0 instead of NaN. `shift`:
+    probabilities are exp2(x - max + shift) (FP8: up to 2^8 inside e4m3's range), the sums too;
+    finalize takes the same shift out of the LSE.
     """
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
@@ -69,6 +72,8 @@ def online_softmax_step(
             row_scale[r] = Float32(1.0)
         else:
             row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
+        if cutlass.const_expr(shift != 0.0):
+            offset = offset - Float32(shift)
         row_max[r] = new_max
         block_sum = Float32(0.0)
         for c in cutlass.range_constexpr(num_cols):
@@ -112,14 +117,27 @@ def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
 
 @cute.jit
 def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
-             lse: cute.Tensor, scale_log2: Float32):
-    """1/l into row_scale and the natural-log LSE; rows that saw no key get 0 and -inf."""
+             lse: cute.Tensor, scale_log2: Float32, shift: cutlass.Constexpr[float] = 0.0,
+             out_scale: Float32 | None = None):
+    """1/l (times `out_scale` if given: FP8's V descale) into row_scale and the natural-log LSE;
+    rows that saw no key get 0 and -inf. `shift`: online_softmax_step's."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
         total = quad_allreduce_sum(row_sum[r])
         empty = total == Float32(0.0) or total != total
-        row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
-        lse[r] = (
-            -Float32.inf
-            if empty
-            else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN2)
-        )
+        if cutlass.const_expr(out_scale is None):
+            row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
+        else:
+            row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total) * out_scale
+        if cutlass.const_expr(shift == 0.0):
+            lse[r] = (
+                -Float32.inf
+                if empty
+                else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+            )
+        else:
+            lse[r] = (
+                -Float32.inf
+                if empty
+                else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True) - Float32(shift))
+                * Float32(LN2)
+            )

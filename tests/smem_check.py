@@ -1,0 +1,16 @@
+"""Shared memory as the launch requests it, against the configs' Python model."""
+
+from flashhopper.config import SMEM_CAPACITY
+
+# The model (FwdConfig / BwdConfig.smem_bytes: buffers + mbarriers + 1 KiB of alignment) leaves out
+# the rest of the DSL's alignment padding (before each 1024-aligned buffer) and the 1 KiB Hopper
+# reserves per CTA (counted in the cubin's static shared memory): measured 1.9-3.0 KiB over it.
+MODEL_SLACK = 3 * 1024
+
+
+def assert_smem(report, cfg):
+    """What the kernel's launch requests (dynamic, read from its host code, + static) fits the SM,
+    and the planner's model is at most MODEL_SLACK below it."""
+    real = report["smem_bytes"]
+    assert real <= SMEM_CAPACITY, (repr(cfg), real)
+    assert 0 <= real - cfg.smem_bytes() <= MODEL_SLACK, (repr(cfg), real, cfg.smem_bytes())

@@ -1,0 +1,113 @@
+"""The FP8 forward's data movement, on the CPU (no GPU, no kernel run): the layouts are evaluated
+while tracing, the transposer's per-item code (hopper/fp8.py: transpose_item, the same Python the
+kernel traces) runs on a byte model of shared memory.
+
+- P stays in registers: the fp32 S accumulator read as the e4m3 A operand of P @ V puts, for every
+  thread, S's (row, column) where the WGMMA expects (row, position) with column = key_of_position.
+- The transposer writes V^T so that position p of head-dim row d holds V[key_of_position(p), d],
+  every word of every stage once, for every head dim and key-block width the FP8 forward takes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flashhopper.compile import ensure_arch_env
+
+ensure_arch_env()
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90_utils  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+
+from flashhopper.hopper import fp8 as F8  # noqa: E402
+from flashhopper.hopper import layout as L  # noqa: E402
+
+E4M3 = cutlass.Float8E4M3FN
+
+
+def _traced(fn):
+    """Run `fn` while tracing a host function (layouts need the DSL's context); its result."""
+    box = []
+
+    @cute.jit
+    def host():
+        box.append(fn())
+
+    cute.compile(host)
+    return box[0]
+
+
+def _mma(n, b_major, a_source=None, warpgroups=2):
+    kw = {"a_source": a_source} if a_source is not None else {}
+    return sm90_utils.make_trivial_tiled_mma(E4M3, E4M3, cute.nvgpu.OperandMajorMode.K, b_major,
+                                             cutlass.Float32, atom_layout_mnk=(warpgroups, 1, 1),
+                                             tiler_mn=(64, n), **kw)
+
+
+@pytest.mark.parametrize("tile_n", [64, 128, 160])
+def test_p_in_registers_is_s_with_keys_relabelled(tile_n):
+    def collect():
+        mma_qk = _mma(tile_n, cute.nvgpu.OperandMajorMode.K)
+        mma_pv = _mma(128, cute.nvgpu.OperandMajorMode.K, warpgroup.OperandSource.RMEM)
+        ident = cute.make_identity_tensor((128, tile_n))
+        pairs = []
+        for t in range(256):
+            c_s = mma_qk.get_slice(t).partition_C(ident)
+            c_a = mma_pv.get_slice(t).partition_A(ident)
+            view = cute.make_tensor(c_s.iterator, L.acc_layout_as_operand_a_fp8(c_s.layout))
+            assert cute.size(view) == cute.size(c_a) == cute.size(c_s)
+            pairs += [(tuple(view[j]), tuple(c_a[j])) for j in range(cute.size(c_a))]
+        return pairs
+
+    pairs = _traced(collect)
+    assert len(pairs) == 128 * tile_n
+    for (row_s, col_s), (row_a, pos) in pairs:
+        assert row_s == row_a and col_s == F8.key_of_position(pos), ((row_s, col_s), (row_a, pos))
+    # every (row, column) of S is used exactly once
+    assert len({p[0] for p in pairs}) == 128 * tile_n
+
+
+def _offsets(rows, cols, stages):
+    """Byte offsets of the swizzled (rows, cols, stages) row-major smem layout, as an array."""
+    def collect():
+        lay = L.smem_layout_row_major(E4M3, rows, cols, stages)
+        return [[[lay((r, c, s)) for c in range(cols)] for r in range(rows)] for s in range(stages)]
+
+    return np.array(_traced(collect), dtype=np.int64)
+
+
+@pytest.mark.parametrize(("tile_n", "hdim"), [(128, 64), (128, 96), (128, 128), (128, 192), (96, 256),
+                                              (64, 128)])
+def test_transposer_writes_v_transposed_in_p_order(tile_n, hdim):
+    stages = 2
+    vt_off, v_off = _offsets(tile_n, hdim, stages), _offsets(hdim, tile_n, stages)
+    assert sorted(vt_off.ravel()) == list(range(vt_off.size))  # a bijection onto the buffer
+    rng = np.random.default_rng(tile_n * hdim)
+    v = rng.integers(0, 256, size=(stages, tile_n, hdim), dtype=np.uint8)
+    smem_vt = np.zeros(vt_off.size, dtype=np.uint8)
+    smem_vt[vt_off] = v
+    smem_v = np.zeros(v_off.size, dtype=np.uint8)
+    written = np.zeros(v_off.size, dtype=np.int64)
+
+    for stage in range(stages):
+        def load2(off):
+            assert off % 8 == 0
+            return tuple(int(x) for x in smem_vt[off:off + 8].view("<u4"))
+
+        def store(off, word):
+            assert off % 4 == 0
+            smem_v[off:off + 4] = np.array([word], dtype="<u4").view(np.uint8)
+            written[off:off + 4] += 1
+
+        for item in range(F8.transpose_items(tile_n, hdim)):
+            F8.transpose_item(load2, store, lambda key, d, s=stage: int(vt_off[s, key, d]),
+                              lambda d, pos, s=stage: int(v_off[s, d, pos]), item, tile_n)
+
+    assert (written == 1).all()
+    keys = np.array([F8.key_of_position(p) for p in range(tile_n)])
+    for stage in range(stages):
+        got = smem_v[v_off[stage]]  # (hdim, tile_n): V^T as the P @ V WGMMA reads it
+        np.testing.assert_array_equal(got, v[stage][keys].T)
