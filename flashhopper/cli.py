@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 
 from flashhopper.compile import ensure_arch_env
@@ -64,7 +65,7 @@ def _print_inspection(r: dict) -> None:
 
 
 def _cmd_precompile(args) -> int:
-    from flashhopper.config import BWD_HDIMS, DTYPES, SUPPORTED_HDIMS
+    from flashhopper.config import BWD_HDIMS, DTYPES, FP8_DTYPES, SUPPORTED_HDIMS
     from flashhopper.plan import dispatched_kernels
     from flashhopper.precompile import precompile
 
@@ -76,7 +77,7 @@ def _cmd_precompile(args) -> int:
     if args.bwd_only and not set(hdims) & set(BWD_HDIMS):
         print(f"flashhopper precompile: no backward at hdim {hdims}", file=sys.stderr)
         return 2
-    configs = dispatched_kernels(args.dtype or DTYPES, hdims, forward=not args.bwd_only,
+    configs = dispatched_kernels(args.dtype or DTYPES + FP8_DTYPES, hdims, forward=not args.bwd_only,
                                  backward=args.bwd or args.bwd_only)
     if args.list:
         for cfg in configs:
@@ -162,6 +163,24 @@ def _cmd_fuzz(args) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 1 if report["failed"] else 0
+
+
+def _cmd_fp8_accuracy(args) -> int:
+    import torch
+
+    from flashhopper.fp8_accuracy import format_rows, seqlen_sweep, table3
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        print("flashhopper fp8-accuracy: needs an NVIDIA Hopper GPU (sm_90)", file=sys.stderr)
+        return 2
+    os.environ.setdefault("FLASHHOPPER_EXPERIMENTAL_FP8", "1")  # measuring it is part of verifying it
+    report = {"table3": table3(), "seqlen": seqlen_sweep(args.seqlen)}
+    print("\n".join(format_rows(report["table3"])) + "\n")
+    print("\n".join(format_rows(report["seqlen"])))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
 
 
 def _cmd_demo(args) -> int:
@@ -252,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("inspect", help="compile a kernel for sm_90a (no GPU needed) and report its resources")
     p.add_argument("kernel", help="a name from flashhopper.hopper.KERNELS, e.g. fwd")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "e4m3"), default="bf16", help="e4m3: FP8 (fwd only)")
     p.add_argument("--hdim", type=int, default=128)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -262,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("precompile", help="compile the dispatched kernels into the disk cache, in parallel "
                        "(no GPU needed)")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), nargs="+", help="default: both")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "e4m3"), nargs="+",
+                   help="default: all three (e4m3: FP8, forward only)")
     p.add_argument("--hdim", type=int, nargs="+", help="default: every supported head dim")
     p.add_argument("--bwd", action="store_true", help="also the backward kernels (the training set)")
     p.add_argument("--bwd-only", action="store_true", help="only the backward kernels")
@@ -287,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", default="0/1", metavar="K/N", help="only cases i with i %% N == K")
     p.add_argument("--json", metavar="FILE", help="also write the counts as JSON")
     p.set_defaults(func=_cmd_fuzz)
+
+    p = sub.add_parser("fp8-accuracy", help="FP8 output error against float64: FA3's Table 3 protocol and "
+                       "error against sequence length (GPU)")
+    p.add_argument("--seqlen", type=int, nargs="+", default=[1024, 4096, 16384, 65536, 131072])
+    p.add_argument("--json", metavar="FILE", help="also write the tables as JSON")
+    p.set_defaults(func=_cmd_fp8_accuracy)
 
     p = sub.add_parser("demo", help="run the kernels on Hopper; elsewhere inspect them")
     p.set_defaults(func=_cmd_demo)

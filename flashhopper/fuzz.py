@@ -14,9 +14,10 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import random
 
-from flashhopper.config import DTYPES, SUPPORTED_HDIMS
+from flashhopper.config import DTYPES, FP8_DTYPES, SUPPORTED_HDIMS
 
 MASKS = ("none", "causal", "window", "causal_window")
 _EDGES = (1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 511, 512, 513, 1023, 1024, 1025,
@@ -42,6 +43,7 @@ class Case:
     scale: float | None
     magnitude: float
     seed: int
+    descale: str = "none"  # FP8: "none", "scalar" (one value, expanded) or "tensor" (per batch, kv head)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -58,7 +60,9 @@ class Case:
 
 
 def strata() -> list[tuple]:
-    return list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True)))
+    """(dtype, hdim, mask, softcap, deterministic): 16-bit with both backward modes, FP8 (forward only)."""
+    return (list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True)))
+            + list(itertools.product(FP8_DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,))))
 
 
 def _length(rng: random.Random) -> int:
@@ -91,14 +95,15 @@ def draw(index: int, seed: int) -> Case:
         layout = "strided"
     scale = None if rng.random() < 0.6 else rng.uniform(0.02, 1.0) / math.sqrt(hdim) * 4
     magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
+    descale = rng.choice(("none", "scalar", "tensor", "tensor")) if dtype in FP8_DTYPES else "none"
     return Case(dtype, hdim, mask, softcap, deterministic, b, sq, sk, hq, hk, window, layout, scale,
-                magnitude, case_seed)
+                magnitude, case_seed, descale)
 
 
 def make_inputs(case: Case, device="cuda"):
     import torch
 
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn}[case.dtype]
     g = torch.Generator(device=device).manual_seed(case.seed)
 
     def randn(*shape):
@@ -114,8 +119,21 @@ def make_inputs(case: Case, device="cuda"):
     else:
         q = randn(case.b, case.sq, case.hq, d)
         k, v = randn(case.b, case.sk, case.hk, d), randn(case.b, case.sk, case.hk, d)
-    dout = randn(case.b, case.sq, case.hq, d)
+    dout = randn(case.b, case.sq, case.hq, d) if case.dtype in DTYPES else None
     return q, k, v, dout
+
+
+def make_descales(case: Case, device="cuda"):
+    """FP8 cases' (q, k, v) descales, (batch, heads_k) float32 or None."""
+    import torch
+
+    if case.descale == "none":
+        return None, None, None
+    g = torch.Generator(device=device).manual_seed(case.seed + 1)
+    if case.descale == "scalar":
+        values = 0.5 + torch.rand(3, device=device, generator=g)
+        return tuple(x.expand(case.b, case.hk) for x in values)
+    return tuple(0.5 + torch.rand(case.b, case.hk, device=device, generator=g) for _ in range(3))
 
 
 def run(case: Case, backward: bool = True) -> str | None:
@@ -125,11 +143,19 @@ def run(case: Case, backward: bool = True) -> str | None:
     from flashhopper import flash_attn_func
     from flashhopper.accuracy import check_forward, check_grads
     from flashhopper.hopper import runtime
+    from flashhopper.validation import FP8_OPT_IN
 
     runtime.poison = True  # every output and workspace starts as NaN
     q, k, v, dout = make_inputs(case)
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
     kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, softmax_scale=case.scale)
+    fp8 = case.dtype in FP8_DTYPES
+    backward = backward and not fp8  # no FP8 backward
+    if fp8:  # the fuzzer is how the FP8 forward gets verified: it runs it before the opt-in is dropped
+        os.environ.setdefault(FP8_OPT_IN, "1")
+    descales = make_descales(case) if fp8 else (None, None, None)
+    if fp8:
+        kw.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     try:
         if backward:
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
@@ -138,7 +164,7 @@ def run(case: Case, backward: bool = True) -> str | None:
         else:
             out, lse = flash_attn_func(q, k, v, return_lse=True, **kw)
         torch.cuda.synchronize()
-        check_forward(out.detach(), lse, q, k, v, scale, case.causal, case.window, case.softcap)
+        check_forward(out.detach(), lse, q, k, v, scale, case.causal, case.window, case.softcap, descales)
         if backward:
             check_grads(grads, q, k, v, dout, scale, case.causal, case.window, case.softcap)
     except AssertionError as exc:
@@ -155,7 +181,7 @@ def kernels_of(case: Case, backward: bool) -> set:
 
     hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                          case.softcap > 0)[0]}
-    if backward:
+    if backward and case.dtype in DTYPES:
         cfg = plan.bwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                             case.softcap > 0, case.deterministic)[0]
         hit |= {cfg, BwdPreConfig.of(cfg)}

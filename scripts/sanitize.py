@@ -48,13 +48,16 @@ def main() -> int:
     from flashhopper.hopper import runtime
 
     runtime.persistent_ctas_cap = 2  # persistent grids: every CTA walks several tiles
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    os.environ.setdefault("FLASHHOPPER_EXPERIMENTAL_FP8", "1")  # sanitizing it is part of verifying it
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn}
     for call, bwd in runs:
         torch.manual_seed(0)
-        q = torch.randn(1, call.sq, 2, call.hdim, device="cuda", dtype=dt[call.dtype], requires_grad=bwd)
-        k, v = (torch.randn(1, call.sk, 1, call.hdim, device="cuda", dtype=dt[call.dtype], requires_grad=bwd)
+        q = torch.randn(1, call.sq, 2, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
+        k, v = (torch.randn(1, call.sk, 1, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
                 for _ in range(2))
-        out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window,
+        names = ("q_descale", "k_descale", "v_descale") if call.dtype == "e4m3" else ()
+        descales = {name: torch.full((1, 1), 0.5, device="cuda") for name in names}  # FP8: per (b, kv head)
+        out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window, **descales,
                               softcap=5.0 if call.softcap else 0.0, deterministic=call.deterministic)
         if bwd:
             out.sum().backward()

@@ -105,13 +105,13 @@ def fp8_inputs(seed=0):
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_rule_passes_the_emulator_and_fails_a_wrong_descale(causal, softcap):
-    """FP8: the emulator (P * 256 rounded to e4m3) passes the rule at r = 3; V's descale left out, or
-    Q's read for the other kv head, fails it; so does a zeroed 128-key block of V. (What the rule
-    cannot see: errors under FP8's own rounding noise, e.g. a 2% scale error.)"""
+    """FP8: the emulator in the kernel's order (128-key blocks, running max) passes the rule at r = 3
+    and the kernel-order check; V's descale left out, Q's read for the other kv head, a zeroed
+    128-key block of V, and a 2% scale error (under FP8's own rounding noise) each fail."""
     from flashhopper.accuracy import check_forward, emulate_forward_fp8
 
     q, k, v, ds = fp8_inputs()
-    out, lse = emulate_forward_fp8(q, k, v, ds, SCALE, causal, (-1, -1), softcap)
+    out, lse = emulate_forward_fp8(q, k, v, ds, SCALE, causal, (-1, -1), softcap, tile_n=128)
     check_forward(out, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)
     wrong_v = emulate_forward_fp8(q, k, v, (ds[0], ds[1], None), SCALE, causal, (-1, -1), softcap)[0]
     swapped = (ds[0].flip(1), ds[1], ds[2])
@@ -119,6 +119,6 @@ def test_fp8_rule_passes_the_emulator_and_fails_a_wrong_descale(causal, softcap)
     v_hole = v.clone()
     v_hole[:, 128:256] = 0
     holed = emulate_forward_fp8(q, k, v_hole, ds, SCALE, causal, (-1, -1), softcap)[0]
-    for bad in (wrong_v, wrong_q, holed):
+    for bad in (wrong_v, wrong_q, holed, (out.float() * 1.02).bfloat16()):
         with pytest.raises(AssertionError, match="out rows"):
             check_forward(bad, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)

@@ -1,0 +1,89 @@
+"""FP8 (e4m3) inputs for `flash_attn_func`: quantization with the descales it takes, and Hadamard
+incoherent processing.
+
+    q8, qd = quantize(q, heads_k=k.shape[2])          # per (batch, kv head) scales, as the kernel takes
+    k8, kd = quantize(k)
+    v8, vd = quantize(v)
+    out = flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)   # bf16
+
+    qr, kr = hadamard(q), hadamard(k)                  # before quantizing: QK^T unchanged, outliers spread
+
+Scales are chosen so that each group's largest magnitude maps to e4m3's largest finite value (448);
+the descale is its inverse, a float32 (batch, heads_k) tensor (per-tensor: one value, expanded).
+Q's groups are the query heads of one kv head, since the kernel applies one q descale per
+(batch, kv head) tile. Per-block scales (one per block of rows) need the kernel to take them; it
+takes per-(batch, kv head) descales only, as FA3's does.
+
+Hadamard rotation: x -> x (D H) / sqrt(n) along the head dim, H the n x n Walsh-Hadamard matrix and D
+a diagonal of random signs (fixed by `seed`), block-diagonal with n = 32 at hdim 96 and 64 at 192
+(powers of two). The matrix is orthogonal, so rotating Q and K by the same one leaves Q K^T as it
+was, while a few large entries of a row are spread over all of it: e4m3's 3 mantissa bits then
+cover the typical entries better (FlashAttention-3, Table 3). V and the output are not rotated.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+GRANULARITIES = ("tensor", "head")
+
+
+def quantize(x: torch.Tensor, granularity: str = "head", heads_k: int | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x in e4m3, float32 (batch, heads_k) descale) with x ~= x8 * descale per group.
+
+    x: (batch, seqlen, heads, headdim), any float dtype. granularity "head": one scale per (batch,
+    kv head) (for q, its query heads together: pass heads_k); "tensor": one for all (expanded)."""
+    if x.dim() != 4:
+        raise ValueError(f"x has rank {x.dim()}; accepted: rank 4, (batch, seqlen, heads, headdim)")
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity is {granularity!r}; accepted: {', '.join(map(repr, GRANULARITIES))}")
+    b, s, h, d = x.shape
+    heads_k = h if heads_k is None else int(heads_k)
+    if heads_k < 1 or h % heads_k:
+        raise ValueError(f"heads_k is {heads_k}; it must divide the {h} heads of x")
+    xf = x.float()
+    if granularity == "tensor":
+        amax = xf.abs().amax().reshape(1, 1).expand(b, heads_k)
+    else:
+        amax = xf.view(b, s, heads_k, h // heads_k, d).abs().amax(dim=(1, 3, 4))
+    descale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    per_head = descale.repeat_interleave(h // heads_k, dim=1)[:, None, :, None]
+    x8 = (xf / per_head).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return x8, (descale if granularity == "head" else descale[:1, :1].expand(b, heads_k))
+
+
+def _block(hdim: int) -> int:
+    """Side of the Walsh-Hadamard blocks: the head dim if a power of two, else its largest power-of-
+    two divisor of at least 32 (96 -> 32, 192 -> 64)."""
+    if hdim & (hdim - 1) == 0:
+        return hdim
+    block = hdim & -hdim
+    if block < 32:
+        raise ValueError(f"hdim {hdim}: no power-of-two block of at least 32 divides it")
+    return block
+
+
+@functools.lru_cache(maxsize=32)
+def hadamard_matrix(hdim: int, seed: int = 0, device: str = "cpu") -> torch.Tensor:
+    """The orthogonal float32 (hdim, hdim) rotation `hadamard` multiplies by: D H / sqrt(n), block-
+    diagonal for head dims that are not powers of two."""
+    n = _block(hdim)
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:  # Sylvester's construction
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = torch.randint(0, 2, (hdim,), generator=torch.Generator().manual_seed(seed)) * 2.0 - 1.0
+    rot = torch.block_diag(*[h] * (hdim // n)) / math.sqrt(n)
+    return (signs[:, None] * rot).to(device)
+
+
+def hadamard(x: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """x rotated along its head dim by hadamard_matrix (same dtype). Rotate Q and K with the same
+    seed: Q K^T is unchanged up to the rounding of x's dtype."""
+    rot = hadamard_matrix(x.shape[-1], seed, str(x.device))
+    return (x.float() @ rot).to(x.dtype)
