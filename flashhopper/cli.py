@@ -197,6 +197,12 @@ def _cmd_bench(args) -> int:
             print(f"flashhopper bench: {flag} applies to the grid, not to --ablation (forward only)",
                   file=sys.stderr)
             return 2
+    args.dtype = "e4m3" if args.dtype == "fp8" else args.dtype
+    for flag, given in (("--bwd", args.bwd), ("--ablation", args.ablation)):
+        if args.dtype == "e4m3" and given:
+            print(f"flashhopper bench: --dtype {args.dtype} is the forward grid only, not {flag}",
+                  file=sys.stderr)
+            return 2
     from flashhopper.config import BwdConfig, FwdConfig, parse_overrides
 
     try:
@@ -323,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hdim", type=int, nargs="+", help="headdims (default 64 128 256)")
     p.add_argument("--seqlen", type=int, nargs="+", help="sequence lengths (default 512 .. 16384)")
     p.add_argument("--causal", choices=("both", "yes", "no"), default="both")
-    p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8", "e4m3"), default="bf16",
+                   help="fp8 (= e4m3): the FP8 forward against cuDNN's FP8 SDPA (cudnn Python frontend) and "
+                        "the FP8 GEMM rate (torch._scaled_mm) timed beside each point")
     p.add_argument("--bwd", action="store_true",
                    help="time the backward alone (forward run once, outside the timing); FLOPs 2.5 x forward")
     p.add_argument("--ablation", action="store_true",

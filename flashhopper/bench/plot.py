@@ -7,11 +7,13 @@ here, only when a plot is asked for.
 from __future__ import annotations
 
 import json
+import statistics
 
-from flashhopper.bench.summary import summarize
+from flashhopper.bench.summary import FP8_NAMES, peer_text, summarize
 
 OURS = "flashhopper"
 LABELS = {"flashhopper": "flashhopper", "fa2": "FA2 (SDPA)", "cudnn": "cuDNN (SDPA)", "fa4": "FA4"}
+FP8_LABELS = {**LABELS, "cudnn": "cuDNN (sdpa_fp8)"}
 # fixed colours so that a provider looks the same in every plot
 COLORS = {"flashhopper": "black", "fa2": "tab:gray", "cudnn": "tab:green", "fa4": "tab:blue"}
 
@@ -46,7 +48,8 @@ def plot_report(report: dict, out_path: str, dpi: int = 90) -> str:
     seqlens = sorted({r["seqlen"] for r in rows})
     providers = report.get("providers") or sorted({n for r in rows for n in r["tflops"]})
     providers = sorted(providers, key=lambda n: n == OURS)  # ours drawn last, on top
-    ceiling = report.get("matmul_tflops")
+    labels = FP8_LABELS if report.get("dtype") in FP8_NAMES else LABELS
+    ceiling, ceiling_name = _ceiling(report)
 
     fig, axes = plt.subplots(len(hdims), len(modes), figsize=(4.5 * len(modes), 2.9 * len(hdims)),
                              sharex=True, sharey=True, squeeze=False)
@@ -61,10 +64,10 @@ def plot_report(report: dict, out_path: str, dpi: int = 90) -> str:
                     ours = name == OURS
                     xs, ys = zip(*pts, strict=True)
                     ax.plot(xs, ys, marker="o", markersize=4 if ours else 3, linewidth=2.6 if ours else 1.2,
-                            color=COLORS.get(name), label=LABELS.get(name, name), zorder=3 if ours else 2)
+                            color=COLORS.get(name), label=labels.get(name, name), zorder=3 if ours else 2)
             if ceiling:
                 ax.axhline(ceiling, color="tab:red", linestyle="--", linewidth=0.8,
-                           label=f"bf16 matmul ({ceiling:.0f})")
+                           label=f"{ceiling_name} ({ceiling:.0f})")
             ax.set_title(f"hdim {hdim}, {'causal' if causal else 'non-causal'}", fontsize=10)
             ax.set_xscale("log", base=2)
             ax.set_xticks(seqlens, [_seqlen_label(s) for s in seqlens])
@@ -87,6 +90,15 @@ def plot_report(report: dict, out_path: str, dpi: int = 90) -> str:
     return out_path
 
 
+def _ceiling(report: dict):
+    """(TFLOP/s, name) of the GEMM line: the bf16 matmul, or for FP8 the median of the FP8 GEMM rates
+    timed beside the points (the bf16 matmul is no ceiling for FP8)."""
+    if report.get("dtype") not in FP8_NAMES:
+        return report.get("matmul_tflops"), "bf16 matmul"
+    rates = [r["scaled_mm_tflops"]["fast_accum"] for r in report["results"] if r.get("scaled_mm_tflops")]
+    return (statistics.median(rates) if rates else None), "fp8 scaled_mm, fast accum"
+
+
 def _title(report: dict) -> str:
     summary = report.get("summary") or summarize(report)
     # reports from before the backward benchmark have no direction: they are forward
@@ -94,7 +106,8 @@ def _title(report: dict) -> str:
     head = f"{report.get('device', 'unknown GPU')}, {report.get('dtype', 'bf16')} {direction}"
     if summary["geomean_ratio"] is None:
         return head
-    return (f"{head}: flashhopper / max(cuDNN, FA4) geomean {summary['geomean_ratio']:.2f}, "
+    peers = [{"cudnn": "cuDNN", "fa4": "FA4"}.get(p, p) for p in report.get("peers", ("cudnn", "fa4"))]
+    return (f"{head}: flashhopper / {peer_text(peers)} geomean {summary['geomean_ratio']:.2f}, "
             f"lowest {summary['min_ratio']:.2f}")
 
 

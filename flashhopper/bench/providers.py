@@ -1,12 +1,14 @@
 """What the benchmark times: flashhopper and its peers, each as a `Provider`.
 
 A provider is built from one differentiable `attn(q, k, v, causal) -> out` (or `(out, lse)`), so
-the forward and the backward benchmark time the same call.
+the forward and the backward benchmark time the same call. FP8 (e4m3) is forward only: ours
+against cuDNN's FP8 SDPA through the cudnn Python frontend (`fp8_providers`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ class Provider:
     # (q, k, v, dout, causal) -> zero-argument callable that runs one backward (the forward is run
     # by the maker, outside the timing); None: this provider has no backward to time
     make_bwd: Callable | None = None
+    # what the provider learned while running (cuDNN FP8: the engine that served each graph), for the report
+    info: dict = field(default_factory=dict)
 
     def timed_call(self, q, k, v, causal, dout=None) -> Callable:
         """The call to time: a forward, or with `dout` a backward."""
@@ -98,3 +102,118 @@ def _quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         yield
+
+
+# --- FP8 (e4m3) forward ---
+
+
+class Unavailable(RuntimeError):
+    """A peer this machine cannot run (its library is not installed): its cells stay empty."""
+
+
+def fp8_providers() -> list[Provider]:
+    return [flashhopper_fp8(), cudnn_fp8()]
+
+
+@contextlib.contextmanager
+def _fp8_opt_in():
+    """Our FP8 forward refuses to run until it has passed the GPU suite unless this is set; the bench
+    sets it for our calls only and puts it back."""
+    from flashhopper.validation import FP8_OPT_IN
+
+    before = os.environ.get(FP8_OPT_IN)
+    os.environ[FP8_OPT_IN] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[FP8_OPT_IN]
+        else:
+            os.environ[FP8_OPT_IN] = before
+
+
+def flashhopper_fp8() -> Provider:
+    def make(q, k, v, causal):
+        from flashhopper.interface import flash_attn_func
+
+        # unit descales (cuDNN's values too) as (batch, heads_k) tensors, as an FP8 user passes them
+        d = torch.ones(q.shape[0], k.shape[2], device=q.device, dtype=torch.float32)
+        return lambda: flash_attn_func(q, k, v, causal=causal, q_descale=d, k_descale=d, v_descale=d)
+
+    return Provider("flashhopper", make, _fp8_opt_in)
+
+
+# cuDNN's per-tensor scale inputs. Q, K, V hold N(0, 1) values as stored (descale 1, what ours gets).
+# P in [0, 1] is stored as e4m3 times scale_s: 448, e4m3's largest value, is the frontend docs'
+# choice without dropout ("Amax S"). O, a weighted mean of V's rows, stays in V's range: no scale.
+CUDNN_FP8_SCALES = {"descale_q": 1.0, "descale_k": 1.0, "descale_v": 1.0, "descale_s": 1 / 448,
+                    "scale_s": 448.0, "scale_o": 1.0}
+
+
+def _import_cudnn():
+    try:
+        import cudnn
+    except Exception as exc:  # absent, or present without its libraries: not measurable here
+        raise Unavailable(f"the cudnn Python frontend is not importable here ({exc})") from exc
+    return cudnn
+
+
+def build_cudnn_fp8_graph(cudnn, handle, q, k, causal: bool):
+    """An sdpa_fp8 forward graph for (b, s, h, d) e4m3 q and k, v like k, built as far as execution:
+    (graph, {port name: tensor descriptor}, workspace size in bytes).
+
+    Q, K, V and O are described as (b, h, s, d) views of (b, s, h, d) storage, as ours reads them.
+    On Hopper cuDNN writes O in e4m3 only (bf16 O is Blackwell's), so it writes half the bytes ours
+    does. No softmax stats (inference), as ours is called; Amax_O is an output, as every FP8 user
+    needs it for the next scale_o, and Amax_S stays virtual as the frontend's docstring asks.
+    """
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+    qh, kh = heads_first(q), heads_first(k)
+    ports = {name: graph.tensor(name=name, dim=list(t.shape), stride=list(t.stride()), data_type=e4m3)
+             for name, t in (("q", qh), ("k", kh), ("v", kh))}
+    scalar = {"dim": [1, 1, 1, 1], "stride": [1, 1, 1, 1], "data_type": f32}
+    ports.update({name: graph.tensor(name=name, **scalar) for name in CUDNN_FP8_SCALES})
+    # causal as the docstring prefers over use_causal_mask: the top-left diagonal, nothing to its right
+    mask = {"diagonal_alignment": cudnn.diagonal_alignment.TOP_LEFT, "right_bound": 0} if causal else {}
+    o, _, _, amax_o = graph.sdpa_fp8(**ports, attn_scale=q.shape[-1] ** -0.5, generate_stats=False, **mask)
+    o.set_output(True).set_dim(list(qh.shape)).set_stride(list(qh.stride())).set_data_type(e4m3)
+    amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    graph.check_support()
+    graph.build_plans()
+    return graph, {**ports, "o": o, "amax_o": amax_o}, graph.get_workspace_size()
+
+
+def cudnn_fp8() -> Provider:
+    """cuDNN's FP8 SDPA forward as a careful user runs it: one graph per (shape, causal), built on first
+    use and kept, a workspace allocated once; the timed call is graph.execute alone."""
+    graphs, handle, info = {}, None, {}
+
+    def make(q, k, v, causal):
+        nonlocal handle
+        cudnn = _import_cudnn()
+        if handle is None:
+            handle = cudnn.create_handle()
+        # cuDNN launches on its handle's stream; the CUDA events that time it are on torch's
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+        key = (tuple(q.shape), tuple(k.shape), causal)
+        if key not in graphs:
+            graph, ports, size = build_cudnn_fp8_graph(cudnn, handle, q, k, causal)
+            graphs[key] = graph, ports, torch.empty(size, device=q.device, dtype=torch.uint8)
+            # the frontend may route a graph to a Python (CuTe DSL) engine of its own instead of cuDNN's
+            engine = graph.selected_engine
+            where = f"{tuple(q.shape)} {'causal' if causal else 'full'}"
+            info[where] = engine.name if engine else "cuDNN backend"
+        graph, ports, workspace = graphs[key]
+        out = torch.empty_like(q)
+        buffers = {"q": q, "k": k, "v": v, "o": out}
+        pack = {ports[name]: heads_first(t) for name, t in buffers.items()}
+        pack.update({ports[name]: torch.full((1, 1, 1, 1), value, device=q.device, dtype=torch.float32)
+                     for name, value in CUDNN_FP8_SCALES.items()})
+        pack[ports["amax_o"]] = torch.empty(1, 1, 1, 1, device=q.device, dtype=torch.float32)
+        return lambda: graph.execute(pack, workspace, handle=handle)
+
+    return Provider("cudnn", make, info=info)

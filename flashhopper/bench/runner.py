@@ -1,7 +1,9 @@
 """Time flashhopper against its peers on one GPU and print TFLOP/s, forward or backward.
 
 Every number is from the same process and the same inputs, because absolute TFLOP/s drift 5-15%
-between runs and machines: the ratio to the best peer is the figure that means something.
+between runs and machines: the ratio to the best peer is the figure that means something. FP8
+(e4m3, forward only) is judged against cuDNN's FP8 SDPA and against the FP8 GEMM rate, the latter
+timed beside every point for the same reason.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ import sys
 import torch
 
 from flashhopper.bench.grid import Point
-from flashhopper.bench.providers import Provider, default_providers
-from flashhopper.bench.summary import format_summary, summarize
+from flashhopper.bench.providers import Provider, default_providers, fp8_providers
+from flashhopper.bench.summary import format_summary, peer_text, summarize
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FP8 = torch.float8_e4m3fn
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8, "fp8": FP8}
 # flashhopper is compared against the strongest of these at each point.
 BEST_PEERS = ("cudnn", "fa4")
+# FP8: cuDNN's FP8 SDPA is the one peer (the "cudnn" provider of fp8_providers)
+FP8_PEERS = ("cudnn",)
 
 
 def time_ms(fn) -> float:
@@ -53,25 +58,54 @@ def matmul_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
     return 2.0 * n**3 / time_ms(lambda: torch.matmul(a, b)) / 1e9
 
 
+def randn(shape, dtype, device) -> torch.Tensor:
+    """N(0, 1) values; float8 has no randn kernel, so those are drawn in bf16 and rounded."""
+    if dtype == FP8:
+        return torch.randn(shape, device=device, dtype=torch.bfloat16).to(FP8)
+    return torch.randn(shape, device=device, dtype=dtype)
+
+
+def scaled_mm_calls(n: int = 8192, device="cuda") -> dict:
+    """The FP8 GEMM ceiling: torch._scaled_mm (cuBLAS) on n^3 e4m3 with unit scales and bf16 out, with
+    and without fast accumulation, as {name: (call, FLOPs)}; each is called once here, so a torch
+    without it fails before the grid, not in it."""
+    a = randn((n, n), FP8, device)
+    b = randn((n, n), FP8, device).t()  # cuBLAS takes FP8 B column-major only
+    one = torch.ones((), device=device)
+
+    def call(fast: bool):
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                        use_fast_accum=fast)
+
+    calls = {"fast_accum": (call(True), 2.0 * n**3), "default": (call(False), 2.0 * n**3)}
+    for fn, _ in calls.values():
+        fn()
+    return calls
+
+
 def _short(exc: Exception) -> str:
     text = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return text[:200]
 
 
 def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda",
-              backward: bool = False, rounds: int = 1) -> dict:
+              backward: bool = False, rounds: int = 1, peers=BEST_PEERS,
+              scaled_mm: dict | None = None) -> dict:
     """TFLOP/s of each provider at one point: the forward, or with `backward` the backward alone.
 
     With `rounds` > 1 every provider is timed that many times, the providers taking turns within
     a round, and the median is reported (with min / max under "spread"): a clock or power swing
-    then hits every provider alike instead of whichever ran during it."""
+    then hits every provider alike instead of whichever ran during it. `ratio` is flashhopper over
+    the best of `peers`. `scaled_mm` ({name: (call, FLOPs)}, see scaled_mm_calls) are timed in the
+    same rounds after the providers and reported under "scaled_mm_tflops"."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     shape = (point.batch, point.seqlen, point.heads, point.hdim)
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-    dout = torch.randn(shape, device=device, dtype=dtype) if backward else None
+    q, k, v = (randn(shape, dtype, device) for _ in range(3))
+    dout = randn(shape, dtype, device) if backward else None
     flops = point.bwd_flops if backward else point.flops
     errors, calls, samples = {}, {}, {}
+    gemm_samples = {name: [] for name in scaled_mm or {}}
     for provider in providers:
         try:
             with provider.context():
@@ -88,25 +122,31 @@ def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, dev
             except Exception as exc:
                 errors[name] = _short(exc)
                 del calls[name]
+        for name, (fn, gemm_flops) in (scaled_mm or {}).items():
+            gemm_samples[name].append(gemm_flops / time_ms(fn) / 1e9)
     tflops = {p.name: statistics.median(samples[p.name]) if p.name in calls else None for p in providers}
     spread = {n: [min(samples[n]), max(samples[n])] for n in calls} if rounds > 1 else None
-    peers = [tflops.get(name) for name in BEST_PEERS if tflops.get(name)]
+    rates = [tflops.get(name) for name in peers if tflops.get(name)]
     mine = tflops.get("flashhopper")
-    ratio = mine / max(peers) if mine and peers else None
-    return {
+    ratio = mine / max(rates) if mine and rates else None
+    row = {
         "hdim": point.hdim, "causal": point.causal, "seqlen": point.seqlen, "batch": point.batch,
         "heads": point.heads, "flops": flops, "tflops": tflops, "ratio": ratio, "errors": errors,
         **({"rounds": rounds, "spread": spread} if spread is not None else {}),
     }
+    if scaled_mm:
+        row["scaled_mm_tflops"] = {name: statistics.median(s) for name, s in gemm_samples.items()}
+    return row
 
 
 def _cell(value, width=12, fmt="{:.1f}") -> str:
     return (fmt.format(value) if value is not None else "-").rjust(width)
 
 
-def format_header(names) -> str:
+def format_header(names, scaled_mm: bool = False) -> str:
     cols = "".join(n.rjust(12) for n in names)
-    return f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'heads':>5}{cols}{'fh/best':>9}"
+    gemm = f"{'mm fast':>9}{'mm dflt':>9}{'fh/mm':>7}" if scaled_mm else ""
+    return f"{'hdim':>4} {'causal':>6} {'seqlen':>6} {'batch':>5} {'heads':>5}{cols}{'fh/best':>9}{gemm}"
 
 
 def format_row(row: dict, names) -> str:
@@ -114,7 +154,13 @@ def format_row(row: dict, names) -> str:
     causal = "yes" if row["causal"] else "no"
     ratio = _cell(row["ratio"], 9, "{:.2f}")
     shape = f"{row['hdim']:>4} {causal:>6} {row['seqlen']:>6} {row['batch']:>5} {row['heads']:>5}"
-    return f"{shape}{cells}{ratio}"
+    gemm = ""
+    if "scaled_mm_tflops" in row:
+        fast, default = row["scaled_mm_tflops"]["fast_accum"], row["scaled_mm_tflops"]["default"]
+        mine = row["tflops"].get("flashhopper")
+        gemm = "".join((_cell(fast, 9, "{:.0f}"), _cell(default, 9, "{:.0f}"),
+                        _cell(mine and mine / fast, 7, "{:.2f}")))
+    return f"{shape}{cells}{ratio}{gemm}"
 
 
 def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = None,
@@ -122,17 +168,31 @@ def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = 
               overrides: dict | None = None, rounds: int = 1) -> dict:
     """Time every provider at every point (with `backward`, the backward alone); print the table.
     `overrides`: config fields flashhopper's kernels run with instead of the dispatched ones
-    (FwdConfig, or BwdConfig with `backward`), recorded in the report. `rounds`: see run_point."""
-    providers = providers if providers is not None else default_providers()
+    (FwdConfig, or BwdConfig with `backward`), recorded in the report. `rounds`: see run_point.
+    dtype "e4m3" (or "fp8"): the FP8 forward against cuDNN's, with the FP8 GEMM timed beside each point."""
+    fp8 = DTYPES[dtype] == FP8
+    if fp8 and backward:
+        raise ValueError("FP8 is forward only: there is no FP8 backward to time")
+    providers = providers if providers is not None else (fp8_providers() if fp8 else default_providers())
+    peers = FP8_PEERS if fp8 else BEST_PEERS
     names = [p.name for p in providers]
     ceiling = matmul_tflops()
     report = {
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": dtype,
         "direction": "bwd" if backward else "fwd", "matmul_tflops": ceiling, "providers": names,
-        "overrides": dict(overrides or {}), "rounds": rounds, "results": [],
+        "peers": list(peers), "overrides": dict(overrides or {}), "rounds": rounds, "results": [],
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; bf16 matmul 8192^3: {ceiling:.0f} TFLOP/s",
           file=out, flush=True)
+    scaled_mm = None
+    if fp8:
+        try:
+            scaled_mm = scaled_mm_calls()
+        except Exception as exc:  # the attention numbers still mean something without it
+            print(f"(FP8 GEMM not measured: {_short(exc)})", file=out, flush=True)
+        else:
+            print("fp8 GEMM: torch._scaled_mm 8192^3 e4m3 timed beside every point; mm fast / mm dflt: "
+                  "with / without fast accumulation; fh/mm = flashhopper / mm fast", file=out, flush=True)
     applied = contextlib.nullcontext()
     if overrides:
         from flashhopper.hopper import runtime  # imports the DSL: only when asked
@@ -140,18 +200,20 @@ def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = 
         print(f"flashhopper config overrides: {overrides}", file=out, flush=True)
         applied = (runtime.bwd_config_overrides if backward else runtime.config_overrides)(**overrides)
     what = "backward TFLOP/s (FLOPs = 2.5 x forward, backward alone)" if backward else "forward TFLOP/s"
-    print(f"{what}; fh/best = flashhopper / max(" + ", ".join(BEST_PEERS) + ")", file=out, flush=True)
-    print(format_header(names), file=out, flush=True)
+    print(f"{what}; fh/best = flashhopper / {peer_text(peers)}", file=out, flush=True)
+    print(format_header(names, scaled_mm=bool(scaled_mm)), file=out, flush=True)
+    fp8_args = {"peers": peers, "scaled_mm": scaled_mm} if fp8 else {}
     with applied:
         for point in points:
-            row = run_point(point, providers, DTYPES[dtype], backward=backward, rounds=rounds)
+            row = run_point(point, providers, DTYPES[dtype], backward=backward, rounds=rounds, **fp8_args)
             report["results"].append(row)
             print(format_row(row, names), file=out, flush=True)
             for name, message in row["errors"].items():
                 print(f"    {name}: {message}", file=out, flush=True)
+    report["provider_info"] = {p.name: p.info for p in providers if p.info}
     report["summary"] = summarize(report)
     # the targets in summary.py are the forward's (issue 4); the backward has none yet
-    for line in format_summary(report["summary"], BEST_PEERS, targets=not backward):
+    for line in format_summary(report["summary"], peers, targets=not backward):
         print(line, file=out, flush=True)
     if json_path:
         with open(json_path, "w") as f:
