@@ -147,6 +147,10 @@ class FwdConfig(_KernelConfig):
     # from which the producer warpgroup's transposer warps write V^T (head dim x keys, keys
     # contiguous: FP8 WGMMA reads B K-major only) into the K/V ring's V stages
     vt_stages: int = 2
+    # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): each tile's
+    # query and key bounds come from cu_seqlens / seqused, a tile past its sequence's end is skipped,
+    # and O is stored row by row up to the sequence's end (a TMA box would write the next one's rows)
+    varlen: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -252,6 +256,8 @@ class FwdConfig(_KernelConfig):
                              f"for {self.dtype}")
         if self.is_fp8:
             self._check_fp8()
+        if self.varlen:
+            self._check_varlen()
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
@@ -300,6 +306,14 @@ class FwdConfig(_KernelConfig):
             # a warpgroup's 64 bf16 O rows staged in the fp8 Q buffer cover the other warpgroup's Q
             # rows, which its last QK^T may still read: the shared epilogue's all-consumer barrier
             raise ValueError("e4m3: wg_epilogue needs O's own smem tile")
+
+    def _check_varlen(self) -> None:
+        """What the varlen forward (first version: one CTA per tile, the shared epilogue) is built for."""
+        unsupported = {"e4m3": self.is_fp8, "cluster_m": self.cluster_m != 1, "persistent": self.persistent,
+                       "dynamic_sched": self.dynamic_sched, "o_in_v": self.o_in_v,
+                       "wg_epilogue": self.wg_epilogue}
+        if bad := [name for name, on in unsupported.items() if on]:
+            raise ValueError(f"varlen: {', '.join(bad)} not supported with packed sequences")
 
     def _check_cluster(self) -> None:
         if self.cluster_m == 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from flashhopper import ops, validation
-from flashhopper.reference import attention_ref, dequantize_fp8
+from flashhopper.reference import attention_ref, attention_varlen_ref, dequantize_fp8
 from flashhopper.validation import (
     FP8_DTYPES,
     check_backend,
@@ -13,6 +13,8 @@ from flashhopper.validation import (
     check_flag,
     check_fp8_call,
     check_tensors,
+    check_varlen_call,
+    check_varlen_tensors,
     normalize_scale,
     normalize_softcap,
     normalize_window,
@@ -77,6 +79,65 @@ def flash_attn_func(
             from flashhopper.hopper import forward
 
             out, lse = forward(q, k, v, scale, causal, window, softcap)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    seqused_q=None,
+    seqused_k=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    deterministic=False,
+    return_lse=False,
+    backend="auto",
+):
+    """Attention over sequences packed along the token dimension, with no padding.
+
+    q: (total_q, hq, d), k, v: (total_k, hk, d); sequence i holds rows cu_seqlens_q[i] to
+    cu_seqlens_q[i + 1] of q (cu_seqlens_k likewise for k, v), int32 tensors of batch + 1 entries on
+    q's device; max_seqlen_q / _k are Python ints at least every sequence's length. seqused_q / _k
+    (int32, (batch,)) limit each sequence to its first seqused tokens. Masks, softcap, GQA, dtypes
+    and head dims as flash_attn_func, the causal diagonal aligned bottom-right per sequence.
+
+    Returns out (total_q, hq, d) or (out, lse) with lse float32 (hq, total_q). A row that sees no key
+    gives 0 and lse = -inf, also when total_k is 0 (FA3 returns +inf there). Rows past a sequence's
+    seqused_q are not written by the kernel (they keep what the output held: undefined).
+    The bounds' types and shapes are checked (check_varlen_tensors says which properties are the
+    caller's contract); backend="reference" (exact float64 per sequence, any device) checks all.
+    Forward only for now (no backward), and not yet under torch.compile.
+    """
+    backend = check_backend(backend)
+    if torch.compiler.is_compiling():
+        raise NotImplementedError("flash_attn_varlen_func under torch.compile: not yet (its custom operator "
+                                  "comes next); call it outside the compiled region")
+    check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                         seqused_k)
+    scale = normalize_scale(softmax_scale, int(q.shape[-1]))
+    causal = check_flag("causal", causal)
+    window = normalize_window(window_size)
+    softcap = normalize_softcap(softcap)
+    check_flag("deterministic", deterministic)
+    return_lse = check_flag("return_lse", return_lse)
+    if backend == "reference":
+        out, lse = attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
+                                        causal, window, softcap)
+        out = out.to(q.dtype)
+    else:
+        validation.require_hopper(q, backend)
+        check_varlen_call(q, k, v)
+        from flashhopper.hopper import forward_varlen
+
+        out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
+                                  scale, causal, window, softcap)
     return (out, lse) if return_lse else out
 
 

@@ -160,6 +160,32 @@ def _fwd_config_fp8(dtype: str, hdim: int, causal: bool, local: bool, softcap: b
     return cfg
 
 
+# Varlen forward (first version, not yet timed): the dense tiles of the mask, one CTA per tile (the
+# scheduler does not yet walk sequences), the shared epilogue (O stored row by row)
+_VARLEN_OFF = {"persistent": False, "dynamic_sched": False, "o_in_v": False, "o_v_stages": False,
+               "wg_epilogue": False, "q_stages": 1}
+
+
+@functools.cache
+def fwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool = False,
+                      softcap: bool = False) -> FwdConfig:
+    """The varlen forward's configuration: the dense one of the mask with what varlen does not take
+    turned off (FwdConfig._check_varlen)."""
+    cfg = dataclasses.replace(fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap),
+                              varlen=True, **_VARLEN_OFF)
+    if local:  # the window's bounds next to the sequence's leave lazy_max no registers (4 spilled at 128)
+        cfg = dataclasses.replace(cfg, lazy_max=False)
+    cfg.check()
+    return cfg
+
+
+def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: bool
+                    ) -> tuple[FwdConfig, int, int]:
+    """The varlen forward's (config, window_left, window_right)."""
+    causal, local, wl, wr = mask_kind(causal, window_size)
+    return fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap), wl, wr
+
+
 # hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
 # would not fit in registers, so the warpgroups split dK^T / dV^T by head-dim rows (64 or 128
 # each; 192 therefore takes 3 warpgroups) and P, dS go through smem. hdim -> (tile_n, warpgroups):
@@ -310,6 +336,7 @@ class Call:
     window: tuple[int, int]
     softcap: bool
     deterministic: bool
+    varlen: bool = False
 
 
 def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
@@ -326,6 +353,9 @@ def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward:
             if forward:
                 seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0],
                                 Call(dtype, hdim, sq, sk, causal, window, softcap, False))
+                if dtype in DTYPES:  # varlen: 16-bit for now
+                    seen.setdefault(fwd_plan_varlen(dtype, hdim, causal, window, softcap)[0],
+                                    Call(dtype, hdim, sq, sk, causal, window, softcap, False, varlen=True))
             if backward and hdim in BWD_HDIMS and dtype in DTYPES:  # no FP8 backward
                 for deterministic in (False, True):
                     cfg = bwd_plan(dtype, hdim, sq, sk, causal, window, softcap, deterministic)[0]
@@ -345,7 +375,7 @@ def dispatched_kernels(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forwar
 COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
          "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
          "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq",
-         "vt_stages")
+         "vt_stages", "varlen")
 
 
 def features(cfg) -> set:

@@ -71,6 +71,38 @@ def dequantize_fp8(q, k, v, descales=(None, None, None)):
     return tuple(out)
 
 
+def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=None, seqused_k=None,
+                         softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
+    """attention_ref per packed sequence: q (total_q, hq, d), k / v (total_k, hk, d). Returns out
+    float64 (total_q, hq, dv) and lse float32 (hq, total_q); rows past a sequence's seqused_q (and
+    any row no sequence covers) are 0 / -inf. Raises ValueError on bounds that break the contract
+    (cu_seqlens not from 0 up to the packed length, seqused beyond a sequence)."""
+    cq, ck = (c.tolist() for c in (cu_seqlens_q, cu_seqlens_k))
+    for name, c, total in (("cu_seqlens_q", cq, q.shape[0]), ("cu_seqlens_k", ck, k.shape[0])):
+        if c[0] != 0 or c[-1] != total or any(b < a for a, b in zip(c, c[1:], strict=False)):
+            raise ValueError(f"{name} = {c}: must start at 0, never decrease and end at {total}")
+    out = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), NEG_INF, dtype=torch.float32, device=q.device)
+    for i in range(len(cq) - 1):
+        lq, lk = cq[i + 1] - cq[i], ck[i + 1] - ck[i]
+        for name, used, length in (("seqused_q", seqused_q, lq), ("seqused_k", seqused_k, lk)):
+            if used is not None and not 0 <= int(used[i]) <= length:
+                raise ValueError(f"{name}[{i}] = {int(used[i])} outside the sequence's {length} tokens")
+        lq = lq if seqused_q is None else int(seqused_q[i])
+        lk = lk if seqused_k is None else int(seqused_k[i])
+        if lq == 0:
+            continue
+        rows = slice(cq[i], cq[i] + lq)
+        if lk == 0:  # no key: out stays 0, lse -inf
+            continue
+        keys = slice(ck[i], ck[i] + lk)
+        o, l_ = attention_ref(q[None, rows], k[None, keys], v[None, keys], softmax_scale, causal, window_size,
+                              softcap)
+        out[rows] = o[0]
+        lse[:, rows] = l_[0]
+    return out, lse
+
+
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0):
     """Exact attention in float64. Returns (out float64 (b, sq, hq, dv), lse float32 (b, hq, sq))."""
     scale = default_scale(q.shape[-1], softmax_scale)

@@ -21,6 +21,9 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 # it has not yet run on a GPU: until it has passed the GPU suite, calls need this variable set to 1
 FP8_GPU_VERIFIED = False
 FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
+# the varlen forward likewise (compiled and CPU-checked, not yet run on a GPU)
+VARLEN_GPU_VERIFIED = False
+VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -121,6 +124,61 @@ def check_fp8_call(q, k, v) -> None:
     if not FP8_GPU_VERIFIED and os.environ.get(FP8_OPT_IN) != "1":
         raise NotImplementedError(f"the FP8 forward has not yet been verified on a GPU; set {FP8_OPT_IN}=1 "
                                   "to run it anyway")
+
+
+def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                         seqused_k, layout: bool = True) -> int:
+    """flash_attn_varlen_func's packed tensors and sequence bounds; returns the batch size.
+
+    Checked here: types, dtypes, devices, ranks and shapes, and (with `layout`) what TMA needs of
+    strides and pointers. Not checked, the caller's contract (each would cost a device-to-host
+    copy on every call): cu_seqlens start at 0, never decrease and end at the packed length;
+    seqused_* at most each sequence's length; max_seqlen_* at least every (used) length.
+    backend="reference" checks all of them."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name} has rank {t.dim()} (shape {tuple(t.shape)}); accepted: rank 3, "
+                             "(total_tokens, heads, headdim)")
+    check_tensors(q[None], k[None], v[None], layout=False)  # dtypes, devices, heads, head dims
+    if q.dtype in FP8_DTYPES:
+        raise TypeError("varlen with float8_e4m3fn inputs is not supported yet; accepted: float16, bfloat16")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(cu).__name__}")
+        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"{name} has dtype {cu.dtype} and shape {tuple(cu.shape)}; accepted: int32 of "
+                             "shape (batch + 1,), batch >= 1")
+        if cu.device != q.device:
+            raise ValueError(f"{name} is on {cu.device} but q is on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_q has {cu_seqlens_q.shape[0]} entries, cu_seqlens_k "
+                         f"{cu_seqlens_k.shape[0]}; both are batch + 1")
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if used is None:
+            continue
+        if not isinstance(used, torch.Tensor) or used.dtype != torch.int32 or tuple(used.shape) != (batch,):
+            raise ValueError(f"{name} must be None or an int32 tensor of shape (batch,) = ({batch},)")
+        if used.device != q.device:
+            raise ValueError(f"{name} is on {used.device} but q is on {q.device}")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not _is_int(n) or n < 0:
+            raise TypeError(f"{name} must be a Python int >= 0, got {n!r}")
+    if layout:
+        check_layouts(("q", q), ("k", k), ("v", v))
+    return batch
+
+
+def check_varlen_call(q, k, v) -> None:
+    """What the varlen forward does not do (yet): gradients, and running before its GPU verification."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError("flash_attn_varlen_func: no varlen backward yet; pad to flash_attn_func "
+                                  "for training, or detach the inputs")
+    if not VARLEN_GPU_VERIFIED and os.environ.get(VARLEN_OPT_IN) != "1":
+        raise NotImplementedError(f"the varlen forward has not yet been verified on a GPU; set "
+                                  f"{VARLEN_OPT_IN}=1 to run it anyway")
 
 
 def layout_problem(name: str, t: torch.Tensor) -> str | None:

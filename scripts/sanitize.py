@@ -48,10 +48,14 @@ def main() -> int:
     from flashhopper.hopper import runtime
 
     runtime.persistent_ctas_cap = 2  # persistent grids: every CTA walks several tiles
-    os.environ.setdefault("FLASHHOPPER_EXPERIMENTAL_FP8", "1")  # sanitizing it is part of verifying it
+    for feature in ("FP8", "VARLEN"):  # sanitizing them is part of verifying them
+        os.environ.setdefault(f"FLASHHOPPER_EXPERIMENTAL_{feature}", "1")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": torch.float8_e4m3fn}
     for call, bwd in runs:
         torch.manual_seed(0)
+        if call.varlen:  # three sequences: the call's lengths, a short one, and one with no query
+            _varlen(call)
+            continue
         q = torch.randn(1, call.sq, 2, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
         k, v = (torch.randn(1, call.sk, 1, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
                 for _ in range(2))
@@ -65,6 +69,21 @@ def main() -> int:
         print(("bwd " if bwd else "fwd ") + repr(call) + f": finite={bool(out.isfinite().all())}", flush=True)
     print(f"{len(runs)} calls ran", flush=True)
     return 0
+
+
+def _varlen(call) -> None:
+    from flashhopper import flash_attn_varlen_func
+
+    lens_q, lens_k = (call.sq, 17, 0), (call.sk, 33, 5)
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+                  for lens in (lens_q, lens_k))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
+    q = torch.randn(sum(lens_q), 2, call.hdim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(sum(lens_k), 1, call.hdim, device="cuda", dtype=dtype) for _ in range(2))
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=call.causal,
+                                 window_size=call.window, softcap=5.0 if call.softcap else 0.0)
+    torch.cuda.synchronize()
+    print(f"fwd {call!r}: finite={bool(out.isfinite().all())}", flush=True)
 
 
 if __name__ == "__main__":

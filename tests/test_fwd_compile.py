@@ -358,3 +358,21 @@ def test_forward_fp8_compiles(hdim, mask):
     assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]), "ptxas serialized the WGMMAs"
     assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
     assert report["smem_bytes"] <= SMEM_CAPACITY
+
+
+# varlen (packed sequences): the dense kernel's WGMMA pipeline (one wait per commit group), no TMA
+# store of O (16-byte row stores up to each sequence's end instead), no spills
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
+def test_forward_varlen_compiles(hdim, mask):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+    from flashhopper.plan import fwd_config_varlen
+
+    cfg = fwd_config_varlen("bf16", hdim, **MASKS[mask])
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    sass = report["sass"]
+    assert sass["HGMMA"] > 0 and sass["UTMALDG"] >= 3 and sass["UTMASTG"] == 0
+    assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]) + (4 if cfg.lazy_max_active else 0)
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] <= SMEM_CAPACITY

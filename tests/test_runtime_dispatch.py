@@ -63,7 +63,7 @@ def test_forward_launches_the_dispatched_config(d, fwd_launches):
                     want_cfg, want_args = expected_fwd(d, 2, sq, sk, 4, causal, window, softcap > 0)
                     assert cfg == want_cfg, (rounds, sq, sk, causal, window, softcap)
                     assert args[8:12] == want_args, (rounds, sq, sk, causal, window, softcap)
-                    assert args[12:] == (None,) * 3  # no FP8 descales
+                    assert args[12:] == (None,) * 8  # no FP8 descales, no varlen bounds
 
 
 def test_forward_overrides_are_not_served_from_the_cache(fwd_launches):
@@ -143,3 +143,26 @@ def test_fault_hooks_launch_what_they_say(fwd_launches, monkeypatch, fault):
         assert out.shape[1] == 300 and lse.shape[2] == 300
     else:
         assert args[6] == pytest.approx(plain[6] * 1.01)
+
+
+def test_varlen_launches_its_config_over_the_longest_sequence(fwd_launches):
+    """flash_attn_varlen_func's launch: the varlen config of the mask, (1, total, h, d) views of the
+    packed tensors, (1, h, total) for LSE, one CTA per (query block of the longest sequence, head,
+    sequence), the bounds and seqused from cu_seqlens when not given."""
+    q = torch.empty(300, 4, 128, dtype=torch.bfloat16)
+    k, v = (torch.empty(500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+    cu_q = torch.tensor([0, 100, 300], dtype=torch.int32)
+    cu_k = torch.tensor([0, 250, 500], dtype=torch.int32)
+    out, lse = runtime.forward_varlen(q, k, v, cu_q, cu_k, 200, None, None, 0.1, True, (-1, -1), 0.0)
+    assert out.shape == (300, 4, 128) and lse.shape == (4, 300)
+    cfg, args = fwd_launches.pop()
+    assert cfg == plan.fwd_config_varlen("bf16", 128, causal=True) and cfg.varlen
+    assert args[0].shape == (1, 300, 4, 128) and args[4].shape == (1, 4, 300)
+    assert args[10] == config.fwd_grid(cfg, 200, 4 * 2, None)  # 2 query blocks x 4 heads x 2 sequences
+    assert args[12:15] == (None,) * 3 and args[19] == 200
+    assert args[17].tolist() == [100, 200] and args[18].tolist() == [250, 250]  # seqused from cu_seqlens
+    # no key at all: no launch, 0 and -inf
+    no_keys = torch.zeros(3, dtype=torch.int32)
+    out, lse = runtime.forward_varlen(q, k[:0], v[:0], cu_q, no_keys, 200, None, None, 0.1, False, (-1, -1),
+                                      0.0)
+    assert not fwd_launches and (out == 0).all() and torch.isneginf(lse).all()

@@ -6,10 +6,10 @@ import os
 # would otherwise default to a non-Hopper arch and the sm_90 MMA builders refuse to trace.
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from flashhopper.hopper.runtime import backward, bwd_artifact, forward, fwd_artifact  # noqa: E402
+from flashhopper.hopper.runtime import backward, bwd_artifact, forward, forward_varlen, fwd_artifact  # noqa: E402
 
 KERNELS = {"fwd": fwd_artifact, "bwd": bwd_artifact}
 # kernels that compile but have not been validated on a GPU (the demo says so)
 NOT_YET_VALIDATED = frozenset()
 
-__all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "forward"]
+__all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "forward", "forward_varlen"]

@@ -49,13 +49,26 @@ def _fake_descales(cfg: FwdConfig):
                                                assumed_align=4) for _ in range(3))
 
 
+def _fake_varlen(cfg: FwdConfig):
+    """Varlen: cu_seqlens_q / _k (batch + 1,) and seqused_q / _k (batch,) int32, max_seqlen_q; else None."""
+    if not cfg.varlen:
+        return None, None, None, None, None
+    b = cute.sym_int()
+
+    def ints(n):
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), (1,), assumed_align=4)
+
+    return ints(cute.sym_int()), ints(cute.sym_int()), ints(b), ints(b), cutlass.Int32(1)
+
+
 def compile_fwd(cfg: FwdConfig, options: str = ""):
     """Trace and compile the forward kernel for `cfg`."""
     from flashhopper.hopper.fwd import FlashFwdSm90
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
-            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), *_fake_descales(cfg), stream)
+            cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), *_fake_descales(cfg), *_fake_varlen(cfg),
+            stream)
     return cute.compile(FlashFwdSm90(cfg), *args, options=_options(options))
 
 

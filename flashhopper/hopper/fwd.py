@@ -99,6 +99,11 @@ class FlashFwdSm90:
         mQd: cute.Tensor | None,  # FP8: (b, hk) fp32 descales of Q, K, V (any strides); else None
         mKd: cute.Tensor | None,
         mVd: cute.Tensor | None,
+        mCuQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 cumulative query / key offsets
+        mCuK: cute.Tensor | None,
+        mUsedQ: cute.Tensor | None,  # varlen: (batch,) int32 lengths of each sequence's used part
+        mUsedK: cute.Tensor | None,
+        max_seqlen_q: Int32 | None,  # varlen: the longest query length (the grid's query blocks)
         stream: cuda.CUstream,
     ):
         # tile coordinates first: (seqlen, dim, head, batch)
@@ -199,6 +204,7 @@ class FlashFwdSm90:
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, mQd, mKd, mVd, sVt_layout,
+            mCuQ, mCuK, mUsedQ, mUsedK, max_seqlen_q, mO if self.cfg.varlen else None,
         )
         if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
@@ -237,6 +243,12 @@ class FlashFwdSm90:
         mKd: cute.Tensor | None,
         mVd: cute.Tensor | None,
         sVt_layout: cute.ComposedLayout | None,
+        mCuQ: cute.Tensor | None,
+        mCuK: cute.Tensor | None,
+        mUsedQ: cute.Tensor | None,
+        mUsedK: cute.Tensor | None,
+        max_seqlen_q: Int32 | None,
+        mO_rows: cute.Tensor | None,  # varlen: O itself (mO is TMA's view of it), stored row by row
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -332,9 +344,18 @@ class FlashFwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
-        num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-        num_pairs = num_heads * mQ.shape[3]
+        varlen = self.cfg.varlen
+        if cutlass.const_expr(varlen):  # tiles of every sequence as if each were the longest
+            num_m_blocks = (max_seqlen_q + self.tile_m - 1) // self.tile_m
+            num_pairs = num_heads * (mCuQ.shape[0] - 1)
+        else:
+            num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
+            num_pairs = num_heads * mQ.shape[3]
         num_tiles = num_m_blocks * num_pairs
+        seq_bounds = partial(self.seq_bounds, mCuQ=mCuQ, mCuK=mCuK, mUsedQ=mUsedQ, mUsedK=mUsedK)
+        varlen_blocks = partial(M.n_block_range, window_left=window_left, window_right=window_right,
+                                tile_m=self.tile_m, tile_n=self.tile_n, has_left=self.has_left,
+                                has_right=self.has_right)
         bidx, _, _ = cute.arch.block_idx()
         grid_size = cute.arch.grid_dim()[0]
         block_range = partial(M.n_block_range, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
@@ -391,11 +412,20 @@ class FlashFwdSm90:
                     tile = tile_first
                     while tile < num_tiles:
                         m_block, head, batch = coords(tile)
-                        n_min, n_max = block_range(m_block)
-                        q_state, k_state, v_state = self.produce(
-                            mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
-                            pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
-                            q_state, k_state, v_state, rank=rank, pipe_o=pipe_o)
+                        if cutlass.const_expr(varlen):
+                            off_q, len_q, off_k, len_k = seq_bounds(batch)
+                            if m_block * self.tile_m < len_q:  # else a tile past its sequence's end
+                                n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                                q_state, k_state, v_state = self.produce(
+                                    mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                                    pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, 0, n_min, n_max,
+                                    q_state, k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k))
+                        else:
+                            n_min, n_max = block_range(m_block)
+                            q_state, k_state, v_state = self.produce(
+                                mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                                pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
+                                q_state, k_state, v_state, rank=rank, pipe_o=pipe_o)
                         tile += tile_stride
                     if cutlass.const_expr(cluster):
                         # the peer's consumers arrive on our empty barriers until they release
@@ -437,12 +467,22 @@ class FlashFwdSm90:
                 tile = tile_first
                 while tile < num_tiles:
                     m_block, head, batch = coords(tile)
-                    n_min, n_max = block_range(m_block)
-                    q_state, k_state, v_state = self.consume(
-                        mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                        pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
-                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                        pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
+                    if cutlass.const_expr(varlen):
+                        off_q, len_q, off_k, len_k = seq_bounds(batch)
+                        if m_block * self.tile_m < len_q:
+                            n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                            q_state, k_state, v_state = self.consume(
+                                mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
+                                pipe_k, pipe_v, tidx - 128, m_block, head, 0, n_min, n_max, len_q, len_k,
+                                scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
+                                pipe_o=pipe_o, varlen_out=(mO_rows, off_q))
+                    else:
+                        n_min, n_max = block_range(m_block)
+                        q_state, k_state, v_state = self.consume(
+                            mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                            pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
+                            scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
+                            pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
                     tile += tile_stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
@@ -505,6 +545,13 @@ class FlashFwdSm90:
         pipe_v.producer_commit(v_state)
         cute.arch.sync_warp()  # every lane's reads of sVt are done before lane 0 frees it
         pipe_vt.consumer_release(vt_state)
+
+    @cute.jit
+    def seq_bounds(self, batch, mCuQ, mCuK, mUsedQ, mUsedK):
+        """Varlen: sequence `batch`'s (query offset, used query length, key offset, used key length)
+        in the packed tensors."""
+        off_q, off_k = mCuQ[batch], mCuK[batch]
+        return off_q, mUsedQ[batch], off_k, mUsedK[batch]
 
     @cute.jit
     def publish_tile(self, pipe_sched, sTile, state, tile, lane):
@@ -574,10 +621,16 @@ class FlashFwdSm90:
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
-                q_state, k_state, v_state, rank=0, pipe_o=None):
-        gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (None, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim_v), (None, 0))
+                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None):
+        mQ_t = mQ[None, None, head, batch]
+        mK_t, mV_t = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
+        if cutlass.const_expr(offsets is not None):  # varlen: this sequence's rows of the packed tensors
+            mQ_t = cute.domain_offset((offsets[0], 0), mQ_t)
+            mK_t = cute.domain_offset((offsets[1], 0), mK_t)
+            mV_t = cute.domain_offset((offsets[1], 0), mV_t)
+        gQ = cute.local_tile(mQ_t, (self.tile_m, self.hdim), (m_block, 0))
+        gK = cute.local_tile(mK_t, (self.tile_n, self.hdim), (None, 0))
+        gV = cute.local_tile(mV_t, (self.tile_n, self.hdim_v), (None, 0))
         no_cluster = cute.make_layout(1)
         # K/V: with a cluster, this CTA's slice of each tile (rank of cluster_m), multicast
         kv_cluster = no_cluster
@@ -681,7 +734,7 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
                 seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
-                q_state, k_state, v_state, pipe_o=None, descales=None):
+                q_state, k_state, v_state, pipe_o=None, descales=None, varlen_out=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         v_descale = None
         if cutlass.const_expr(self.fp8):
@@ -776,7 +829,8 @@ class FlashFwdSm90:
                                                                n_min, n_max)
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
                            coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
-                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free, v_descale=v_descale)
+                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free, v_descale=v_descale,
+                           varlen_out=varlen_out)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
@@ -826,11 +880,12 @@ class FlashFwdSm90:
     @cute.jit
     def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
                     sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=None,
-                    before_smem=None, v_descale=None):
+                    before_smem=None, v_descale=None, varlen_out=None):
         S.finalize(row_max, row_sum, row_scale, lse, scale_log2, shift=self.p_shift, out_scale=v_descale)
         S.rescale_rows(acc_O_rc, row_scale)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                      m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem)
+                      m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem,
+                      varlen_out=varlen_out)
 
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
@@ -1148,18 +1203,22 @@ class FlashFwdSm90:
 
     @cute.jit
     def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
-                 m_block, head, batch, seqlen_q, signal_o=None, before_smem=None):
+                 m_block, head, batch, seqlen_q, signal_o=None, before_smem=None, varlen_out=None):
         # LSE: the thread holding column 0 of a row writes it
         if coord_rc[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * self.tile_m + coord_rc[r, 0][0]
                 if row < seqlen_q:
-                    mLSE[row, head, batch] = lse[r]
+                    if cutlass.const_expr(varlen_out is not None):  # varlen: the sequence's rows
+                        mLSE[varlen_out[1] + row, head, batch] = lse[r]
+                    else:
+                        mLSE[row, head, batch] = lse[r]
 
         rO = cute.make_rmem_tensor_like(acc_O, self.o_dtype)
         rO.store(acc_O.load().to(self.o_dtype))
         self.store_o(rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, signal_o=signal_o,
-                     before_smem=before_smem)
+                     before_smem=before_smem,
+                     varlen_rows=None if varlen_out is None else (*varlen_out, seqlen_q))
 
     @cute.jit
     def o_to_smem(self, rO, sO, tiled_mma_pv, tidx):
@@ -1177,7 +1236,7 @@ class FlashFwdSm90:
 
     @cute.jit
     def store_o(self, rO, mO, sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, signal_o=None,
-                before_smem=None):
+                before_smem=None, varlen_rows=None):
         """O through sO and a TMA store. Shared epilogue: the whole tile, all consumers meeting on
         one barrier. FwdConfig.wg_epilogue: this warpgroup's 64 rows through its own part of sO and
         its own TMA store, synchronized on its own barrier only; the rows are the ones its QK^T
@@ -1207,7 +1266,11 @@ class FlashFwdSm90:
         else:
             self.o_to_smem(rO, sO, tiled_mma_pv, tidx)
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
-        if first_warp:
+        if cutlass.const_expr(varlen_rows is not None):
+            # varlen (shared epilogue): every consumer thread copies 16-byte pieces of the sequence's
+            # rows; a TMA box would also write the rows past its end, the next sequence's
+            self.store_o_rows(sO, *varlen_rows, head, m_block, tidx)
+        elif first_warp:
             gO = cute.local_tile(mO[None, None, head, batch], (rows, self.hdim_v), (row_block, 0))
             sO_part = sO
             if cutlass.const_expr(self.cfg.wg_epilogue and not self.cfg.o_per_stage):
@@ -1224,6 +1287,23 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.o_in_q_buffer):
             # these rows of Q's buffer are free for the next tile once the store has read them
             cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+
+    @cute.jit
+    def store_o_rows(self, sO, mO, offset_q, seqlen_q, head, m_block, tidx):
+        """Varlen: this tile's O rows below seqlen_q from sO to the packed output, 8 elements at a time."""
+        gO = cute.local_tile(cute.domain_offset((offset_q, 0), mO[None, None, head, 0]),
+                             (self.tile_m, self.hdim_v), (m_block, 0))
+        rows_left = seqlen_q - m_block * self.tile_m
+        per_row = self.hdim_v // 8
+        items = self.tile_m * per_row
+        threads = self.num_consumer_threads
+        tidx = _opaque(tidx)  # the addresses computed here, per tile, not held through the mainloop
+        for i in cutlass.range_constexpr((items + threads - 1) // threads):
+            item = tidx + i * threads
+            row = item // per_row
+            if row < rows_left and item < items:
+                piece = (row, item % per_row)
+                cute.autovec_copy(cute.local_tile(sO, (1, 8), piece), cute.local_tile(gO, (1, 8), piece))
 
     def one_wg_mma_pv(self):
         """The P @ V tiled MMA of one warpgroup: its C partition maps a warpgroup's threads onto a

@@ -213,9 +213,57 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if fp8:
         hk = k.shape[2]
         qd, kd, vd = (d if d is not None else _unit_descale(q.device).expand(b, hk) for d in descales)
-        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd)
+        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd,
+           None, None, None, None, None)
     else:
-        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, None, None, None)
+        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, None, None, None,
+           None, None, None, None, None)
+    return out, lse
+
+
+@functools.lru_cache(maxsize=4096)
+def _varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool):
+    return plan.fwd_plan_varlen(_TORCH_TO_NAME[dtype], hdim, causal, window_size, softcap)
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, seqused_q, seqused_k,
+                   softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
+    """The varlen forward on validated CUDA tensors: q (total_q, hq, d), k / v (total_k, hk, d), int32
+    cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
+    (out (total_q, hq, dv), lse (hq, total_q))."""
+    total_q, h, d = q.shape
+    cfg, wl, wr = _varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0)
+    if _overrides:  # tests, tuning
+        cfg = dataclasses.replace(cfg, **_overrides)
+    if out is None:
+        out = torch.empty(total_q, h, v.shape[-1], dtype=q.dtype, device=q.device)
+        if poison:
+            out.fill_(_NAN)
+    if lse is None:
+        lse = torch.empty(h, total_q, dtype=torch.float32, device=q.device)
+        if poison:
+            lse.fill_(_NAN)
+    batch = cu_seqlens_q.shape[0] - 1
+    if total_q == 0:
+        return out, lse
+    if k.shape[0] == 0:  # no key anywhere (a TMA descriptor needs rows): every row sees none
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return out, lse
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()  # the kernel's layout
+    seqused_q = None if seqused_q is None else seqused_q.contiguous()
+    seqused_k = None if seqused_k is None else seqused_k.contiguous()
+    if seqused_q is None:
+        seqused_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    if seqused_k is None:
+        seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    fn = get_kernel(cfg)
+    scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
+    num_ctas = fwd_grid(cfg, max(int(max_seqlen_q), 1), h * batch, None)
+    section = 1  # one CTA per tile: the grid's order is the hardware's
+    counter = _tile_counter(q.device)
+    fn(q[None], k[None], v[None], out[None], lse[None], counter, scale_log2, softcap_pre, wl, wr, num_ctas,
+       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q))
     return out, lse
 
 
@@ -332,5 +380,5 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
     return _artifact("fwd", dataclasses.replace(cfg, **overrides) if overrides else cfg)
 
 
-__all__ = ["backward", "bwd_artifact", "bwd_config_overrides", "config_overrides", "forward", "fwd_artifact",
-           "get_kernel", "kernel_cubin", "kernel_launch"]
+__all__ = ["backward", "bwd_artifact", "bwd_config_overrides", "config_overrides", "forward",
+           "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch"]
