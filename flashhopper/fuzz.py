@@ -44,6 +44,14 @@ class Case:
     magnitude: float
     seed: int
     descale: str = "none"  # FP8: "none", "scalar" (one value, expanded) or "tensor" (per batch, kv head)
+    # varlen (flash_attn_varlen_func, forward): (query, key) length of each packed sequence, and
+    # (used query, used key) lengths when seqused is passed (else empty)
+    seqlens: tuple = ()
+    seqused: tuple = ()
+
+    @property
+    def varlen(self) -> bool:
+        return bool(self.seqlens)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
@@ -52,6 +60,8 @@ class Case:
     def from_json(cls, text: str) -> Case:
         fields = json.loads(text)
         fields["window"] = tuple(fields["window"])
+        for name in ("seqlens", "seqused"):
+            fields[name] = tuple(tuple(pair) for pair in fields.get(name, ()))
         return cls(**fields)
 
     @property
@@ -60,9 +70,11 @@ class Case:
 
 
 def strata() -> list[tuple]:
-    """(dtype, hdim, mask, softcap, deterministic): 16-bit with both backward modes, FP8 (forward only)."""
-    return (list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True)))
-            + list(itertools.product(FP8_DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,))))
+    """(dtype, hdim, mask, softcap, deterministic, varlen): 16-bit with both backward modes, FP8
+    (forward only), 16-bit varlen (forward only)."""
+    return (list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True), (False,)))
+            + list(itertools.product(FP8_DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,), (False,)))
+            + list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,), (True,))))
 
 
 def _length(rng: random.Random) -> int:
@@ -74,7 +86,7 @@ def _length(rng: random.Random) -> int:
 def draw(index: int, seed: int) -> Case:
     """Case `index` of a fuzz run seeded `seed` (the same on every machine)."""
     table = strata()
-    dtype, hdim, mask, softcap, deterministic = table[index % len(table)]
+    dtype, hdim, mask, softcap, deterministic, varlen = table[index % len(table)]
     case_seed = seed * 1_000_003 + index
     rng = random.Random(case_seed)
     sq, sk = _length(rng), _length(rng)
@@ -96,8 +108,18 @@ def draw(index: int, seed: int) -> Case:
     scale = None if rng.random() < 0.6 else rng.uniform(0.02, 1.0) / math.sqrt(hdim) * 4
     magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
     descale = rng.choice(("none", "scalar", "tensor", "tensor")) if dtype in FP8_DTYPES else "none"
+    seqlens, seqused = (), ()
+    if varlen:  # 1-6 sequences, empty ones too, within the reference's memory; packed (or heads strided)
+        b, layout = 1, rng.choice(("bshd", "strided"))
+        lens = [(rng.choice((0, _length(rng), _length(rng))), _length(rng)) for _ in range(rng.randint(1, 6))]
+        while hq * max(lq * lk for lq, lk in lens) > _MAX_SCORES:
+            lens = [(lq // 2, max(1, lk // 2)) for lq, lk in lens]
+        seqlens = tuple(lens)
+        if rng.random() < 0.3:
+            seqused = tuple((rng.randint(0, lq), rng.randint(0, lk)) for lq, lk in lens)
+        sq, sk = max(lq for lq, _ in lens), max(lk for _, lk in lens)
     return Case(dtype, hdim, mask, softcap, deterministic, b, sq, sk, hq, hk, window, layout, scale,
-                magnitude, case_seed, descale)
+                magnitude, case_seed, descale, seqlens, seqused)
 
 
 def make_inputs(case: Case, device="cuda"):
@@ -123,6 +145,48 @@ def make_inputs(case: Case, device="cuda"):
     return q, k, v, dout
 
 
+def run_varlen(case: Case) -> str | None:
+    """A varlen case through flash_attn_varlen_func, each sequence checked by the rule; rows past a
+    sequence's seqused_q must still hold the poison (NaN)."""
+    import torch
+
+    from flashhopper import flash_attn_varlen_func
+    from flashhopper.accuracy import check_forward
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    g = torch.Generator(device="cuda").manual_seed(case.seed)
+    lens_q, lens_k = zip(*case.seqlens, strict=True)
+    used_q, used_k = zip(*case.seqused, strict=True) if case.seqused else (lens_q, lens_k)
+
+    def packed(total, heads, pick):
+        width = 2 * heads if case.layout == "strided" else heads
+        x = (torch.randn(total, width, case.hdim, device="cuda", generator=g) * case.magnitude).to(dt)
+        return x[:, pick::2] if case.layout == "strided" else x
+
+    q = packed(sum(lens_q), case.hq, 0)
+    k, v = packed(sum(lens_k), case.hk, 0), packed(sum(lens_k), case.hk, 1)
+    cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
+                  for lens in (lens_q, lens_k))
+    seqused = ({"seqused_q": torch.tensor(used_q, dtype=torch.int32, device="cuda"),
+                "seqused_k": torch.tensor(used_k, dtype=torch.int32, device="cuda")} if case.seqused else {})
+    scale = case.scale if case.scale is not None else case.hdim ** -0.5
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(used_q), max(used_k), **seqused,
+                                      softmax_scale=case.scale, causal=case.causal, window_size=case.window,
+                                      softcap=case.softcap, return_lse=True)
+    torch.cuda.synchronize()
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    for i, (lq, lk) in enumerate(zip(used_q, used_k, strict=True)):
+        rows, keys = slice(starts_q[i], starts_q[i] + lq), slice(starts_k[i], starts_k[i] + lk)
+        if lq and lk:
+            check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
+                          scale, case.causal, case.window, case.softcap)
+        elif lq:
+            assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all(), f"sequence {i}: no key"
+        unused = slice(starts_q[i] + lq, starts_q[i + 1])
+        assert out[unused].isnan().all() and lse[:, unused].isnan().all(), f"sequence {i}: rows past seqused"
+    return None
+
+
 def make_descales(case: Case, device="cuda"):
     """FP8 cases' (q, k, v) descales, (batch, heads_k) float32 or None."""
     import torch
@@ -143,20 +207,23 @@ def run(case: Case, backward: bool = True) -> str | None:
     from flashhopper import flash_attn_func
     from flashhopper.accuracy import check_forward, check_grads
     from flashhopper.hopper import runtime
-    from flashhopper.validation import FP8_OPT_IN
+    from flashhopper.validation import FP8_OPT_IN, VARLEN_OPT_IN
 
     runtime.poison = True  # every output and workspace starts as NaN
     q, k, v, dout = make_inputs(case)
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
     kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, softmax_scale=case.scale)
     fp8 = case.dtype in FP8_DTYPES
-    backward = backward and not fp8  # no FP8 backward
-    if fp8:  # the fuzzer is how the FP8 forward gets verified: it runs it before the opt-in is dropped
-        os.environ.setdefault(FP8_OPT_IN, "1")
+    backward = backward and not fp8 and not case.varlen  # no FP8 or varlen backward yet
+    # the fuzzer is how the FP8 and varlen forwards get verified: it runs them before the opt-in goes
+    os.environ.setdefault(FP8_OPT_IN, "1")
+    os.environ.setdefault(VARLEN_OPT_IN, "1")
     descales = make_descales(case) if fp8 else (None, None, None)
     if fp8:
         kw.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     try:
+        if case.varlen:
+            return run_varlen(case)
         if backward:
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
             out, lse = flash_attn_func(qg, kg, vg, return_lse=True, deterministic=case.deterministic, **kw)
@@ -179,6 +246,8 @@ def kernels_of(case: Case, backward: bool) -> set:
     from flashhopper import plan
     from flashhopper.config import BwdPreConfig
 
+    if case.varlen:
+        return {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0)[0]}
     hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                          case.softcap > 0)[0]}
     if backward and case.dtype in DTYPES:
@@ -206,9 +275,7 @@ def fuzz(cases: int, seed: int, backward: bool = True, log=print, shard: tuple[i
             log(f"FAIL {problem}\n  reproduce: flashhopper fuzz --case '{case.to_json()}'{flag}")
         if done % 100 == 0:
             log(f"{done} cases, {len(failures)} failed, {len(hit)} kernel configs hit")
-    # the varlen kernels are not drawn yet (flash_attn_varlen_func's cases come with its backward)
-    reachable = {c for c in dispatched_kernels(forward=True, backward=backward)
-                 if not getattr(c, "varlen", False)}
+    reachable = set(dispatched_kernels(forward=True, backward=backward))
     log(f"{len(mine)} cases (seed {seed}, shard {k}/{n}), {len(failures)} failed; kernel configs hit: "
         f"{len(hit & reachable)} of {len(reachable)} dispatched")
     return {"cases": len(mine), "failed": len(failures), "configs_hit": len(hit & reachable),

@@ -38,9 +38,10 @@ def _is_int(x) -> bool:
     return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
 
 
-def check_tensors(q, k, v, layout: bool = True) -> None:
+def check_tensors(q, k, v, layout: bool = True, allow_empty: bool = False) -> None:
     """Types, dtypes, devices, ranks and shapes; with `layout`, also what TMA needs of strides and
-    data pointers (which only real tensors have)."""
+    data pointers (which only real tensors have). `allow_empty`: varlen's packed tensors may hold no
+    token."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -63,7 +64,7 @@ def check_tensors(q, k, v, layout: bool = True) -> None:
                 f"{name} has rank {t.dim()} (shape {tuple(t.shape)}); "
                 "accepted: rank 4, (batch, seqlen, heads, headdim)"
             )
-        if t.numel() == 0:
+        if t.numel() == 0 and not allow_empty:
             raise ValueError(f"{name} is empty (shape {tuple(t.shape)}); every dimension must be > 0")
     _check_shapes(q, k, v)
     if layout:
@@ -141,7 +142,7 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
         if t.dim() != 3:
             raise ValueError(f"{name} has rank {t.dim()} (shape {tuple(t.shape)}); accepted: rank 3, "
                              "(total_tokens, heads, headdim)")
-    check_tensors(q[None], k[None], v[None], layout=False)  # dtypes, devices, heads, head dims
+    check_tensors(q[None], k[None], v[None], layout=False, allow_empty=True)  # dtypes, devices, heads, dims
     if q.dtype in FP8_DTYPES:
         raise TypeError("varlen with float8_e4m3fn inputs is not supported yet; accepted: float16, bfloat16")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -166,8 +167,8 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not _is_int(n) or n < 0:
             raise TypeError(f"{name} must be a Python int >= 0, got {n!r}")
-    if layout:
-        check_layouts(("q", q), ("k", k), ("v", v))
+    if layout:  # an empty tensor is never read
+        check_layouts(*((name, t) for name, t in (("q", q), ("k", k), ("v", v)) if t.numel()))
     return batch
 
 
