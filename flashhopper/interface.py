@@ -113,14 +113,13 @@ def flash_attn_varlen_func(
     seqused_q are not written by the kernel (they keep what the output held: undefined).
     The bounds' types and shapes are checked (check_varlen_tensors says which properties are the
     caller's contract); backend="reference" (exact float64 per sequence, any device) checks all.
-    Forward only for now (no backward), and not yet under torch.compile.
+    Forward only for now (no backward). Under torch.compile it runs as the custom operator
+    torch.ops.flashhopper.fwd_varlen.
     """
     backend = check_backend(backend)
-    if torch.compiler.is_compiling():
-        raise NotImplementedError("flash_attn_varlen_func under torch.compile: not yet (its custom operator "
-                                  "comes next); call it outside the compiled region")
+    compiling = torch.compiler.is_compiling()
     check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                         seqused_k)
+                         seqused_k, layout=not compiling)
     scale = normalize_scale(softmax_scale, int(q.shape[-1]))
     causal = check_flag("causal", causal)
     window = normalize_window(window_size)
@@ -131,6 +130,9 @@ def flash_attn_varlen_func(
         out, lse = attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
                                         causal, window, softcap)
         out = out.to(q.dtype)
+    elif compiling:  # opaque to the compiler (max_seqlen_q is an int argument of the operator)
+        out, lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                  scale, causal, window[0], window[1], softcap)
     else:
         validation.require_hopper(q, backend)
         check_varlen_call(q, k, v)

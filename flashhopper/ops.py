@@ -91,6 +91,26 @@ def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_le
             q.new_empty((b, h, sq), dtype=torch.float32))
 
 
+@torch.library.custom_op("flashhopper::fwd_varlen", mutates_args=())
+def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+               cu_seqlens_k: torch.Tensor, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
+               max_seqlen_q: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse (heads, total_q)) of attention over packed sequences (forward only)."""
+    validation.require_hopper(q)
+    validation.check_varlen_call(q, k, v)
+    check_layouts(*((name, t) for name, t in (("q", q), ("k", k), ("v", v)) if t.numel()))
+    return _kernels().forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
+                                     softmax_scale, causal, (window_left, window_right), softcap)
+
+
+@fwd_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, softmax_scale, causal,
+      window_left, window_right, softcap):
+    total_q, h, _ = q.shape
+    return q.new_empty((total_q, h, v.shape[-1])), q.new_empty((h, total_q), dtype=torch.float32)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, *config = inputs
     out, lse = output

@@ -152,3 +152,50 @@ def test_operator_on_cpu_tensors_points_to_reference():
     q, k, v = qkv(requires_grad=False)
     with pytest.raises(RuntimeError, match=r"Hopper GPU \(H100/H200, sm_90\)"):
         ops.fwd(q, k, v, 0.125, False, -1, -1, 0.0, False)
+
+
+@pytest.fixture
+def cpu_varlen(monkeypatch):
+    """flashhopper.hopper.forward_varlen on CPU (the per-sequence reference), recording max_seqlen_q."""
+    from flashhopper.reference import attention_varlen_ref
+
+    calls = []
+
+    def forward_varlen(q, k, v, cu_q, cu_k, max_q, used_q, used_k, scale, causal, window, softcap):
+        calls.append(max_q)
+        out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, used_q, used_k, scale, causal, window, softcap)
+        return out.to(q.dtype), lse
+
+    kernels = types.SimpleNamespace(forward_varlen=forward_varlen)
+    monkeypatch.setitem(sys.modules, "flashhopper.hopper", kernels)
+    monkeypatch.setattr(flashhopper.validation, "require_hopper", lambda q, backend="hopper": None)
+    monkeypatch.setenv(flashhopper.validation.VARLEN_OPT_IN, "1")
+    torch._dynamo.reset()
+    yield calls
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_varlen_max_seqlen_is_no_compile_key(cpu_varlen, dynamic):
+    """20 steps, each with another packing and max_seqlen: with dynamic=True one compile and no
+    recompile; by default torch's automatic dynamic shapes recompile once (at the first change of
+    the shapes and ints), then never again: max_seqlen enters no guard."""
+    from torch._dynamo.testing import CompileCounter
+
+    from flashhopper import flash_attn_varlen_func
+
+    counter = CompileCounter()
+    def attend(q, k, v, cq, ck, mq, mk):
+        return flash_attn_varlen_func(q, k, v, cq, ck, mq, mk, causal=True)
+
+    fn = torch.compile(attend, backend=counter, fullgraph=True, dynamic=dynamic)
+    for step in range(20):
+        lens = [5 + step, 3, 7 + 2 * step]
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        q = torch.randn(sum(lens), 4, 64, dtype=BF16)
+        k, v = torch.randn(sum(lens), 2, 64, dtype=BF16), torch.randn(sum(lens), 2, 64, dtype=BF16)
+        out = fn(q, k, v, cu, cu, max(lens), max(lens))
+        want = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, backend="reference")
+        assert torch.equal(out, want)
+    assert cpu_varlen == [7 + 2 * s for s in range(20)]  # the op saw every step's max_seqlen_q
+    assert counter.frame_count == (1 if dynamic else 2)
