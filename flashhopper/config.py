@@ -15,6 +15,14 @@ DTYPES = ("bf16", "fp16")
 FP8_DTYPES = ("e4m3",)
 # fp8 P is exp2(x - max + FP8_P_SHIFT_LOG2): in [0, 256], inside e4m3's 448, fewer underflows (FA3)
 FP8_P_SHIFT_LOG2 = 8
+# FP8 V^T holds the keys in P's register order (hopper/fp8.py, layout.acc_layout_as_operand_a_fp8): key
+# offsets inside a 16-key group for positions 4q + j, j = 0..3
+FP8_KEY_ORDER = (0, 1, 8, 9)
+
+
+def key_of_position(pos: int) -> int:
+    """The key whose V row sits at position `pos` of FP8 V^T (and whose P is A operand column `pos`)."""
+    return 16 * (pos // 16) + 2 * ((pos % 16) // 4) + FP8_KEY_ORDER[pos % 4]
 
 # Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
 SMEM_CAPACITY = 232448
@@ -147,6 +155,10 @@ class FwdConfig(_KernelConfig):
     # from which the producer warpgroup's transposer warps write V^T (head dim x keys, keys
     # contiguous: FP8 WGMMA reads B K-major only) into the K/V ring's V stages
     vt_stages: int = 2
+    # FP8 ablation: V given as V^T (batch, heads_k, head dim, keys padded to 16, keys in P's order:
+    # hopper/fp8.py transposed_v) and loaded by the TMA into sV as it is, with no transposer: the
+    # upper bound the in-kernel transpose is measured against (flashhopper bench --dtype fp8 --ablation)
+    vt_in_gmem: bool = False
     # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): each tile's
     # query and key bounds come from cu_seqlens / seqused, a tile past its sequence's end is skipped,
     # and O is stored row by row up to the sequence's end (a TMA box would write the next one's rows)
@@ -193,7 +205,7 @@ class FwdConfig(_KernelConfig):
         o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v_ring else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
-        if self.is_fp8:  # the ring V arrives in before it is transposed, and its mbarriers
+        if self.is_fp8 and not self.vt_in_gmem:  # the ring V arrives in before it is transposed
             v += self.vt_stages * self.tile_n * self.hdim_v + 8 * 2 * self.vt_stages
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
@@ -256,6 +268,8 @@ class FwdConfig(_KernelConfig):
                              f"for {self.dtype}")
         if self.is_fp8:
             self._check_fp8()
+        elif self.vt_in_gmem:
+            raise ValueError("vt_in_gmem is for e4m3 inputs (16-bit WGMMA reads V as stored)")
         if self.varlen:
             self._check_varlen()
         if self.tile_m != 64 * self.num_consumer_wg:
@@ -298,6 +312,8 @@ class FwdConfig(_KernelConfig):
             raise ValueError(f"e4m3: tile_n {self.tile_n} must be a multiple of 32 (the P @ V k-block)")
         if self.vt_stages < 1:
             raise ValueError("vt_stages must be >= 1")
+        if self.vt_in_gmem and self.varlen:
+            raise ValueError("e4m3: vt_in_gmem is the dense ablation")
         unsupported = {"cluster_m": self.cluster_m != 1, "o_in_v": self.o_in_v, "lazy_max": self.lazy_max,
                        "q_stages": self.q_stages != 1, "o_in_q": self.o_in_q}
         if bad := [name for name, on in unsupported.items() if on]:

@@ -376,3 +376,17 @@ def test_forward_varlen_compiles(hdim, mask):
     assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]) + (4 if cfg.lazy_max_active else 0)
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] <= SMEM_CAPACITY
+
+
+# FP8 ablation (FwdConfig.vt_in_gmem): V^T loaded as given, no transposer (no LDS.64 / STS.32 rounds)
+@pytest.mark.variant
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_forward_fp8_vt_given_compiles(hdim, causal):
+    cfg = dataclasses.replace(fwd_config("e4m3", hdim, causal=causal), vt_in_gmem=True)
+    report = inspect_kernel("fwd", dtype="e4m3", hdim=hdim, causal=causal, vt_in_gmem=True)
+    sass = report["sass"]
+    assert sass["QGMMA"] > 0 and sass["HGMMA_WAITS"] == _commit_groups(causal=causal)
+    assert sass["LDS"] <= 2 and sass["STS"] <= 2  # the epilogue's, no transposer
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] < cfg.smem_bytes() + 3 * 1024

@@ -111,8 +111,9 @@ class Unavailable(RuntimeError):
     """A peer this machine cannot run (its library is not installed): its cells stay empty."""
 
 
-def fp8_providers() -> list[Provider]:
-    return [flashhopper_fp8(), cudnn_fp8()]
+def fp8_providers(upper_bound: bool = False) -> list[Provider]:
+    """Ours and cuDNN's; with `upper_bound` (bench --ablation) also ours fed V already transposed."""
+    return [flashhopper_fp8(), *([flashhopper_fp8_vt_given()] if upper_bound else []), cudnn_fp8()]
 
 
 @contextlib.contextmanager
@@ -141,6 +142,23 @@ def flashhopper_fp8() -> Provider:
         return lambda: flash_attn_func(q, k, v, causal=causal, q_descale=d, k_descale=d, v_descale=d)
 
     return Provider("flashhopper", make, _fp8_opt_in)
+
+
+def flashhopper_fp8_vt_given() -> Provider:
+    """The same kernel fed V^T in P's key order (FwdConfig.vt_in_gmem; made outside the timing): no
+    in-kernel transpose, the upper bound it is measured against."""
+    def make(q, k, v, causal):
+        from flashhopper.hopper import runtime
+
+        vt = runtime.fp8_transposed_v(v)
+        return lambda: runtime.forward(q, k, vt, q.shape[-1] ** -0.5, causal, (-1, -1), 0.0)
+
+    def context():
+        from flashhopper.hopper import runtime
+
+        return runtime.config_overrides(vt_in_gmem=True)
+
+    return Provider("fh-vt-given", make, context)
 
 
 # cuDNN's per-tensor scale inputs. Q, K, V hold N(0, 1) values as stored (descale 1, what ours gets).

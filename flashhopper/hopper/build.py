@@ -32,6 +32,9 @@ def _fake_qkvo(cfg: FwdConfig):
 
     o_dt = cutlass.BFloat16 if cfg.is_fp8 else dt
     q, k, v = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v)
+    if cfg.vt_in_gmem:  # V^T: (b, hk, dv, keys padded to 16)
+        strides = tuple(cute.sym_int64(divisibility=16) for _ in range(3)) + (1,)
+        v = cute.runtime.make_fake_tensor(dt, (b, hk, cfg.hdim_v, cute.sym_int()), strides, assumed_align=16)
     o = qkv(sq, h, cfg.hdim_v, o_dt)
     lse = cute.runtime.make_fake_tensor(
         cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4

@@ -25,14 +25,7 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-# key offsets inside a 16-key group, in the order P holds them (see the module docstring)
-FP8_KEY_ORDER = (0, 1, 8, 9)
-
-
-def key_of_position(pos: int) -> int:
-    """The key whose V row sits at position `pos` of V^T (and whose P is A operand column `pos`)."""
-    return 16 * (pos // 16) + 2 * ((pos % 16) // 4) + FP8_KEY_ORDER[pos % 4]
-
+from flashhopper.config import FP8_KEY_ORDER, key_of_position  # noqa: F401 (the tests take it from here)
 
 TRANSPOSER_WARPS = 3
 TRANSPOSER_THREADS = 32 * TRANSPOSER_WARPS

@@ -64,6 +64,8 @@ class FlashFwdSm90:
         self.fp8 = cfg.is_fp8
         self.o_dtype = cutlass.BFloat16 if self.fp8 else self.dtype
         self.p_shift = float(FP8_P_SHIFT_LOG2) if self.fp8 else 0.0
+        # FP8 with V as users store it: producer warps 1-3 transpose it (else cfg.vt_in_gmem, the ablation)
+        self.transposer = self.fp8 and not cfg.vt_in_gmem
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.hdim, self.hdim_v = cfg.hdim, cfg.hdim_v
         self.num_stages = cfg.num_stages
@@ -106,8 +108,9 @@ class FlashFwdSm90:
         max_seqlen_q: Int32 | None,  # varlen: the longest query length (the grid's query blocks)
         stream: cuda.CUstream,
     ):
-        # tile coordinates first: (seqlen, dim, head, batch)
-        mQ, mK, mV, mO = [L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mO)]
+        # tile coordinates first: (seqlen, dim, head, batch); V^T given (vt_in_gmem): (dim, keys, head, batch)
+        mQ, mK, mO = [L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mO)]
+        mV = L.select_modes(mV, [2, 3, 1, 0] if self.cfg.vt_in_gmem else [1, 3, 2, 0])
         mLSE = L.select_modes(mLSE, [2, 1, 0])
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
@@ -124,10 +127,10 @@ class FlashFwdSm90:
         sK_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim, self.num_stages)
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
         sVt_layout = None
-        if cutlass.const_expr(self.fp8):
-            # TMA lands V as stored in sVt's ring; P @ V reads V^T (head dim x keys) from sV's
-            sVt_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.cfg.vt_stages)
+        if cutlass.const_expr(self.fp8):  # P @ V reads V^T (head dim x keys) from sV
             sV_layout = L.smem_layout_row_major(self.dtype, self.hdim_v, self.tile_n, self.num_stages)
+        if cutlass.const_expr(self.transposer):  # the TMA lands V as stored in sVt's ring
+            sVt_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.cfg.vt_stages)
         sO_layout = L.smem_layout_row_major(self.o_dtype, self.tile_m, self.hdim_v)
         if cutlass.const_expr(self.cfg.o_per_stage):
             # one warpgroup's 64 rows, contiguous, at the base of each V stage (see store_o)
@@ -151,7 +154,7 @@ class FlashFwdSm90:
             "mbar_sched": mem[cutlass.Int64, 2 * _SCHED_STAGES],
             "sTile": mem[Int32, _SCHED_STAGES],
         }
-        if cutlass.const_expr(self.fp8):  # the ring V is loaded into as stored: its mbarriers
+        if cutlass.const_expr(self.transposer):  # the ring V is loaded into as stored: its mbarriers
             fields["mbar_Vt"] = mem[cutlass.Int64, 2 * self.cfg.vt_stages]
         fields |= {
             "sQ": align[mem[self.dtype, max(cute.cosize(sQ_layout), sO_in_q)], 1024],
@@ -161,7 +164,7 @@ class FlashFwdSm90:
             # O's own tile when it fits (else O is staged in sQ); 8 elements is a placeholder
             "sO": align[mem[self.o_dtype, cute.cosize(sO_layout) if self.cfg.o_buffer else 8], 1024],
         }
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.transposer):
             fields["sVt"] = align[mem[self.dtype, cute.cosize(sVt_layout)], 1024]
         SharedStorage = L.smem_struct(fields)
 
@@ -180,10 +183,14 @@ class FlashFwdSm90:
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
                 load_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim)
             )
-            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
-                load_op, mV, cute.select(sVt_layout if self.fp8 else sV_layout, mode=[0, 1]),
-                (self.tile_n, self.hdim_v)
-            )
+            if cutlass.const_expr(self.cfg.vt_in_gmem):  # V^T tiles straight into sV
+                tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                    load_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.hdim_v, self.tile_n))
+            else:
+                tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                    load_op, mV, cute.select(sVt_layout if self.fp8 else sV_layout, mode=[0, 1]),
+                    (self.tile_n, self.hdim_v)
+                )
         if cutlass.const_expr(self.cfg.o_per_stage):
             tma_atom_O, tma_O = cpasync.make_tiled_tma_atom(
                 cpasync.CopyBulkTensorTileS2GOp(), mO, cute.select(sO_layout, mode=[0, 1]), (64, self.hdim_v)
@@ -290,7 +297,7 @@ class FlashFwdSm90:
             barrier_storage=storage.mbar_K.data_ptr(), cta_layout_vmnk=kv_cluster, defer_sync=True,
         )
         pipe_vt = None
-        if cutlass.const_expr(self.fp8):
+        if cutlass.const_expr(self.transposer):
             # V reaches the consumers through the transposer warps (hopper/fp8.py): the TMA fills sVt
             # (released by the transposer warps), the transposer fills sV (every thread arrives)
             pipe_vt = pipeline.PipelineTmaAsync.create(
@@ -329,7 +336,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(dynamic):
             # every consumer thread arrives on release (plain mbarrier arrives, one per thread); with
             # FP8 the transposer threads read each tile too
-            readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.fp8 else 0)
+            readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.transposer else 0)
             pipe_sched = pipeline.PipelineAsync.create(
                 num_stages=_SCHED_STAGES, producer_group=producer,
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
@@ -383,7 +390,7 @@ class FlashFwdSm90:
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
                 # FP8: the TMA fills sVt's ring (the transposer warps then fill sV's)
                 sV_loaded, pipe_v_loaded, v_ring = sV, pipe_v, self.num_stages
-                if cutlass.const_expr(self.fp8):
+                if cutlass.const_expr(self.transposer):
                     sV_loaded = storage.sVt.get_tensor(sVt_layout.outer, swizzle=sVt_layout.inner)
                     pipe_v_loaded, v_ring = pipe_vt, self.cfg.vt_stages
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, v_ring)
@@ -432,7 +439,7 @@ class FlashFwdSm90:
                         # their last stage: stay until every stage is empty again
                         pipe_k.producer_tail(k_state)
                         pipe_v.producer_tail(v_state)
-            if cutlass.const_expr(self.fp8):
+            if cutlass.const_expr(self.transposer):
                 if warp_idx > 0:
                     # warps 1-3: V^T for the consumers, block by block in the order the TMA loads V
                     self.transpose_tiles(storage, sVt_layout, sV_layout, pipe_vt, pipe_v, pipe_sched, sTile,
@@ -630,7 +637,10 @@ class FlashFwdSm90:
             mV_t = cute.domain_offset((offsets[1], 0), mV_t)
         gQ = cute.local_tile(mQ_t, (self.tile_m, self.hdim), (m_block, 0))
         gK = cute.local_tile(mK_t, (self.tile_n, self.hdim), (None, 0))
-        gV = cute.local_tile(mV_t, (self.tile_n, self.hdim_v), (None, 0))
+        if cutlass.const_expr(self.cfg.vt_in_gmem):  # V^T: (head dim, keys) tiles, key block last
+            gV = cute.local_tile(mV_t, (self.hdim_v, self.tile_n), (0, None))
+        else:
+            gV = cute.local_tile(mV_t, (self.tile_n, self.hdim_v), (None, 0))
         no_cluster = cute.make_layout(1)
         # K/V: with a cluster, this CTA's slice of each tile (rank of cluster_m), multicast
         kv_cluster = no_cluster

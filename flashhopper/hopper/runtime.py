@@ -17,7 +17,7 @@ import torch
 
 from flashhopper import plan
 from flashhopper.artifact import CompiledArtifact
-from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, fwd_grid
+from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, fwd_grid, key_of_position
 from flashhopper.hopper import kernel_cache
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA, every_q_block_visited, softmax_constants
 from flashhopper.plan import bwd_config, fwd_config
@@ -173,6 +173,18 @@ _fwd_plan = functools.lru_cache(maxsize=4096)(_fwd_plan_uncached)
 _ones: dict = {}
 
 
+def fp8_transposed_v(v: torch.Tensor) -> torch.Tensor:
+    """V (b, sk, hk, dv) as FwdConfig.vt_in_gmem takes it: (b, hk, dv, sk padded to 16), the keys of each
+    16 in P's register order (config.key_of_position). The FP8 ablation's upper bound: the kernel then
+    loads V^T with no transpose."""
+    b, sk, hk, dv = v.shape
+    padded = -(-sk // 16) * 16
+    vt = torch.zeros(b, hk, dv, padded, dtype=v.dtype, device=v.device)
+    vt[..., :sk] = v.permute(0, 2, 3, 1)
+    order = torch.tensor([key_of_position(p) for p in range(16)], device=v.device)
+    return vt.view(b, hk, dv, padded // 16, 16)[..., order].reshape(b, hk, dv, padded).contiguous()
+
+
 def _unit_descale(device) -> torch.Tensor:
     """A (1, 1) fp32 one on `device`, expanded (stride 0) for an FP8 descale that was not given. Under
     CUDA graph capture a fresh one in the graph's pool (its fill is part of the graph, like the
@@ -198,8 +210,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0)
     fn = get_kernel(cfg)
     fp8 = cfg.is_fp8
+    dv = v.shape[2] if cfg.vt_in_gmem else v.shape[-1]  # the ablation's V^T (fp8_transposed_v)
     if out is None:
-        out = torch.empty(b, sq, h, v.shape[-1], dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
+        out = torch.empty(b, sq, h, dv, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
         if poison:
             out.fill_(_NAN)
     if lse is None:
