@@ -386,10 +386,11 @@ def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, loca
 
 
 def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, local: bool = False,
-                 softcap: bool = False, **overrides):
-    """The forward kernel's cubin for `flashhopper inspect fwd` (works without a GPU); `overrides`
-    replace FwdConfig fields (e.g. reg_realloc=False)."""
-    cfg = fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap)
+                 softcap: bool = False, varlen: bool = False, **overrides):
+    """The forward kernel's cubin for `flashhopper inspect fwd` (works without a GPU); `varlen`: the
+    varlen kernel's config; `overrides` replace FwdConfig fields (e.g. reg_realloc=False)."""
+    config_of = plan.fwd_config_varlen if varlen else fwd_config
+    cfg = config_of(dtype, hdim, causal=causal, local=local, softcap=softcap)
     return _artifact("fwd", dataclasses.replace(cfg, **overrides) if overrides else cfg)
 
 
