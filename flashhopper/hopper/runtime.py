@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import warnings
 
 import torch
 
@@ -259,9 +260,14 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0:
         return out, lse
-    if k.shape[0] == 0:  # no key anywhere (a TMA descriptor needs rows): every row sees none
-        out.zero_()
-        lse.fill_(float("-inf"))
+    if k.shape[0] == 0:  # no key anywhere (a TMA descriptor needs rows): every used row sees none
+        token = torch.arange(total_q, device=q.device, dtype=torch.int32)
+        seq = (torch.searchsorted(cu_seqlens_q, token, right=True) - 1).clamp(0, batch - 1)
+        used = seqused_q if seqused_q is not None else cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+        row = token - cu_seqlens_q[seq]
+        written = (row >= 0) & (row < used[seq]) & (token < cu_seqlens_q[-1])  # no device-to-host copy
+        out.masked_fill_(written[:, None, None], 0.0)
+        lse.masked_fill_(written[None, :], float("-inf"))
         return out, lse
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()  # the kernel's layout
     seqused_q = None if seqused_q is None else seqused_q.contiguous()
@@ -375,7 +381,13 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
 
 
 def _artifact(name: str, cfg):
-    return CompiledArtifact(name=name, cubin=kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    try:
+        smem = kernel_launch(cfg)["smem"]
+    except RuntimeError as exc:  # the host code's shape changed (a DSL update): the model, said so
+        warnings.warn(f"flashhopper inspect: {exc}; reporting the planner's shared-memory model instead",
+                      RuntimeWarning, stacklevel=2)
+        smem = cfg.smem_bytes()
+    return CompiledArtifact(name=name, cubin=kernel_cubin(cfg), smem_bytes=smem)
 
 
 def bwd_artifact(dtype: str = "bf16", hdim: int = 64, causal: bool = False, local: bool = False,
