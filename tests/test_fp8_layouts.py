@@ -10,6 +10,8 @@ kernel traces) runs on a byte model of shared memory.
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -79,8 +81,25 @@ def _offsets(rows, cols, stages):
     return np.array(_traced(collect), dtype=np.int64)
 
 
-@pytest.mark.parametrize(("tile_n", "hdim"), [(128, 64), (128, 96), (128, 128), (128, 192), (96, 256),
-                                              (64, 128)])
+def _run_transposer(tile_n, hdim, load2, store, vt_off, v_off, stage):
+    """Every transposer lane's items of one stage, as transpose_stage walks them: (warp, round,
+    lane) per call, through the same lane_item / transpose_item the kernel traces."""
+    units = F8.transpose_units(tile_n, hdim)
+    for warp in range(F8.TRANSPOSER_WARPS):
+        for rnd in range(-(-units // F8.TRANSPOSER_WARPS)):
+            for lane in range(32):
+                unit, g, q, c, col = F8.lane_item(warp, lane, rnd, tile_n)
+                if unit < units and col < hdim:
+                    who = (warp, rnd, lane)
+                    F8.transpose_item(partial(load2, who=who), partial(store, who=who),
+                                      lambda key, d: int(vt_off[stage, key, d]),
+                                      lambda d, pos: int(v_off[stage, d, pos]), g, q, c, col)
+
+
+SHAPES = [(128, 64), (128, 96), (128, 128), (128, 192), (96, 256), (64, 128)]
+
+
+@pytest.mark.parametrize(("tile_n", "hdim"), SHAPES)
 def test_transposer_writes_v_transposed_in_p_order(tile_n, hdim):
     stages = 2
     vt_off, v_off = _offsets(tile_n, hdim, stages), _offsets(hdim, tile_n, stages)
@@ -92,22 +111,64 @@ def test_transposer_writes_v_transposed_in_p_order(tile_n, hdim):
     smem_v = np.zeros(v_off.size, dtype=np.uint8)
     written = np.zeros(v_off.size, dtype=np.int64)
 
+    def load2(off, who):
+        assert off % 8 == 0
+        return tuple(int(x) for x in smem_vt[off:off + 8].view("<u4"))
+
+    def store(off, word, who):
+        assert off % 4 == 0
+        smem_v[off:off + 4] = np.array([word], dtype="<u4").view(np.uint8)
+        written[off:off + 4] += 1
+
     for stage in range(stages):
-        def load2(off):
-            assert off % 8 == 0
-            return tuple(int(x) for x in smem_vt[off:off + 8].view("<u4"))
-
-        def store(off, word):
-            assert off % 4 == 0
-            smem_v[off:off + 4] = np.array([word], dtype="<u4").view(np.uint8)
-            written[off:off + 4] += 1
-
-        for item in range(F8.transpose_items(tile_n, hdim)):
-            F8.transpose_item(load2, store, lambda key, d, s=stage: int(vt_off[s, key, d]),
-                              lambda d, pos, s=stage: int(v_off[s, d, pos]), item, tile_n)
-
+        _run_transposer(tile_n, hdim, load2, store, vt_off, v_off, stage)
     assert (written == 1).all()
     keys = np.array([F8.key_of_position(p) for p in range(tile_n)])
     for stage in range(stages):
         got = smem_v[v_off[stage]]  # (hdim, tile_n): V^T as the P @ V WGMMA reads it
         np.testing.assert_array_equal(got, v[stage][keys].T)
+
+
+def _wavefronts(lane_addresses: dict, width: int) -> int:
+    """Shared-memory wavefronts of one warp instruction: 32 banks of 4 bytes; 4-byte accesses in one
+    phase of 32 lanes, 8-byte ones in two of 16; a bank serves one word per wavefront."""
+    phases = [range(32)] if width == 4 else [range(16), range(16, 32)]
+    total = 0
+    for phase in phases:
+        banks: dict = {}
+        for lane in phase:
+            if lane in lane_addresses:
+                for word in range(lane_addresses[lane] // 4, (lane_addresses[lane] + width) // 4):
+                    banks.setdefault(word % 32, set()).add(word)
+        total += max(map(len, banks.values()), default=0)
+    return total
+
+
+# (tile_n, hdim) -> the most wavefronts one 8-byte load / 4-byte store instruction takes (ideal: 2 / 1).
+# Over a tile, loads + stores: 640 -> 256 wavefronts at (128, 128) against one word per lane of a row
+# (4-way conflicted loads), 1408 -> 384 at (96, 256), about 1.5-2x fewer elsewhere. hdim 64 and 192:
+# their 64-byte swizzle reaches half the banks from one key-row parity, so loads stay 2-way.
+BANKS = {(128, 64): (4, 1), (128, 96): (4, 1), (128, 128): (2, 1), (128, 192): (4, 1), (96, 256): (2, 1),
+         (64, 128): (2, 1)}
+
+
+@pytest.mark.parametrize(("tile_n", "hdim"), SHAPES)
+def test_transposer_bank_conflicts(tile_n, hdim):
+    """A model of the banks from the real layouts (the transposer's addresses, as the kernel computes
+    them, for every lane of every warp instruction): wavefronts per instruction as in BANKS."""
+    vt_off, v_off = _offsets(tile_n, hdim, 1), _offsets(hdim, tile_n, 1)
+    loads, stores, counts = {}, {}, {}
+
+    def load2(off, who):
+        n = counts[who, "ld"] = counts.get((who, "ld"), -1) + 1
+        loads.setdefault((who[:2], n), {})[who[2]] = off
+        return 0, 0
+
+    def store(off, word, who):
+        n = counts[who, "st"] = counts.get((who, "st"), -1) + 1
+        stores.setdefault((who[:2], n), {})[who[2]] = off
+
+    _run_transposer(tile_n, hdim, load2, store, vt_off, v_off, 0)
+    load_fronts = max(_wavefronts(a, 8) for a in loads.values())
+    store_fronts = max(_wavefronts(a, 4) for a in stores.values())
+    assert (load_fronts, store_fronts) == BANKS[tile_n, hdim]

@@ -339,8 +339,8 @@ def test_forward_default_has_no_cluster_instructions():
     assert sass["UTMALDG_MULTICAST"] == 0 and sass["SYNCS_ARRIVE_RED"] == 0 and sass["UCGABAR"] == 0
 
 
-# FP8 (e4m3) forward: QGMMA only, V transposed by the producer warpgroup (hopper/fp8.py: 4 LDS.64 and
-# 8 STS.32 per work item), one QGMMA wait per commit group, no spills, the FP8 register split
+# FP8 (e4m3) forward: QGMMA only, V transposed by the producer warpgroup (hopper/fp8.py: 4 LDS.64,
+# 16 PRMT and 8 STS.32 per lane and round), one QGMMA wait per commit group, no spills, the FP8 register split
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_forward_fp8_compiles(hdim, mask):
@@ -351,10 +351,10 @@ def test_forward_fp8_compiles(hdim, mask):
     sass = report["sass"]
     assert sass["HGMMA"] == 0 and sass["QGMMA"] > 0
     assert sass["UTMALDG"] >= 3 and sass["UTMASTG"] >= 1
-    rounds = -(-F8.transpose_items(cfg.tile_n, hdim) // F8.TRANSPOSER_THREADS)
+    rounds = -(-F8.transpose_units(cfg.tile_n, hdim) // F8.TRANSPOSER_WARPS)
     assert sass["LDS"] >= 4 * rounds and sass["STS"] >= 8 * rounds and sass["PRMT"] >= 16 * rounds
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
-    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs] == [40, 232]
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
     assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]), "ptxas serialized the WGMMAs"
     assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
     assert report["smem_bytes"] <= SMEM_CAPACITY

@@ -545,7 +545,7 @@ class FlashFwdSm90:
         pipe_vt.consumer_wait(vt_state)
         pipe_v.producer_acquire(v_state)
         # through _opaque: the item addresses are computed here, per block; hoisted out of the tile
-        # loop they fill the producer's 40 registers and spill
+        # loop they fill the producer's 48 registers and spill
         F8.transpose_stage(sVt_layout, vt_base, vt_state.index, sV_layout, v_base, v_state.index,
                            _opaque(tid), self.tile_n, self.hdim_v)
         cute.arch.fence_proxy("async.shared", space="cta")
