@@ -10,6 +10,9 @@ import dataclasses
 from dataclasses import dataclass
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
+# (query / key head dim, value head dim) pairs other than equal ones: DeepSeek's MLA prefill, which vLLM
+# and SGLang run through FA3 (forward only here for now)
+SPLIT_HDIMS = ((192, 128),)
 DTYPES = ("bf16", "fp16")
 # FP8 inputs (forward only): e4m3 Q, K, V with fp32 descales, bf16 output (FA3's convention)
 FP8_DTYPES = ("e4m3",)
@@ -163,10 +166,12 @@ class FwdConfig(_KernelConfig):
     # query and key bounds come from cu_seqlens / seqused, a tile past its sequence's end is skipped,
     # and O is stored row by row up to the sequence's end (a TMA box would write the next one's rows)
     varlen: bool = False
+    # the value (and output) head dim when it differs from the query / key one (SPLIT_HDIMS); 0: hdim
+    dv: int = 0
 
     @property
     def hdim_v(self) -> int:
-        return self.hdim
+        return self.dv or self.hdim
 
     @property
     def is_fp8(self) -> bool:
@@ -262,6 +267,10 @@ class FwdConfig(_KernelConfig):
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES + FP8_DTYPES}")
         if self.hdim not in SUPPORTED_HDIMS:
             raise ValueError(f"hdim {self.hdim} not in {SUPPORTED_HDIMS}")
+        if self.dv and (self.hdim, self.dv) not in SPLIT_HDIMS:
+            raise ValueError(f"(hdim, dv) = ({self.hdim}, {self.dv}) not in {SPLIT_HDIMS}")
+        if self.dv and self.is_fp8:
+            raise ValueError("e4m3: a value head dim other than the query's is not supported")
         split = FP8_REG_SPLIT if self.is_fp8 else REG_SPLIT
         if self.num_consumer_wg not in split:
             raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(split)} "

@@ -17,7 +17,7 @@ import math
 import os
 import random
 
-from flashhopper.config import DTYPES, FP8_DTYPES, SUPPORTED_HDIMS
+from flashhopper.config import DTYPES, FP8_DTYPES, SPLIT_HDIMS, SUPPORTED_HDIMS
 
 MASKS = ("none", "causal", "window", "causal_window")
 _EDGES = (1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 511, 512, 513, 1023, 1024, 1025,
@@ -48,6 +48,7 @@ class Case:
     # (used query, used key) lengths when seqused is passed (else empty)
     seqlens: tuple = ()
     seqused: tuple = ()
+    dv: int = 0  # the value head dim when it differs from hdim (config.SPLIT_HDIMS; forward only)
 
     @property
     def varlen(self) -> bool:
@@ -109,6 +110,8 @@ def draw(index: int, seed: int) -> Case:
     magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
     descale = rng.choice(("none", "scalar", "tensor", "tensor")) if dtype in FP8_DTYPES else "none"
     seqlens, seqused = (), ()
+    splits = [dv for d, dv in SPLIT_HDIMS if d == hdim]
+    dv = rng.choice(splits) if dtype in DTYPES and splits and rng.random() < 0.4 else 0
     if varlen:  # 1-6 sequences, empty ones too, within the reference's memory; packed (or heads strided)
         b, layout = 1, rng.choice(("bshd", "strided"))
         lens = [(rng.choice((0, _length(rng), _length(rng))), _length(rng)) for _ in range(rng.randint(1, 6))]
@@ -118,8 +121,10 @@ def draw(index: int, seed: int) -> Case:
         if rng.random() < 0.3:
             seqused = tuple((rng.randint(0, lq), rng.randint(0, lk)) for lq, lk in lens)
         sq, sk = max(lq for lq, _ in lens), max(lk for _, lk in lens)
+    if dv and layout == "packed":  # one qkv tensor needs one head dim
+        layout = "bshd"
     return Case(dtype, hdim, mask, softcap, deterministic, b, sq, sk, hq, hk, window, layout, scale,
-                magnitude, case_seed, descale, seqlens, seqused)
+                magnitude, case_seed, descale, seqlens, seqused, dv)
 
 
 def make_inputs(case: Case, device="cuda"):
@@ -131,17 +136,17 @@ def make_inputs(case: Case, device="cuda"):
     def randn(*shape):
         return (torch.randn(*shape, device=device, generator=g) * case.magnitude).to(dt)
 
-    d = case.hdim
+    d, dv = case.hdim, case.dv or case.hdim
     if case.layout == "packed":
         q, k, v = randn(case.b, case.sq, 3, case.hq, d).unbind(2)
     elif case.layout == "strided":
         q = randn(case.b, case.sq, 2 * case.hq, d)[:, :, ::2]
         k = randn(case.b, case.sk, 2 * case.hk, d)[:, :, ::2]
-        v = randn(case.b, case.sk, 2 * case.hk, d)[:, :, 1::2]
+        v = randn(case.b, case.sk, 2 * case.hk, dv)[:, :, 1::2]
     else:
         q = randn(case.b, case.sq, case.hq, d)
-        k, v = randn(case.b, case.sk, case.hk, d), randn(case.b, case.sk, case.hk, d)
-    dout = randn(case.b, case.sq, case.hq, d) if case.dtype in DTYPES else None
+        k, v = randn(case.b, case.sk, case.hk, d), randn(case.b, case.sk, case.hk, dv)
+    dout = randn(case.b, case.sq, case.hq, dv) if case.dtype in DTYPES else None
     return q, k, v, dout
 
 
@@ -158,13 +163,13 @@ def run_varlen(case: Case) -> str | None:
     lens_q, lens_k = zip(*case.seqlens, strict=True)
     used_q, used_k = zip(*case.seqused, strict=True) if case.seqused else (lens_q, lens_k)
 
-    def packed(total, heads, pick):
+    def packed(total, heads, pick, dim=case.hdim):
         width = 2 * heads if case.layout == "strided" else heads
-        x = (torch.randn(total, width, case.hdim, device="cuda", generator=g) * case.magnitude).to(dt)
+        x = (torch.randn(total, width, dim, device="cuda", generator=g) * case.magnitude).to(dt)
         return x[:, pick::2] if case.layout == "strided" else x
 
     q = packed(sum(lens_q), case.hq, 0)
-    k, v = packed(sum(lens_k), case.hk, 0), packed(sum(lens_k), case.hk, 1)
+    k, v = packed(sum(lens_k), case.hk, 0), packed(sum(lens_k), case.hk, 1, case.dv or case.hdim)
     cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
                   for lens in (lens_q, lens_k))
     seqused = ({"seqused_q": torch.tensor(used_q, dtype=torch.int32, device="cuda"),
@@ -214,7 +219,7 @@ def run(case: Case, backward: bool = True) -> str | None:
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
     kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, softmax_scale=case.scale)
     fp8 = case.dtype in FP8_DTYPES
-    backward = backward and not fp8 and not case.varlen  # no FP8 or varlen backward yet
+    backward = backward and not fp8 and not case.varlen and not case.dv  # forward only there, yet
     # the fuzzer is how the FP8 and varlen forwards get verified: it runs them before the opt-in goes
     os.environ.setdefault(FP8_OPT_IN, "1")
     os.environ.setdefault(VARLEN_OPT_IN, "1")
@@ -247,10 +252,11 @@ def kernels_of(case: Case, backward: bool) -> set:
     from flashhopper.config import BwdPreConfig
 
     if case.varlen:
-        return {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0)[0]}
+        return {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
+                                     case.dv)[0]}
     hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
-                         case.softcap > 0)[0]}
-    if backward and case.dtype in DTYPES:
+                         case.softcap > 0, case.dv)[0]}
+    if backward and case.dtype in DTYPES and not case.dv:
         cfg = plan.bwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                             case.softcap > 0, case.deterministic)[0]
         hit |= {cfg, BwdPreConfig.of(cfg)}

@@ -12,6 +12,7 @@ from flashhopper.validation import (
     check_descales,
     check_flag,
     check_fp8_call,
+    check_split_hdims_call,
     check_tensors,
     check_varlen_call,
     check_varlen_tensors,
@@ -63,6 +64,7 @@ def flash_attn_func(
     deterministic = check_flag("deterministic", deterministic)
     return_lse = check_flag("return_lse", return_lse)
     descales = check_descales(q, k, (q_descale, k_descale, v_descale))
+    check_split_hdims_call(q, k, v)
 
     if q.dtype in FP8_DTYPES:
         out, lse = _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling)
@@ -122,6 +124,7 @@ def flash_attn_varlen_func(
     compiling = torch.compiler.is_compiling()
     check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
                          seqused_k, layout=not compiling)
+    check_split_hdims_call(q, k, v)
     scale = normalize_scale(softmax_scale, int(q.shape[-1]))
     causal = check_flag("causal", causal)
     window = normalize_window(window_size)

@@ -13,6 +13,7 @@ from flashhopper.config import (
     BWD_HDIMS,
     DTYPES,
     FP8_DTYPES,
+    SPLIT_HDIMS,
     SUPPORTED_HDIMS,
     BwdConfig,
     BwdPreConfig,
@@ -110,7 +111,7 @@ _FWD_SKIP_IDLE_WG = True
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, narrow: bool = False, short: int = 0,
-               qring: bool = False) -> FwdConfig:
+               qring: bool = False, dv: int = 0) -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
     causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: short
     sequences, the bracket `fwd_short_causal` (causal) or `fwd_short_nomask` (no mask) returns (True:
@@ -119,6 +120,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     if dtype in FP8_DTYPES:
         return _fwd_config_fp8(dtype, hdim, causal, local, softcap)
+    if dv and dv != hdim:
+        return _fwd_config_split(dtype, hdim, dv, causal, local, softcap)
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
     if narrow and causal and not local and hdim in _TILES_NARROW:
         tile_m, tile_n = _TILES_NARROW[hdim]
@@ -168,10 +171,10 @@ _VARLEN_OFF = {"persistent": False, "dynamic_sched": False, "o_in_v": False, "o_
 
 @functools.cache
 def fwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool = False,
-                      softcap: bool = False) -> FwdConfig:
+                      softcap: bool = False, dv: int = 0) -> FwdConfig:
     """The varlen forward's configuration: the dense one of the mask with what varlen does not take
     turned off (FwdConfig._check_varlen)."""
-    cfg = dataclasses.replace(fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap),
+    cfg = dataclasses.replace(fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv),
                               varlen=True, **_VARLEN_OFF)
     if local:  # the window's bounds next to the sequence's leave lazy_max no registers (4 spilled at 128)
         cfg = dataclasses.replace(cfg, lazy_max=False)
@@ -179,11 +182,33 @@ def fwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool =
     return cfg
 
 
-def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: bool
+def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: bool, dv: int = 0
                     ) -> tuple[FwdConfig, int, int]:
     """The varlen forward's (config, window_left, window_right)."""
     causal, local, wl, wr = mask_kind(causal, window_size)
-    return fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap), wl, wr
+    return fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv), wl, wr
+
+
+# (hdim, dv) pairs (SPLIT_HDIMS; first version, not yet timed): the tile of hdim; O (dv wide) has room
+# for its own smem tile and the per-warpgroup epilogue
+_SPLIT_TILES = {(192, 128): (128, 112)}
+
+
+def _fwd_config_split(dtype: str, hdim: int, dv: int, causal: bool, local: bool, softcap: bool) -> FwdConfig:
+    tile_m, tile_n = _SPLIT_TILES[hdim, dv]
+    sched = _fwd_persistent(hdim, causal or local)
+    cfg = FwdConfig(dtype=dtype, hdim=hdim, dv=dv, causal=causal, local=local, softcap=softcap, tile_m=tile_m,
+                    tile_n=tile_n, num_consumer_wg=tile_m // 64, persistent=sched, dynamic_sched=sched,
+                    rescale_o_before_pv=hdim > 128, skip_idle_wg=_FWD_SKIP_IDLE_WG)
+    if cfg.o_buffer:
+        cfg = dataclasses.replace(cfg, wg_epilogue=_FWD_WG_EPILOGUE)
+    cfg.check()
+    return cfg
+
+
+def value_hdims(hdim: int) -> tuple[int, ...]:
+    """The value head dims a query head dim is dispatched with: its own (0) and SPLIT_HDIMS'."""
+    return (0, *(dv for d, dv in SPLIT_HDIMS if d == hdim))
 
 
 # hdim 192 and 256 (kv_split "hdim", hopper/bwd_wide.py): 64 x hdim fp32 dK and dV per warpgroup
@@ -294,9 +319,12 @@ def mask_kind(causal: bool, window_size) -> tuple[bool, bool, int, int]:
 
 
 def fwd_plan(dtype: str, hdim: int, sq: int, sk: int, causal: bool, window_size,
-             softcap: bool) -> tuple[FwdConfig, int, int]:
-    """The forward's (config, window_left, window_right) for a call."""
+             softcap: bool, dv: int = 0) -> tuple[FwdConfig, int, int]:
+    """The forward's (config, window_left, window_right) for a call; `dv`: the value head dim when
+    it differs from hdim (SPLIT_HDIMS)."""
     causal, local, wl, wr = mask_kind(causal, window_size)
+    if dv and dv != hdim:  # no per-call brackets (not timed)
+        return fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv), wl, wr
     cfg = fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap,
                      narrow=fwd_narrow_tile(hdim, sq, causal and not local),
                      short=(fwd_short_causal(hdim, sq, sk, not local) if causal
@@ -337,6 +365,7 @@ class Call:
     softcap: bool
     deterministic: bool
     varlen: bool = False
+    dv: int = 0  # the value head dim when it differs (SPLIT_HDIMS)
 
 
 def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
@@ -353,9 +382,14 @@ def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward:
             if forward:
                 seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0],
                                 Call(dtype, hdim, sq, sk, causal, window, softcap, False))
-                if dtype in DTYPES:  # varlen: 16-bit for now
+                if dtype in DTYPES:  # varlen and the split head dims: 16-bit for now
                     seen.setdefault(fwd_plan_varlen(dtype, hdim, causal, window, softcap)[0],
                                     Call(dtype, hdim, sq, sk, causal, window, softcap, False, varlen=True))
+                    for dv in value_hdims(hdim)[1:]:
+                        seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap, dv)[0],
+                                        Call(dtype, hdim, sq, sk, causal, window, softcap, False, dv=dv))
+                        seen.setdefault(fwd_plan_varlen(dtype, hdim, causal, window, softcap, dv)[0],
+                                        Call(dtype, hdim, sq, sk, causal, window, softcap, False, True, dv))
             if backward and hdim in BWD_HDIMS and dtype in DTYPES:  # no FP8 backward
                 for deterministic in (False, True):
                     cfg = bwd_plan(dtype, hdim, sq, sk, causal, window, softcap, deterministic)[0]

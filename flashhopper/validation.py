@@ -15,6 +15,7 @@ import os
 import torch
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
+SPLIT_HDIMS = ((192, 128),)  # as flashhopper.config's (this module imports no more than torch)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 FP8_DTYPES = (torch.float8_e4m3fn,)
 # The FP8 forward compiles and its data movement is checked on the CPU (tests/test_fp8_layouts.py), but
@@ -79,8 +80,10 @@ def _check_shapes(q, k, v) -> None:
         raise ValueError(f"v has seqlen {sv} but k has {sk}; seqlen_k must match")
     if dk != hdim:
         raise ValueError(f"k has headdim {dk} but q has {hdim}; they must be equal")
-    if dv != hdim:
-        raise ValueError(f"v has headdim {dv} but q has {hdim}; a different value headdim is not supported")
+    if dv != hdim and (hdim, dv) not in SPLIT_HDIMS:
+        pairs = ", ".join(map(str, SPLIT_HDIMS))
+        raise ValueError(f"v has headdim {dv} but q has {hdim}; accepted: the same, or (q, v) head dims "
+                         f"{pairs}")
     if hdim not in SUPPORTED_HDIMS:
         accepted = ", ".join(map(str, SUPPORTED_HDIMS))
         raise ValueError(f"headdim (q.shape[-1]) is {hdim}; accepted: {accepted}")
@@ -113,6 +116,16 @@ def check_descales(q, k, descales) -> tuple:
         if d.device != q.device:
             raise ValueError(f"{name} is on {d.device} but q is on {q.device}")
     return descales
+
+
+def check_split_hdims_call(q, k, v) -> None:
+    """A value head dim other than the query's is forward only for now."""
+    if v.shape[-1] != q.shape[-1]:
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise NotImplementedError(f"head dims ({q.shape[-1]}, {v.shape[-1]}): no backward yet; detach "
+                                      "the inputs (forward only)")
+        if q.dtype in FP8_DTYPES:
+            raise TypeError("float8_e4m3fn inputs take equal q and v head dims")
 
 
 def check_fp8_call(q, k, v) -> None:

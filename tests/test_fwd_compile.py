@@ -390,3 +390,22 @@ def test_forward_fp8_vt_given_compiles(hdim, causal):
     assert sass["LDS"] <= 2 and sass["STS"] <= 2  # the epilogue's, no transposer
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] < cfg.smem_bytes() + 3 * 1024
+
+
+# (hdim, dv) = (192, 128), MLA prefill's shape: S over 192, O over 128 (half the O registers of hdim 192)
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_forward_split_hdims_compile(mask, varlen):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+    from flashhopper.plan import fwd_config_varlen
+
+    cfg = (fwd_config_varlen if varlen else fwd_config)("bf16", 192, dv=128, **MASKS[mask])
+    assert (cfg.hdim, cfg.hdim_v) == (192, 128)
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    sass = report["sass"]
+    # S: 192 / 16 k-blocks; P @ V: tile_n / 16, each WGMMA N = 128
+    assert sass["HGMMA"] % (192 // 16 + cfg.tile_n // 16) == 0 and sass["UTMALDG"] >= 3
+    assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask])
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert report["smem_bytes"] <= SMEM_CAPACITY

@@ -516,3 +516,20 @@ def test_short_qring_hdim64(dtype, causal, softcap, monkeypatch):
         run_case(2, sq, sk, 4, 2, 64, dtype, causal=causal, softcap=softcap)
     monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # every CTA walks many tiles
     run_case(3, 1000, 1000, 4, 1, 64, dtype, causal=causal, softcap=softcap)
+
+
+# (hdim, dv) = (192, 128): MLA prefill's head sizes (forward only)
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0)])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (300, 517), (1000, 1000), (4097, 4097)])
+def test_split_head_dims(sq, sk, causal, window, softcap):
+    torch.manual_seed(zlib.crc32(repr((sq, sk, causal, window, softcap)).encode()))
+    q = torch.randn(2, sq, 4, 192, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(2, sk, 2, 192, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(2, sk, 2, 128, device=DEV, dtype=torch.bfloat16)
+    out = torch.full((2, sq, 4, 128), float("nan"), device=DEV, dtype=torch.bfloat16)
+    lse = torch.full((2, 4, sq), float("nan"), device=DEV)
+    scale = 192 ** -0.5
+    forward(q, k, v, scale, causal, window, softcap, out=out, lse=lse)
+    torch.cuda.synchronize()
+    check_forward(out, lse, q, k, v, scale, causal, window, softcap)

@@ -85,3 +85,20 @@ def test_varlen_seqused_shorter_than_the_packing():
 
 def test_varlen_no_keys_at_all():
     run_case([5, 9], [0, 0])
+
+
+def test_varlen_split_head_dims():
+    """(hdim, dv) = (192, 128) packed (MLA prefill)."""
+    lens_q, lens_k = [300, 1, 129], [517, 2, 129]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+                  for lens in (lens_q, lens_k))
+    q = torch.randn(sum(lens_q), 4, 192, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 2, 192, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(sum(lens_k), 2, 128, device=DEV, dtype=torch.bfloat16)
+    out, lse = forward_varlen(q, k, v, cu_q, cu_k, max(lens_q), None, None, 192 ** -0.5, True, (-1, -1), 0.0)
+    torch.cuda.synchronize()
+    assert out.shape == (sum(lens_q), 4, 128)
+    for i in range(3):
+        rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
+                      192 ** -0.5, True, (-1, -1), 0.0)

@@ -156,10 +156,10 @@ def _tile_counter(device) -> torch.Tensor:
 
 
 def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causal: bool, window_size,
-                       softcap: bool):
+                       softcap: bool, dv: int = 0):
     """What a forward call launches, from its shapes and flags alone: (config, window_left,
     window_right, L2 section)."""
-    cfg, wl, wr = plan.fwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap)
+    cfg, wl, wr = plan.fwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap, dv)
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     section = _l2_section(sk, cfg, h * b) if cfg.causal or cfg.local else 1
@@ -208,7 +208,10 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     """
     b, sq, h, d = q.shape
     plan = _fwd_plan_uncached if _overrides else _fwd_plan
-    cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0)
+    # the value head dim when it differs (SPLIT_HDIMS); the FP8 ablation's V^T (vt_in_gmem) has it elsewhere
+    dv = 0 if _overrides.get("vt_in_gmem") or v.shape[-1] == d else v.shape[-1]
+    cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0,
+                                dv)
     fn = get_kernel(cfg)
     fp8 = cfg.is_fp8
     dv = v.shape[2] if cfg.vt_in_gmem else v.shape[-1]  # the ablation's V^T (fp8_transposed_v)
@@ -236,8 +239,8 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
 
 
 @functools.lru_cache(maxsize=4096)
-def _varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool):
-    return plan.fwd_plan_varlen(_TORCH_TO_NAME[dtype], hdim, causal, window_size, softcap)
+def _varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool, dv: int = 0):
+    return plan.fwd_plan_varlen(_TORCH_TO_NAME[dtype], hdim, causal, window_size, softcap, dv)
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, seqused_q, seqused_k,
@@ -246,7 +249,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
     (out (total_q, hq, dv), lse (hq, total_q))."""
     total_q, h, d = q.shape
-    cfg, wl, wr = _varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0)
+    dv = v.shape[-1] if v.shape[-1] != d else 0
+    cfg, wl, wr = _varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0, dv)
     if _overrides:  # tests, tuning
         cfg = dataclasses.replace(cfg, **_overrides)
     if out is None:
