@@ -113,8 +113,7 @@ def flash_attn_varlen_func(
     Returns out (total_q, hq, d) or (out, lse) with lse float32 (hq, total_q). A row that sees no key
     gives 0 and lse = -inf, also when total_k is 0 (FA3 returns +inf there). Rows past a sequence's
     seqused_q are not written (they keep what the output held: undefined). K and V rows past a
-    sequence's seqused_k, up to the next sequence's first, must hold finite values: the kernel loads
-    them with the last key block and gives them probability 0, and 0 x NaN is NaN.
+    sequence's seqused_k may hold anything, NaN too (the kernel masks them and zeroes their V rows).
     The bounds' types and shapes are checked (check_varlen_tensors says which properties are the
     caller's contract); backend="reference" (exact float64 per sequence, any device) checks all.
     Forward only for now (no backward). Under torch.compile it runs as the custom operator

@@ -102,3 +102,25 @@ def test_varlen_split_head_dims():
         rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
         check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
                       192 ** -0.5, True, (-1, -1), 0.0)
+
+
+def test_varlen_nan_past_seqused_k_stays_out():
+    """K and V rows past a sequence's seqused_k hold NaN (a serving cache's unused slots): the kernel
+    loads them with the last key block, masks their scores and zeroes their V rows in smem, so no
+    NaN reaches the output."""
+    lens, used = [300, 129], [250, 1]
+    cu = torch.tensor([0, 300, 429], dtype=torch.int32, device=DEV)
+    q = torch.randn(429, 4, 128, device=DEV, dtype=torch.bfloat16)
+    k, v = (torch.randn(429, 2, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    for i in range(2):
+        k[cu[i] + used[i]:cu[i] + lens[i]] = float("nan")
+        v[cu[i] + used[i]:cu[i] + lens[i]] = float("nan")
+    uk = torch.tensor(used, dtype=torch.int32, device=DEV)
+    for causal in (False, True):
+        out, lse = forward_varlen(q, k, v, cu, cu, 300, None, uk, 128 ** -0.5, causal, (-1, -1), 0.0)
+        torch.cuda.synchronize()
+        for i in range(2):
+            rows = slice(int(cu[i]), int(cu[i + 1]))
+            keys = slice(int(cu[i]), int(cu[i]) + used[i])
+            check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
+                          128 ** -0.5, causal, (-1, -1), 0.0)

@@ -43,6 +43,8 @@ _BAR_EPILOGUE = 1
 _BAR_PINGPONG = 2
 # FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
 _BAR_EPILOGUE_WG = 5
+# varlen: warpgroup w's barrier after zeroing V's rows past the sequence (zero_v_past_keys; 8-10)
+_BAR_V_ZERO_WG = 8
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 @dsl_user_op
@@ -821,7 +823,8 @@ class FlashFwdSm90:
                        acc_O_rc=acc_O_rc, tOrP=tOrP,
                        row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
-                       window_right=window_right, q_state=q_state)
+                       window_right=window_right, q_state=q_state, sV=sV if self.cfg.varlen else None,
+                       tidx=tidx)
         if cutlass.const_expr(self.cfg.skip_idle_wg):
             # warp-uniform: every row of this warpgroup lies past the end of the queries
             idle_wg = m_block * self.tile_m + wg * 64 >= seqlen_q
@@ -900,7 +903,8 @@ class FlashFwdSm90:
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
-                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None):
+                 window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None, sV=None,
+                 tidx=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
         if cutlass.const_expr(idle):
@@ -928,6 +932,9 @@ class FlashFwdSm90:
                 if cutlass.const_expr(not idle):
                     to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
                     acc_to_operand_a(acc_S, tOrP)
+                    if cutlass.const_expr(sV is not None):
+                        keys_left = seqlen_k - (n_max - 1) * self.tile_n
+                        self.zero_v_past_keys(pipe_v, v_state, sV, keys_left, wg, tidx)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
         # decided once: the serial path moves n_top below, and a prime without its finish leaves
         # a hand-off pending that deadlocks the next persistent tile (1-block causal tiles)
@@ -1009,6 +1016,28 @@ class FlashFwdSm90:
                 pipe_v.consumer_release(v_state)
                 v_state.advance()
         return k_state, v_state
+
+    @cute.jit
+    def zero_v_past_keys(self, pipe_v, v_state, sV, keys_left, wg, tidx):
+        """Varlen, the highest key block: V's rows past the sequence's keys (the next sequence's, or
+        what lies past seqused_k) get probability 0, but 0 x NaN is NaN in P @ V: this warpgroup
+        zeroes them in smem before its first P @ V. Both warpgroups write the same zeros, each
+        fenced for its own WGMMA (async proxy) and met on its own barrier."""
+        if keys_left < self.tile_n:
+            pipe_v.consumer_wait(v_state)  # waited again, at no cost, where P @ V is issued
+            sV_stage = sV[None, None, v_state.index]
+            per_row = self.hdim_v // 8
+            items = self.tile_n * per_row
+            zero = cute.make_rmem_tensor((1, 8), self.dtype)
+            zero.fill(0.0)
+            t = _opaque(tidx % 128)
+            for i in cutlass.range_constexpr((items + 127) // 128):
+                item = t + i * 128
+                row = item // per_row
+                if row >= keys_left and item < items:
+                    cute.autovec_copy(zero, cute.local_tile(sV_stage, (1, 8), (row, item % per_row)))
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=_BAR_V_ZERO_WG + wg, number_of_threads=128)
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
