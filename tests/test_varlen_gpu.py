@@ -106,8 +106,8 @@ def test_varlen_split_head_dims():
 
 def test_varlen_nan_past_seqused_k_stays_out():
     """K and V rows past a sequence's seqused_k hold NaN (a serving cache's unused slots): the kernel
-    loads them with the last key block, masks their scores and zeroes their V rows in smem, so no
-    NaN reaches the output."""
+    loads them with the last key block, masks their scores and zeroes their V rows in smem (all
+    consumers, then one barrier), so no NaN reaches the output."""
     lens, used = [300, 129], [250, 1]
     cu = torch.tensor([0, 300, 429], dtype=torch.int32, device=DEV)
     q = torch.randn(429, 4, 128, device=DEV, dtype=torch.bfloat16)

@@ -43,8 +43,8 @@ _BAR_EPILOGUE = 1
 _BAR_PINGPONG = 2
 # FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
 _BAR_EPILOGUE_WG = 5
-# varlen: warpgroup w's barrier after zeroing V's rows past the sequence (zero_v_past_keys; 8-10)
-_BAR_V_ZERO_WG = 8
+# varlen: all consumers meet after zeroing V's rows past the sequence (zero_v_past_keys)
+_BAR_V_ZERO = 8
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 @dsl_user_op
@@ -932,9 +932,8 @@ class FlashFwdSm90:
                 if cutlass.const_expr(not idle):
                     to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
                     acc_to_operand_a(acc_S, tOrP)
-                    if cutlass.const_expr(sV is not None):
-                        keys_left = seqlen_k - (n_max - 1) * self.tile_n
-                        self.zero_v_past_keys(pipe_v, v_state, sV, keys_left, wg, tidx)
+                if cutlass.const_expr(sV is not None):  # varlen (idle warpgroups too: they meet)
+                    self.zero_v_past_keys(pipe_v, v_state, sV, seqlen_k - (n_max - 1) * self.tile_n, tidx)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
         # decided once: the serial path moves n_top below, and a prime without its finish leaves
         # a hand-off pending that deadlocks the next persistent tile (1-block causal tiles)
@@ -1018,26 +1017,27 @@ class FlashFwdSm90:
         return k_state, v_state
 
     @cute.jit
-    def zero_v_past_keys(self, pipe_v, v_state, sV, keys_left, wg, tidx):
+    def zero_v_past_keys(self, pipe_v, v_state, sV, keys_left, tidx):
         """Varlen, the highest key block: V's rows past the sequence's keys (the next sequence's, or
-        what lies past seqused_k) get probability 0, but 0 x NaN is NaN in P @ V: this warpgroup
-        zeroes them in smem before its first P @ V. Both warpgroups write the same zeros, each
-        fenced for its own WGMMA (async proxy) and met on its own barrier."""
+        what lies past seqused_k) get probability 0, but 0 x NaN is NaN in P @ V. The consumers zero
+        them in smem (each thread its share), fence the writes for the WGMMAs (async proxy) and meet
+        before the block's first P @ V; ping-pong has not started yet (the peeled block)."""
         if keys_left < self.tile_n:
             pipe_v.consumer_wait(v_state)  # waited again, at no cost, where P @ V is issued
             sV_stage = sV[None, None, v_state.index]
             per_row = self.hdim_v // 8
             items = self.tile_n * per_row
+            threads = self.num_consumer_threads
             zero = cute.make_rmem_tensor((1, 8), self.dtype)
             zero.fill(0.0)
-            t = _opaque(tidx % 128)
-            for i in cutlass.range_constexpr((items + 127) // 128):
-                item = t + i * 128
+            t = _opaque(tidx)
+            for i in cutlass.range_constexpr((items + threads - 1) // threads):
+                item = t + i * threads
                 row = item // per_row
                 if row >= keys_left and item < items:
                     cute.autovec_copy(zero, cute.local_tile(sV_stage, (1, 8), (row, item % per_row)))
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=_BAR_V_ZERO_WG + wg, number_of_threads=128)
+            cute.arch.barrier(barrier_id=_BAR_V_ZERO, number_of_threads=threads)
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
