@@ -1,0 +1,63 @@
+"""FlashAttention-3's Python names and returns (`hopper/flash_attn_interface.py`), on flashhopper.
+
+    from flashhopper.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+Code written for FA3 runs unchanged where it uses what flashhopper has: the same arguments, the
+same results (out, or (out, softmax_lse) with return_attn_probs=True; LSE (b, h, s_q) dense and
+(h, total_q) varlen), FP8 descales, causal aligned bottom-right, windows, softcap, GQA.
+Scheduling hints FA3 takes (num_splits, pack_gqa, sm_margin) are accepted and left to flashhopper's
+own dispatch. What flashhopper does not have raises NotImplementedError naming it: qv (MLA's
+absorbed query), attention_chunk, and for now flash_attn_with_kvcache. Differences from FA3: a row
+that sees no key has LSE -inf (FA3: +inf), and the varlen function has no backward yet.
+"""
+
+from __future__ import annotations
+
+from flashhopper.interface import flash_attn_func as _attn
+from flashhopper.interface import flash_attn_varlen_func as _attn_varlen
+
+
+def _unsupported(qv, attention_chunk, num_splits) -> None:
+    if qv is not None:
+        raise NotImplementedError("qv (MLA's absorbed query) is not supported by flashhopper")
+    if attention_chunk:
+        raise NotImplementedError(f"attention_chunk={attention_chunk}: not supported by flashhopper (0 only)")
+    if not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (a hint: 0 or 1 = let the library decide), got "
+                         f"{num_splits!r}")
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                    pack_gqa=None, deterministic=False, sm_margin=0, return_attn_probs=False):
+    """FA3's flash_attn_func: out (b, s_q, h, dv), or (out, softmax_lse (b, h, s_q)) with
+    return_attn_probs."""
+    _unsupported(qv, attention_chunk, num_splits)
+    return _attn(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                 softcap=softcap, deterministic=deterministic, return_lse=bool(return_attn_probs),
+                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None,
+                           k_descale=None, v_descale=None, window_size=(-1, -1), attention_chunk=0,
+                           softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0,
+                           return_attn_probs=False):
+    """FA3's flash_attn_varlen_func: out (total_q, h, dv), or (out, softmax_lse (h, total_q)) with
+    return_attn_probs. FP8 descales are not taken by flashhopper's varlen yet."""
+    _unsupported(qv, attention_chunk, num_splits)
+    if any(d is not None for d in (q_descale, k_descale, v_descale)):
+        raise NotImplementedError("varlen with FP8 descales is not supported by flashhopper yet")
+    return _attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                        seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, causal=causal,
+                        window_size=window_size, softcap=softcap, deterministic=deterministic,
+                        return_lse=bool(return_attn_probs))
+
+
+def flash_attn_with_kvcache(*args, **kwargs):
+    """FA3's KV-cache entry point: not in flashhopper yet (decode, paged KV and split-KV come next)."""
+    raise NotImplementedError("flash_attn_with_kvcache is not in flashhopper yet; flash_attn_varlen_func "
+                              "with seqused_k covers a contiguous cache's prefill")
+
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]

@@ -1,0 +1,57 @@
+"""flashhopper.flash_attn_interface: FA3's names, arguments and returns, mapped onto flashhopper
+(on the CPU through the reference backend)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from flashhopper import flash_attn_interface as fa3
+from flashhopper import interface
+from flashhopper.reference import attention_ref, attention_varlen_ref
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _reference(monkeypatch):
+    monkeypatch.setattr(fa3, "_attn", functools.partial(interface.flash_attn_func, backend="reference"))
+    monkeypatch.setattr(fa3, "_attn_varlen", functools.partial(interface.flash_attn_varlen_func,
+                                                               backend="reference"))
+
+
+def test_dense_returns_and_arguments():
+    q = torch.randn(2, 33, 4, 64, dtype=BF16)
+    k, v = torch.randn(2, 41, 2, 64, dtype=BF16), torch.randn(2, 41, 2, 64, dtype=BF16)
+    out = fa3.flash_attn_func(q, k, v, causal=True, window_size=(5, -1), softcap=3.0, num_splits=0,
+                              pack_gqa=True, sm_margin=8)
+    want, want_lse = attention_ref(q, k, v, causal=True, window_size=(5, -1), softcap=3.0)
+    assert torch.equal(out, want.to(BF16))
+    out, lse = fa3.flash_attn_func(q, k, v, softmax_scale=0.2, return_attn_probs=True)
+    assert lse.shape == (2, 4, 33) and torch.equal(lse, attention_ref(q, k, v, 0.2)[1])
+
+
+def test_varlen_returns_and_arguments():
+    lens = [5, 17, 3]
+    cu = torch.tensor([0, 5, 22, 25], dtype=torch.int32)
+    q = torch.randn(25, 4, 64, dtype=BF16)
+    k, v = torch.randn(25, 2, 64, dtype=BF16), torch.randn(25, 2, 64, dtype=BF16)
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True,
+                                          return_attn_probs=True)
+    want, want_lse = attention_varlen_ref(q, k, v, cu, cu, causal=True)
+    assert torch.equal(out, want.to(BF16)) and torch.equal(lse, want_lse) and lse.shape == (4, 25)
+
+
+@pytest.mark.parametrize("kwargs, exc, pattern", [
+    (dict(qv=torch.zeros(1)), NotImplementedError, "qv"),
+    (dict(attention_chunk=128), NotImplementedError, "attention_chunk=128"),
+    (dict(num_splits=-1), ValueError, "num_splits must be an int >= 0"),
+])
+def test_what_flashhopper_does_not_have(kwargs, exc, pattern):
+    q = torch.randn(1, 8, 2, 64, dtype=BF16)
+    with pytest.raises(exc, match=pattern):
+        fa3.flash_attn_func(q, q, q, **kwargs)
+    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
+        fa3.flash_attn_with_kvcache(q, q, q)
