@@ -1,0 +1,1 @@
+"""flashhopper inside other libraries (each module imports its library only when used)."""

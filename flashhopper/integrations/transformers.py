@@ -1,0 +1,97 @@
+"""flashhopper as a Hugging Face transformers attention implementation (transformers >= 5).
+
+    from flashhopper.integrations.transformers import register
+    model = AutoModelForCausalLM.from_pretrained(name, attn_implementation=register(), dtype=torch.bfloat16)
+
+`register()` adds `attention_forward` to transformers' AttentionInterface and, for its masks, the
+FlashAttention one (None without padding, else the 2D padding mask: a name with no mask function
+would have its masks silently dropped). The name has no "flash" in it: transformers 5 takes such
+names for kernels to import from the hub. Batches without padding run flash_attn_func (forward and
+backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a flattening collator),
+run flash_attn_varlen_func (forward only for now); decoding with a KV cache is the dense call with
+one query row per sequence (causal aligned bottom-right).
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAME = "hopper_attn"
+
+
+def register(name: str = NAME, backend: str = "auto") -> str:
+    """Register the implementation (and its mask function) under `name`; returns the name.
+    `backend`: flash_attn_func's ("reference" runs the exact float64 reference: tests, CPUs)."""
+    if "flash" in name:
+        raise ValueError(f"name {name!r}: transformers takes names containing 'flash' for hub kernels; "
+                         "pick another")
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import flash_attention_mask
+
+    def forward(module, query, key, value, attention_mask, **kwargs):
+        return attention_forward(module, query, key, value, attention_mask, backend=backend, **kwargs)
+
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+def _target_dtype(query: torch.Tensor, module) -> torch.dtype:
+    """16-bit inputs as they are; fp32 ones (layer norms kept in fp32, PEFT) in the model's 16-bit
+    dtype, else bf16."""
+    if query.dtype in (torch.float16, torch.bfloat16):
+        return query.dtype
+    dtype = getattr(getattr(module, "config", None), "dtype", None)
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                      sliding_window=None, softcap=None, is_causal=None, backend="auto", **kwargs):
+    """transformers' attention contract: query (B, H, S_q, D), key / value (B, H_kv, S_kv, D) (GQA
+    not repeated), attention_mask None or (B, S_kv) padding; returns ((B, S_q, H, Dv), None)."""
+    from flashhopper import flash_attn_func, flash_attn_varlen_func
+
+    if dropout:
+        raise NotImplementedError("flashhopper has no attention dropout; set attention_dropout=0")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("attention sinks (s_aux) are not supported by flashhopper")
+    in_dtype = query.dtype
+    dtype = _target_dtype(query, module)
+    q, k, v = (t.transpose(1, 2).to(dtype) for t in (query, key, value))
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = (sliding_window - 1, sliding_window - 1) if sliding_window else (-1, -1)
+    opts = dict(softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0,
+                backend=backend)
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if cu_q is not None and cu_k is not None:  # packed sequences, batch 1 (a flattening collator)
+        b, s, h, _ = q.shape
+        out = flash_attn_varlen_func(q.reshape(-1, h, q.shape[-1]), k.reshape(-1, *k.shape[2:]),
+                                     v.reshape(-1, *v.shape[2:]), cu_q.to(torch.int32), cu_k.to(torch.int32),
+                                     int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **opts)
+        out = out.reshape(b, s, h, -1)
+    elif attention_mask is not None and not bool(attention_mask.all()):
+        out = _padded(q, k, v, attention_mask.bool(), opts)
+    else:
+        out = flash_attn_func(q, k, v, **opts)
+    return out.to(in_dtype).contiguous(), None
+
+
+def _padded(q, k, v, mask, opts):
+    """A (B, S_kv) padding mask: the valid tokens packed, attention per sequence, scattered back (rows
+    of padding queries come out 0). Queries are the last S_q positions of the mask (transformers
+    pads on the left for generation, so decode steps keep their keys)."""
+    from flashhopper import flash_attn_varlen_func
+
+    b, s_q, h, d = q.shape
+    s_k = k.shape[1]
+    mask_q = mask[:, -s_q:]
+    lens_q, lens_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
+    cu_q, cu_k = (torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+                  for lens in (lens_q, lens_k))
+    rows_q, rows_k = mask_q.flatten().nonzero().flatten(), mask.flatten().nonzero().flatten()
+    out = flash_attn_varlen_func(q.reshape(b * s_q, h, d)[rows_q], k.reshape(b * s_k, *k.shape[2:])[rows_k],
+                                 v.reshape(b * s_k, *v.shape[2:])[rows_k], cu_q, cu_k, int(lens_q.max()),
+                                 int(lens_k.max()), **opts)
+    full = out.new_zeros(b * s_q, h, out.shape[-1])
+    full[rows_q] = out
+    return full.reshape(b, s_q, h, -1)
