@@ -139,7 +139,8 @@ def test_cli_bench_bwd_runs_the_grid_backward(monkeypatch):
     assert cli.main(["bench", "--quick"]) == 0
     (bwd_points, bwd_kw), (fwd_points, fwd_kw) = calls
     assert bwd_points == [p for p in quick_grid() if p.hdim == 128] and len(bwd_points) == 4
-    assert bwd_kw == {"dtype": "bf16", "json_path": "x.json", "backward": True, "overrides": {}, "rounds": 1}
+    assert bwd_kw == {"dtype": "bf16", "json_path": "x.json", "backward": True, "overrides": {}, "rounds": 1,
+                      "providers": None}
     assert fwd_points == quick_grid() and fwd_kw["backward"] is False
 
 
