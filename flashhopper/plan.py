@@ -409,7 +409,7 @@ def dispatched_kernels(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forwar
 COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
          "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
          "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq",
-         "vt_stages", "varlen")
+         "vt_stages", "varlen", "dv")
 
 
 def features(cfg) -> set:

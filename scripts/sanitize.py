@@ -57,8 +57,8 @@ def main() -> int:
             _varlen(call)
             continue
         q = torch.randn(1, call.sq, 2, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
-        k, v = (torch.randn(1, call.sk, 1, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
-                for _ in range(2))
+        k, v = (torch.randn(1, call.sk, 1, d, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
+                for d in (call.hdim, call.dv or call.hdim))
         names = ("q_descale", "k_descale", "v_descale") if call.dtype == "e4m3" else ()
         descales = {name: torch.full((1, 1), 0.5, device="cuda") for name in names}  # FP8: per (b, kv head)
         out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window, **descales,
@@ -79,7 +79,8 @@ def _varlen(call) -> None:
                   for lens in (lens_q, lens_k))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
     q = torch.randn(sum(lens_q), 2, call.hdim, device="cuda", dtype=dtype)
-    k, v = (torch.randn(sum(lens_k), 1, call.hdim, device="cuda", dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), 1, d, device="cuda", dtype=dtype)
+            for d in (call.hdim, call.dv or call.hdim))
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=call.causal,
                                  window_size=call.window, softcap=5.0 if call.softcap else 0.0)
     torch.cuda.synchronize()
