@@ -119,9 +119,10 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     if dtype in FP8_DTYPES:
-        return _fwd_config_fp8(dtype, hdim, causal, local, softcap)
+        return _fwd_config_untimed(dtype, hdim, _FP8_TILES[hdim], causal, local, softcap,
+                                   vt_stages=_FP8_VT_STAGES.get(hdim, 2))
     if dv and dv != hdim:
-        return _fwd_config_split(dtype, hdim, dv, causal, local, softcap)
+        return _fwd_config_untimed(dtype, hdim, _SPLIT_TILES[hdim, dv], causal, local, softcap, dv=dv)
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
     if narrow and causal and not local and hdim in _TILES_NARROW:
         tile_m, tile_n = _TILES_NARROW[hdim]
@@ -150,14 +151,17 @@ _FP8_TILES = {**{d: (128, 128) for d in SUPPORTED_HDIMS}, 256: (128, 96)}
 _FP8_VT_STAGES = {256: 1}
 
 
-def _fwd_config_fp8(dtype: str, hdim: int, causal: bool, local: bool, softcap: bool) -> FwdConfig:
-    tile_m, tile_n = _FP8_TILES[hdim]
+def _fwd_config_untimed(dtype: str, hdim: int, tiles: tuple[int, int], causal: bool, local: bool,
+                        softcap: bool, **fields) -> FwdConfig:
+    """A forward config with the dense defaults but none of the timed per-hdim switches (FP8, the
+    split head dims): the schedule of the mask, the per-warpgroup epilogue where O has its own tile
+    (FP8 requires it there, FwdConfig._check_fp8)."""
+    tile_m, tile_n = tiles
     sched = _fwd_persistent(hdim, causal or local)
     cfg = FwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap, tile_m=tile_m,
                     tile_n=tile_n, num_consumer_wg=tile_m // 64, persistent=sched, dynamic_sched=sched,
-                    rescale_o_before_pv=hdim > 128, skip_idle_wg=_FWD_SKIP_IDLE_WG,
-                    vt_stages=_FP8_VT_STAGES.get(hdim, 2))
-    if cfg.o_buffer:  # the per-warpgroup epilogue needs O's own tile (FwdConfig._check_fp8)
+                    rescale_o_before_pv=hdim > 128, skip_idle_wg=_FWD_SKIP_IDLE_WG, **fields)
+    if cfg.o_buffer:
         cfg = dataclasses.replace(cfg, wg_epilogue=_FWD_WG_EPILOGUE)
     cfg.check()
     return cfg
@@ -192,18 +196,6 @@ def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: b
 # (hdim, dv) pairs (SPLIT_HDIMS; first version, not yet timed): the tile of hdim; O (dv wide) has room
 # for its own smem tile and the per-warpgroup epilogue
 _SPLIT_TILES = {(192, 128): (128, 112)}
-
-
-def _fwd_config_split(dtype: str, hdim: int, dv: int, causal: bool, local: bool, softcap: bool) -> FwdConfig:
-    tile_m, tile_n = _SPLIT_TILES[hdim, dv]
-    sched = _fwd_persistent(hdim, causal or local)
-    cfg = FwdConfig(dtype=dtype, hdim=hdim, dv=dv, causal=causal, local=local, softcap=softcap, tile_m=tile_m,
-                    tile_n=tile_n, num_consumer_wg=tile_m // 64, persistent=sched, dynamic_sched=sched,
-                    rescale_o_before_pv=hdim > 128, skip_idle_wg=_FWD_SKIP_IDLE_WG)
-    if cfg.o_buffer:
-        cfg = dataclasses.replace(cfg, wg_epilogue=_FWD_WG_EPILOGUE)
-    cfg.check()
-    return cfg
 
 
 def value_hdims(hdim: int) -> tuple[int, ...]:
