@@ -213,10 +213,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0,
                                 dv)
     fn = get_kernel(cfg)
-    fp8 = cfg.is_fp8
-    dv = v.shape[2] if cfg.vt_in_gmem else v.shape[-1]  # the ablation's V^T (fp8_transposed_v)
     if out is None:
-        out = torch.empty(b, sq, h, dv, dtype=torch.bfloat16 if fp8 else q.dtype, device=q.device)
+        out = torch.empty(b, sq, h, cfg.hdim_v, dtype=torch.bfloat16 if cfg.is_fp8 else q.dtype,
+                          device=q.device)
         if poison:
             out.fill_(_NAN)
     if lse is None:
@@ -227,14 +226,12 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
     counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
-    if fp8:
-        hk = k.shape[2]
-        qd, kd, vd = (d if d is not None else _unit_descale(q.device).expand(b, hk) for d in descales)
-        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd,
-           None, None, None, None, None)
-    else:
-        fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, None, None, None,
-           None, None, None, None, None)
+    if cfg.is_fp8:  # a descale not given is 1
+        one = _unit_descale(q.device).expand(b, k.shape[2])
+        descales = tuple(one if x is None else x for x in descales)
+    # the varlen arguments (forward_varlen's) are None here
+    fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, *descales,
+       None, None, None, None, None)
     return out, lse
 
 
