@@ -75,7 +75,7 @@ def flash_attn_func(
         out, lse = ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, deterministic)
     else:
         validation.require_hopper(q, backend)
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if validation.needs_grad(q, k, v):
             out, lse = _HopperAttention.apply(q, k, v, scale, causal, window, softcap, deterministic)
         else:  # inference: skip autograd's bookkeeping, it is a visible share of a small call
             from flashhopper.hopper import forward

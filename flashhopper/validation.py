@@ -118,10 +118,23 @@ def check_descales(q, k, descales) -> tuple:
     return descales
 
 
+def needs_grad(q, k, v) -> bool:
+    """Autograd will want a backward of this call."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _require_verified(what: str, verified: bool, opt_in: str) -> None:
+    """A forward compiled and checked on the CPU but not yet run through the GPU suite: refused
+    unless the caller opts in."""
+    if not verified and os.environ.get(opt_in) != "1":
+        raise NotImplementedError(f"the {what} forward has not yet been verified on a GPU; set {opt_in}=1 to "
+                                  "run it anyway")
+
+
 def check_split_hdims_call(q, k, v) -> None:
     """A value head dim other than the query's is forward only for now."""
     if v.shape[-1] != q.shape[-1]:
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if needs_grad(q, k, v):
             raise NotImplementedError(f"head dims ({q.shape[-1]}, {v.shape[-1]}): no backward yet; detach "
                                       "the inputs (forward only)")
         if q.dtype in FP8_DTYPES:
@@ -132,12 +145,10 @@ def check_fp8_call(q, k, v) -> None:
     """What the FP8 forward does not do (yet): gradients, and running before its GPU verification."""
     if q.dtype not in FP8_DTYPES:
         return
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_grad(q, k, v):
         raise NotImplementedError("float8_e4m3fn inputs that require grad: there is no FP8 backward; "
                                   "detach them, or train in bf16 / fp16")
-    if not FP8_GPU_VERIFIED and os.environ.get(FP8_OPT_IN) != "1":
-        raise NotImplementedError(f"the FP8 forward has not yet been verified on a GPU; set {FP8_OPT_IN}=1 "
-                                  "to run it anyway")
+    _require_verified("FP8", FP8_GPU_VERIFIED, FP8_OPT_IN)
 
 
 def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
@@ -187,12 +198,10 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 def check_varlen_call(q, k, v) -> None:
     """What the varlen forward does not do (yet): gradients, and running before its GPU verification."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if needs_grad(q, k, v):
         raise NotImplementedError("flash_attn_varlen_func: no varlen backward yet; pad to flash_attn_func "
                                   "for training, or detach the inputs")
-    if not VARLEN_GPU_VERIFIED and os.environ.get(VARLEN_OPT_IN) != "1":
-        raise NotImplementedError(f"the varlen forward has not yet been verified on a GPU; set "
-                                  f"{VARLEN_OPT_IN}=1 to run it anyway")
+    _require_verified("varlen", VARLEN_GPU_VERIFIED, VARLEN_OPT_IN)
 
 
 def layout_problem(name: str, t: torch.Tensor) -> str | None:
