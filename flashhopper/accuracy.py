@@ -32,7 +32,7 @@ import math
 
 import torch
 
-from flashhopper.reference import attention_grads_flash_rounding, visible_mask
+from flashhopper.reference import attention_grads_flash_rounding, expand_kv, visible_mask
 
 BLOCK = 128
 FP8_TIGHT = 0.25
@@ -51,14 +51,19 @@ def ulp(value: float, dtype) -> float:
     return 2.0 ** (math.floor(math.log2(value)) - mant)
 
 
-def emulate_forward(q, k, v, scale, causal, window, softcap):
-    """(out in q's dtype, LSE in fp32 natural units) with the forward kernel's rounding points."""
-    group = q.shape[2] // k.shape[2]
-    kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
+def _scores(q, kf, scale, causal, window, softcap):
+    """fp32 scores (b, hq, sq, sk) of q against kf (kv heads expanded), times `scale` (a number, or
+    per (b, hq) broadcast), softcapped, invisible keys -inf."""
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    return s.masked_fill(~visible_mask(q.shape[1], kf.shape[1], causal, window, q.device), float("-inf"))
+
+
+def emulate_forward(q, k, v, scale, causal, window, softcap):
+    """(out in q's dtype, LSE in fp32 natural units) with the forward kernel's rounding points."""
+    kf, vf = (expand_kv(t.float(), q.shape[2]) for t in (k, v))
+    s = _scores(q, kf, scale, causal, window, softcap)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
     o = torch.einsum("bhqk,bkhd->bqhd", p.to(q.dtype).float(), vf).to(q.dtype)
@@ -72,18 +77,13 @@ def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shi
     the unrounded P, V's descale and the division at the end. P is taken against the row's final
     max, or with `tile_n` as the kernel does: key blocks of tile_n from the highest down, each
     against the running max, O and the sums rescaled as the max grows."""
-    from flashhopper.reference import expand_kv
-
     heads_q, heads_k = q.shape[2], k.shape[2]
     group = heads_q // heads_k
     ones = torch.ones(q.shape[0], heads_k, device=q.device)
     qd, kd, vd = (d.float() if d is not None else ones for d in descales)
     qk = (qd * kd).repeat_interleave(group, dim=1)  # (b, hq)
     kf, vf = (expand_kv(t.float(), heads_q) for t in (k, v))
-    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) * (scale * qk[:, :, None, None])
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
+    s = _scores(q, kf, scale * qk[:, :, None, None], causal, window, softcap)
     lse = torch.logsumexp(s, dim=-1)
     sk = k.shape[1]
     width = tile_n or sk
@@ -191,6 +191,24 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
         emu, emu_lse = emulate_forward(q, k, v, scale, causal, window, softcap)
     check_output("out", out, ref, emu, softcap, fp8=fp8)
     check_lse(lse, ref_lse, emu_lse, softcap)
+
+
+def check_varlen_forward(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, used_q, used_k, scale, causal, window,
+                         softcap) -> None:
+    """A varlen forward's out (total_q, h, dv) and LSE (h, total_q), sequence by sequence, by the rule;
+    `used_q` / `used_k`: each sequence's used lengths (lists). A sequence with no key gives 0 / -inf;
+    rows past a sequence's used length must still hold the poison (NaN): no tile writes outside its
+    sequence."""
+    starts_q, starts_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
+    for i, (lq, lk) in enumerate(zip(used_q, used_k, strict=True)):
+        rows, keys = slice(starts_q[i], starts_q[i] + lq), slice(starts_k[i], starts_k[i] + lk)
+        if lq and lk:
+            check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
+                          scale, causal, window, softcap)
+        elif lq:
+            assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all(), f"sequence {i}: no key"
+        unused = slice(starts_q[i] + lq, starts_q[i + 1])
+        assert out[unused].isnan().all() and lse[:, unused].isnan().all(), f"sequence {i}: rows past seqused"
 
 
 def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, label: str = "") -> None:

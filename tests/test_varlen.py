@@ -106,3 +106,18 @@ def test_kernel_path_needs_the_gpu_and_the_opt_in(monkeypatch):
     validation.check_varlen_call(q, k, v)
     with pytest.raises(NotImplementedError, match="no varlen backward"):
         validation.check_varlen_call(q.requires_grad_(), k, v)
+
+
+def test_the_varlen_rule_passes_the_reference_and_fails_a_row_written_past_seqused():
+    from flashhopper.accuracy import check_varlen_forward
+
+    q, k, v, cu_q, cu_k = packed([6, 9, 4], [8, 5, 3])
+    used_q, used_k = [4, 9, 4], [8, 5, 0]
+    used = (torch.tensor(used_q), torch.tensor(used_k))
+    out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, *used, causal=True)
+    out, lse = out.to(BF16), lse.clone()
+    out[4:6], lse[:, 4:6] = float("nan"), float("nan")  # rows past seqused_q, poisoned and never written
+    check_varlen_forward(out, lse, q, k, v, cu_q, cu_k, used_q, used_k, 64 ** -0.5, True, (-1, -1), 0.0)
+    out[5] = 0.0
+    with pytest.raises(AssertionError, match="sequence 0: rows past seqused"):
+        check_varlen_forward(out, lse, q, k, v, cu_q, cu_k, used_q, used_k, 64 ** -0.5, True, (-1, -1), 0.0)
