@@ -20,13 +20,13 @@ import sys
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from flashhopper.compile import inspect_cubin  # noqa: E402
-from flashhopper.config import DTYPES, SUPPORTED_HDIMS  # noqa: E402
+from flashhopper.config import DTYPES, FP8_DTYPES, SUPPORTED_HDIMS  # noqa: E402
 from flashhopper.plan import dispatched_kernels  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", nargs="+", choices=DTYPES, default=list(DTYPES))
+    ap.add_argument("--dtype", nargs="+", choices=DTYPES + FP8_DTYPES, default=list(DTYPES))
     ap.add_argument("--hdim", nargs="+", type=int, default=list(SUPPORTED_HDIMS))
     ap.add_argument("--fwd", action="store_true", help="forward kernels only")
     ap.add_argument("--bwd", action="store_true", help="backward kernels only")

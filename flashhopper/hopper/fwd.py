@@ -513,31 +513,35 @@ class FlashFwdSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         vt_base = storage.sVt.data_ptr().toint()
         v_base = storage.sV.data_ptr().toint()
+        tile_blocks = partial(self.transpose_tile, coords=coords, block_range=block_range,
+                              sVt_layout=sVt_layout, sV_layout=sV_layout, vt_base=vt_base, v_base=v_base,
+                              pipe_vt=pipe_vt, pipe_v=pipe_v, tid=tid)
         if cutlass.const_expr(self.cfg.dynamic_sched):
             sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, _SCHED_STAGES)
             tile = self.read_tile(pipe_sched, sTile, sched_state)
             sched_state.advance()
             while tile < num_tiles:
-                m_block, _, _ = coords(tile)
-                n_min, n_max = block_range(m_block)
-                for _ in cutlass.range(cutlass.max(n_max - n_min, 0), unroll=1):
-                    self.transpose_block(sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state,
-                                         v_state, tid)
-                    vt_state.advance()
-                    v_state.advance()
+                vt_state, v_state = tile_blocks(tile, vt_state=vt_state, v_state=v_state)
                 tile = self.read_tile(pipe_sched, sTile, sched_state)
                 sched_state.advance()
         else:
             tile = tile_first
             while tile < num_tiles:
-                m_block, _, _ = coords(tile)
-                n_min, n_max = block_range(m_block)
-                for _ in cutlass.range(cutlass.max(n_max - n_min, 0), unroll=1):
-                    self.transpose_block(sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state,
-                                         v_state, tid)
-                    vt_state.advance()
-                    v_state.advance()
+                vt_state, v_state = tile_blocks(tile, vt_state=vt_state, v_state=v_state)
                 tile += tile_stride
+
+    @cute.jit
+    def transpose_tile(self, tile, coords, block_range, sVt_layout, sV_layout, vt_base, v_base, pipe_vt,
+                       pipe_v, vt_state, v_state, tid):
+        """Every V block of one tile, in the producer's order; returns the advanced states."""
+        m_block, _, _ = coords(tile)
+        n_min, n_max = block_range(m_block)
+        for _ in cutlass.range(cutlass.max(n_max - n_min, 0), unroll=1):
+            self.transpose_block(sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state, v_state,
+                                 tid)
+            vt_state.advance()
+            v_state.advance()
+        return vt_state, v_state
 
     @cute.jit
     def transpose_block(self, sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state, v_state,
