@@ -534,6 +534,13 @@ class BwdConfig(_KernelConfig):
     # locality (docs/decisions.md). The cast to dQ writes q's order. A runtime choice only:
     # the kernels compiled for it are the same.
     dq_accum_head_major: bool = False
+    # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): one CTA per
+    # (key block of the longest sequence, KV head, sequence), the blocks past a sequence's end idle;
+    # Q, dO, K, V by TMA from the sequence's first row; LSE / D rows in a per-sequence padded layout
+    # (each sequence's rows from a multiple of tile_m, +inf / 0 past its end: P and dS are 0 there);
+    # dQ tiles reduce-added into the packed accumulator (rows past the sequence add exact zeros); dK,
+    # dV stored row by row (a TMA box would write the next sequence's rows).
+    varlen: bool = False
 
     @property
     def num_do_stages(self) -> int:
@@ -693,6 +700,18 @@ class BwdConfig(_KernelConfig):
         self._check_register_split()
         if self.kv_split == "keys":
             self._check_key_split()
+        if self.varlen:
+            self._check_varlen()
+
+    def _check_varlen(self) -> None:
+        """What the varlen backward (first version: one CTA per key block, no launch reordering) is
+        built for."""
+        unsupported = {"lpt": self.lpt, "fused_dq_cast": self.fused_dq_cast, "pdl": self.pdl,
+                       "pre_zero_dq": self.pre_zero_dq, "dq_rows_interleaved": self.dq_rows_interleaved,
+                       "dq_accum_head_major": self.dq_accum_head_major,
+                       "kv_split 'hdim' without dq_tma": self.kv_split == "hdim" and not self.dq_tma}
+        if bad := [name for name, on in unsupported.items() if on]:
+            raise ValueError(f"varlen: {', '.join(bad)} not supported with packed sequences")
 
     def _check_key_split(self) -> None:
         if self.dq_by_rows and self.tile_m != 64 * self.num_consumer_wg:
@@ -799,14 +818,17 @@ class BwdPreConfig:
     """The backward preprocess (D = rowsum(dO * O), LSE in log2 units) a BwdConfig launches before
     its main kernel: `scale_d` D times the softmax scale (BwdConfig.scale_in_ds); `zero_dq` it also
     clears the fp32 dQ accumulator (BwdConfig.pre_zero_dq); `pdl` it lets the main kernel launch
-    once its rows are read (BwdConfig.pdl)."""
+    once its rows are read (BwdConfig.pdl); `varlen` packed sequences (BwdConfig.varlen): O, dO and
+    LSE packed, the rows out in the main kernel's per-sequence padded layout."""
 
     dtype: str
     hdim: int
     scale_d: bool = False
     zero_dq: bool = False
     pdl: bool = False
+    varlen: bool = False
 
     @classmethod
     def of(cls, cfg: BwdConfig) -> BwdPreConfig:
-        return cls(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds, zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl)
+        return cls(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds, zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl,
+                   varlen=cfg.varlen)

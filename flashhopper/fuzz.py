@@ -44,7 +44,7 @@ class Case:
     magnitude: float
     seed: int
     descale: str = "none"  # FP8: "none", "scalar" (one value, expanded) or "tensor" (per batch, kv head)
-    # varlen (flash_attn_varlen_func, forward): (query, key) length of each packed sequence, and
+    # varlen (flash_attn_varlen_func): (query, key) length of each packed sequence, and
     # (used query, used key) lengths when seqused is passed (else empty)
     seqlens: tuple = ()
     seqused: tuple = ()
@@ -71,11 +71,11 @@ class Case:
 
 
 def strata() -> list[tuple]:
-    """(dtype, hdim, mask, softcap, deterministic, varlen): 16-bit with both backward modes, FP8
-    (forward only), 16-bit varlen (forward only)."""
+    """(dtype, hdim, mask, softcap, deterministic, varlen): 16-bit with both backward modes, dense and
+    varlen; FP8 (forward only)."""
     return (list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True), (False,)))
             + list(itertools.product(FP8_DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,), (False,)))
-            + list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,), (True,))))
+            + list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True), (True,))))
 
 
 def _length(rng: random.Random) -> int:
@@ -150,13 +150,18 @@ def make_inputs(case: Case, device="cuda"):
     return q, k, v, dout
 
 
-def run_varlen(case: Case) -> str | None:
+def varlen_backward(case: Case) -> bool:
+    """Whether a varlen case also runs the backward: not through seqused, nor (192, 128)."""
+    return not case.seqused and not case.dv
+
+
+def run_varlen(case: Case, backward: bool = True) -> str | None:
     """A varlen case through flash_attn_varlen_func, each sequence checked by the rule; rows past a
-    sequence's seqused_q must still hold the poison (NaN)."""
+    sequence's seqused_q must still hold the poison (NaN). Then (varlen_backward) its gradients."""
     import torch
 
     from flashhopper import flash_attn_varlen_func
-    from flashhopper.accuracy import check_varlen_forward
+    from flashhopper.accuracy import check_varlen_forward, check_varlen_grads
 
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
     g = torch.Generator(device="cuda").manual_seed(case.seed)
@@ -175,12 +180,22 @@ def run_varlen(case: Case) -> str | None:
     seqused = ({"seqused_q": torch.tensor(used_q, dtype=torch.int32, device="cuda"),
                 "seqused_k": torch.tensor(used_k, dtype=torch.int32, device="cuda")} if case.seqused else {})
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
-    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(used_q), max(used_k), **seqused,
+    backward = backward and varlen_backward(case)
+    args = (q, k, v)
+    if backward:
+        args = tuple(t.detach().requires_grad_() for t in args)
+    out, lse = flash_attn_varlen_func(*args, cu_q, cu_k, max(used_q), max(used_k), **seqused,
                                       softmax_scale=case.scale, causal=case.causal, window_size=case.window,
-                                      softcap=case.softcap, return_lse=True)
+                                      softcap=case.softcap, deterministic=case.deterministic, return_lse=True)
+    if backward:
+        dout = (torch.randn(out.shape, device="cuda", generator=g) * case.magnitude).to(dt)
+        grads = torch.autograd.grad(out, args, dout)
     torch.cuda.synchronize()
-    check_varlen_forward(out, lse, q, k, v, cu_q.tolist(), cu_k.tolist(), used_q, used_k, scale, case.causal,
-                         case.window, case.softcap)
+    check_varlen_forward(out.detach(), lse, q, k, v, cu_q.tolist(), cu_k.tolist(), used_q, used_k, scale,
+                         case.causal, case.window, case.softcap)
+    if backward:
+        check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, case.causal,
+                           case.window, case.softcap)
     return None
 
 
@@ -211,6 +226,7 @@ def run(case: Case, backward: bool = True) -> str | None:
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
     kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, softmax_scale=case.scale)
     fp8 = case.dtype in FP8_DTYPES
+    varlen_bwd = backward
     backward = backward and not fp8 and not case.varlen and not case.dv  # forward only there, yet
     # the fuzzer is how the FP8 and varlen forwards get verified: it runs them before the opt-in goes
     os.environ.setdefault(FP8_OPT_IN, "1")
@@ -220,7 +236,7 @@ def run(case: Case, backward: bool = True) -> str | None:
         kw.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     try:
         if case.varlen:
-            return run_varlen(case)
+            return run_varlen(case, varlen_bwd)
         if backward:
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
             out, lse = flash_attn_func(qg, kg, vg, return_lse=True, deterministic=case.deterministic, **kw)
@@ -244,8 +260,13 @@ def kernels_of(case: Case, backward: bool) -> set:
     from flashhopper.config import BwdPreConfig
 
     if case.varlen:
-        return {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
-                                     case.dv)[0]}
+        hit = {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
+                                    case.dv)[0]}
+        if backward and varlen_backward(case):
+            cfg = plan.bwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
+                                       case.deterministic)[0]
+            hit |= {cfg, BwdPreConfig.of(cfg)}
+        return hit
     hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                          case.softcap > 0, case.dv)[0]}
     if backward and case.dtype in DTYPES and not case.dv:

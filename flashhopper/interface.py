@@ -116,8 +116,11 @@ def flash_attn_varlen_func(
     sequence's seqused_k may hold anything, NaN too (the kernel masks them and zeroes their V rows).
     The bounds' types and shapes are checked (check_varlen_tensors says which properties are the
     caller's contract); backend="reference" (exact float64 per sequence, any device) checks all.
-    Forward only for now (no backward). Under torch.compile it runs as the custom operator
-    torch.ops.flashhopper.fwd_varlen.
+    Differentiable (dq, dk, dv; `deterministic` makes dq bitwise reproducible) except through
+    seqused_q / seqused_k, and with head dims (192, 128) forward only. Non-finite values in one
+    sequence's q, k, v or gradient may reach the gradients of its neighbours (the kernels read a
+    tile past a sequence's end from the next one and zero its contribution arithmetically). Under
+    torch.compile it runs as the custom operators torch.ops.flashhopper.fwd_varlen / bwd_varlen.
     """
     backend = check_backend(backend)
     compiling = torch.compiler.is_compiling()
@@ -128,7 +131,7 @@ def flash_attn_varlen_func(
     causal = check_flag("causal", causal)
     window = normalize_window(window_size)
     softcap = normalize_softcap(softcap)
-    check_flag("deterministic", deterministic)
+    deterministic = check_flag("deterministic", deterministic)
     return_lse = check_flag("return_lse", return_lse)
     if backend == "reference":
         out, lse = attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
@@ -136,15 +139,47 @@ def flash_attn_varlen_func(
         out = out.to(q.dtype)
     elif compiling:  # opaque to the compiler (max_seqlen_q is an int argument of the operator)
         out, lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
-                                  scale, causal, window[0], window[1], softcap)
+                                  max_seqlen_k, scale, causal, window[0], window[1], softcap, deterministic)
     else:
         validation.require_hopper(q, backend)
-        check_varlen_call(q, k, v)
+        check_varlen_call(q, k, v, seqused_q, seqused_k)
+        if validation.needs_grad(q, k, v):
+            out, lse = _HopperVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                    max_seqlen_k, scale, causal, window, softcap,
+                                                    deterministic)
+        else:
+            from flashhopper.hopper import forward_varlen
+
+            out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
+                                      scale, causal, window, softcap)
+    return (out, lse) if return_lse else out
+
+
+class _HopperVarlenAttention(torch.autograd.Function):
+    """flash_attn_varlen_func with gradients (no seqused: check_varlen_call)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, deterministic):
         from flashhopper.hopper import forward_varlen
 
-        out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
-                                  scale, causal, window, softcap)
-    return (out, lse) if return_lse else out
+        out, lse = forward_varlen(q, k, v, cu_q, cu_k, max_q, None, None, scale, causal, window, softcap)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.config = (max_q, max_k, scale, causal, window, softcap, deterministic)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from flashhopper.hopper import backward_varlen
+
+        if dout is None:
+            return (None,) * 12
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        max_q, max_k, scale, causal, window, softcap, deterministic = ctx.config
+        dq, dk, dv = backward_varlen(q, k, v, out, ops.tma_ready(dout), lse, cu_q, cu_k, max_q, max_k, scale,
+                                     causal, window, softcap, deterministic=deterministic)
+        return (dq, dk, dv) + (None,) * 9
 
 
 def _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling):

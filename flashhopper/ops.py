@@ -94,21 +94,59 @@ def _(q, k, v, q_descale, k_descale, v_descale, softmax_scale, causal, window_le
 @torch.library.custom_op("flashhopper::fwd_varlen", mutates_args=())
 def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                cu_seqlens_k: torch.Tensor, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
-               max_seqlen_q: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse (heads, total_q)) of attention over packed sequences (forward only)."""
+               max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int,
+               window_right: int, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse (heads, total_q)) of attention over packed sequences; max_seqlen_k and
+    `deterministic` are the backward's, carried for the autograd formula."""
     validation.require_hopper(q)
-    validation.check_varlen_call(q, k, v)
+    validation.check_varlen_call(q, k, v, seqused_q, seqused_k)
     check_layouts(*((name, t) for name, t in (("q", q), ("k", k), ("v", v)) if t.numel()))
     return _kernels().forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
                                      softmax_scale, causal, (window_left, window_right), softcap)
 
 
 @fwd_varlen.register_fake
-def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, softmax_scale, causal,
-      window_left, window_right, softcap):
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+      causal, window_left, window_right, softcap, deterministic):
     total_q, h, _ = q.shape
     return q.new_empty((total_q, h, v.shape[-1])), q.new_empty((h, total_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashhopper::bwd_varlen", mutates_args=())
+def bwd_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+               max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+               softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the varlen forward from its out and lse."""
+    validation.require_hopper(q)
+    return _kernels().backward_varlen(q, k, v, out, tma_ready(dout), lse, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                      (window_left, window_right), softcap, deterministic=deterministic)
+
+
+@bwd_varlen.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      window_left, window_right, softcap, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context_varlen(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, _, _, *config = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.config = tuple(config)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_varlen(ctx, dout, dlse):
+    if dout is None:
+        return (None,) * 15
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.config)
+    return (dq, dk, dv) + (None,) * 12
+
+
+fwd_varlen.register_autograd(_backward_varlen, setup_context=_setup_context_varlen)
 
 
 def _setup_context(ctx, inputs, output):

@@ -193,6 +193,33 @@ def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: b
     return fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv), wl, wr
 
 
+# Varlen backward (first version, not yet timed): the dense kernel of the mask for long sequences,
+# with what varlen does not take turned off (BwdConfig._check_varlen)
+_BWD_VARLEN_OFF = {"lpt": False, "fused_dq_cast": False, "pdl": False, "pre_zero_dq": False,
+                   "dq_rows_interleaved": False, "dq_accum_head_major": False}
+
+
+@functools.cache
+def bwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool = False, softcap: bool = False,
+                      deterministic: bool = False) -> BwdConfig:
+    """The varlen backward's configuration: the dense one of the mask (its per-hdim choices) with
+    what varlen does not take turned off."""
+    cfg = bwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, deterministic=deterministic)
+    cfg = dataclasses.replace(cfg, varlen=True, **_BWD_VARLEN_OFF)
+    if hdim == 64 and local and not deterministic:
+        # the sequence's lengths are registers here, not kernel parameters: two dS^T buffers spilled 8 bytes
+        cfg = dataclasses.replace(cfg, ds_stages=1)
+    cfg.check()
+    return cfg
+
+
+def bwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: bool, deterministic: bool
+                    ) -> tuple[BwdConfig, bool, bool, int, int]:
+    """The varlen backward's (config, causal kernel, local kernel, window_left, window_right)."""
+    causal, local, wl, wr = mask_kind(causal, window_size)
+    return bwd_config_varlen(dtype, hdim, causal, local, softcap, deterministic), causal, local, wl, wr
+
+
 # (hdim, dv) pairs (SPLIT_HDIMS; first version, not yet timed): the tile of hdim; O (dv wide) has room
 # for its own smem tile and the per-warpgroup epilogue
 _SPLIT_TILES = {(192, 128): (128, 112)}
@@ -386,6 +413,10 @@ def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward:
                 for deterministic in (False, True):
                     cfg = bwd_plan(dtype, hdim, sq, sk, causal, window, softcap, deterministic)[0]
                     call = Call(dtype, hdim, sq, sk, causal, window, softcap, deterministic)
+                    seen.setdefault(cfg, call)
+                    seen.setdefault(BwdPreConfig.of(cfg), call)
+                    cfg = bwd_plan_varlen(dtype, hdim, causal, window, softcap, deterministic)[0]
+                    call = dataclasses.replace(call, varlen=True)
                     seen.setdefault(cfg, call)
                     seen.setdefault(BwdPreConfig.of(cfg), call)
     return seen

@@ -196,11 +196,14 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     return batch
 
 
-def check_varlen_call(q, k, v) -> None:
-    """What the varlen forward does not do (yet): gradients, and running before its GPU verification."""
-    if needs_grad(q, k, v):
-        raise NotImplementedError("flash_attn_varlen_func: no varlen backward yet; pad to flash_attn_func "
-                                  "for training, or detach the inputs")
+def check_varlen_call(q, k, v, seqused_q=None, seqused_k=None) -> None:
+    """What the varlen kernels do not do (yet): gradients through seqused_q / seqused_k, and running
+    before their GPU verification."""
+    if needs_grad(q, k, v) and (seqused_q is not None or seqused_k is not None):
+        # rows past seqused may hold anything (NaN too), which the backward would carry into dS
+        raise NotImplementedError("flash_attn_varlen_func: no backward through seqused_q / seqused_k yet; "
+                                  "pass them as None for training (the sequences' whole lengths), or detach "
+                                  "the inputs")
     _require_verified("varlen", VARLEN_GPU_VERIFIED, VARLEN_OPT_IN)
 
 

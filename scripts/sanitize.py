@@ -1,5 +1,6 @@
 """compute-sanitizer over one odd-shaped call of each dispatched kernel class: plan.covering_subset
-(every field value of the dispatch at least once, as CI's compile checks), each call made from the
+(every field value of the dispatch at least once, as CI's compile checks; the varlen kernels' on their
+own), each call made from the
 first lengths that dispatch it (flashhopper.plan.dispatched_calls), forward and backward.
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize.py
@@ -32,8 +33,10 @@ def main() -> int:
     parser.add_argument("--list", action="store_true", help="print the calls; run nothing")
     args = parser.parse_args()
     calls = dispatched_calls(backward=not args.fwd)
-    if not args.all:
-        calls = {cfg: calls[cfg] for cfg in covering_subset(list(calls))}
+    if not args.all:  # and the varlen kernels covered on their own (their offsets meet every tile shape)
+        varlen = [cfg for cfg in calls if getattr(cfg, "varlen", False)]
+        chosen = dict.fromkeys(covering_subset(list(calls)) + covering_subset(varlen))
+        calls = {cfg: calls[cfg] for cfg in chosen}
     runs = []
     for cfg, call in calls.items():
         if isinstance(cfg, BwdPreConfig):
@@ -54,7 +57,7 @@ def main() -> int:
     for call, bwd in runs:
         torch.manual_seed(0)
         if call.varlen:  # three sequences: the call's lengths, a short one, and one with no query
-            _varlen(call)
+            _varlen(call, bwd)
             continue
         q = torch.randn(1, call.sq, 2, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
         k, v = (torch.randn(1, call.sk, 1, d, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
@@ -71,20 +74,23 @@ def main() -> int:
     return 0
 
 
-def _varlen(call) -> None:
+def _varlen(call, bwd: bool) -> None:
     from flashhopper import flash_attn_varlen_func
 
     lens_q, lens_k = (call.sq, 17, 0), (call.sk, 33, 5)
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
                   for lens in (lens_q, lens_k))
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[call.dtype]
-    q = torch.randn(sum(lens_q), 2, call.hdim, device="cuda", dtype=dtype)
-    k, v = (torch.randn(sum(lens_k), 1, d, device="cuda", dtype=dtype)
+    q = torch.randn(sum(lens_q), 2, call.hdim, device="cuda", dtype=dtype).requires_grad_(bwd)
+    k, v = (torch.randn(sum(lens_k), 1, d, device="cuda", dtype=dtype).requires_grad_(bwd)
             for d in (call.hdim, call.dv or call.hdim))
     out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=call.causal,
-                                 window_size=call.window, softcap=5.0 if call.softcap else 0.0)
+                                 window_size=call.window, softcap=5.0 if call.softcap else 0.0,
+                                 deterministic=call.deterministic)
+    if bwd:
+        out.sum().backward()
     torch.cuda.synchronize()
-    print(f"fwd {call!r}: finite={bool(out.isfinite().all())}", flush=True)
+    print(("bwd " if bwd else "fwd ") + f"{call!r}: finite={bool(out.isfinite().all())}", flush=True)
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def test_backward_launches_the_dispatched_config(bwd_launches):
                         fields = plan.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
                         assert cfg == plan.bwd_config("bf16", d, causal=causal_k, local=local,
                                                         deterministic=deterministic, **fields)
-                        assert args[-2:] == (wl, wr)
+                        assert args[-8:-6] == (wl, wr) and args[-6:] == (None,) * 6  # no varlen bounds
 
 
 def test_backward_overrides_are_not_served_from_the_cache(bwd_launches):

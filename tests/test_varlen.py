@@ -104,8 +104,9 @@ def test_kernel_path_needs_the_gpu_and_the_opt_in(monkeypatch):
             validation.check_varlen_call(q, k, v)
     monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     validation.check_varlen_call(q, k, v)
-    with pytest.raises(NotImplementedError, match="no varlen backward"):
-        validation.check_varlen_call(q.requires_grad_(), k, v)
+    validation.check_varlen_call(q.requires_grad_(), k, v)  # gradients: the varlen backward
+    with pytest.raises(NotImplementedError, match="seqused"):
+        validation.check_varlen_call(q, k, v, seqused_k=torch.ones(1, dtype=torch.int32))
 
 
 def test_the_varlen_rule_passes_the_reference_and_fails_a_row_written_past_seqused():

@@ -1,6 +1,7 @@
-"""flash_attn_varlen_func's forward against the float64 reference, sequence by sequence, by the rule of
-flashhopper/accuracy.py; out and LSE start as NaN, so a row no tile wrote shows, and rows past a
-sequence's seqused_q must still be NaN afterwards (no tile writes outside its sequence).
+"""flash_attn_varlen_func's forward and backward against the float64 reference, sequence by sequence,
+by the rule of flashhopper/accuracy.py; outputs and workspaces start as NaN (runtime.poison), so a
+row no tile wrote shows, and rows past a sequence's seqused_q must still be NaN afterwards (no tile
+writes outside its sequence).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import zlib
 import pytest
 import torch
 
-from flashhopper.accuracy import check_forward, check_varlen_forward
+from flashhopper.accuracy import check_forward, check_varlen_forward, check_varlen_grads
 from flashhopper.validation import VARLEN_OPT_IN
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
 
-from flashhopper.hopper import forward_varlen  # noqa: E402
+from flashhopper import flash_attn_varlen_func  # noqa: E402
+from flashhopper.hopper import backward_varlen, forward_varlen  # noqa: E402
 
 DEV = "cuda"
 
@@ -113,3 +115,75 @@ def test_varlen_nan_past_seqused_k_stays_out():
             keys = slice(int(cu[i]), int(cu[i]) + used[i])
             check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
                           128 ** -0.5, causal, (-1, -1), 0.0)
+
+
+def run_backward(lens_q, lens_k, hq=4, hk=2, d=128, dtype=torch.bfloat16, causal=False, window=(-1, -1),
+                 softcap=0.0, deterministic=False):
+    """The varlen backward on fresh inputs, each sequence's (dq, dk, dv) by the rule; returns them."""
+    torch.manual_seed(zlib.crc32(repr(("bwd", lens_q, lens_k, hq, hk, d, causal, window, softcap)).encode()))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+                  for lens in (lens_q, lens_k))
+    q, dout = (torch.randn(sum(lens_q), hq, d, device=DEV, dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(sum(lens_k), hk, d, device=DEV, dtype=dtype) for _ in range(2))
+    scale = 1 / math.sqrt(d)
+    out, lse = forward_varlen(q, k, v, cu_q, cu_k, max(lens_q), None, None, scale, causal, window, softcap)
+    grads = backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(lens_q), max(lens_k), scale, causal,
+                            window, softcap, deterministic=deterministic)
+    torch.cuda.synchronize()
+    check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, causal, window, softcap)
+    if deterministic:  # bitwise the same again (fresh workspaces, the same inputs)
+        again = backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(lens_q), max(lens_k), scale, causal,
+                                window, softcap, deterministic=True)
+        for name, x, y in zip(("dq", "dk", "dv"), grads, again, strict=True):
+            assert torch.equal(x, y), f"{name} differs between two deterministic runs"
+    return grads
+
+
+# the forward's packings plus one of equal lengths (every tile full) and many short sequences
+BWD_PACKINGS = [*PACKINGS, ([256] * 4, [256] * 4),
+                ([3, 64, 16, 100, 1, 33, 80, 7] * 4, [5, 64, 20, 90, 2, 40, 81, 7] * 4)]
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0), (True, (37, -1), 0.0)])
+@pytest.mark.parametrize("packing", range(len(BWD_PACKINGS)))
+def test_varlen_backward(packing, causal, window, softcap, d):
+    lens_q, lens_k = BWD_PACKINGS[packing]
+    run_backward(lens_q, lens_k, d=d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_backward_deterministic_is_bitwise_reproducible(d, causal):
+    run_backward([300, 0, 129, 1000], [517, 3, 129, 1000], hq=8, hk=2, d=d, causal=causal, deterministic=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_backward_gqa_and_dtypes(dtype):
+    run_backward([200, 37, 1000], [300, 37, 900], hq=8, hk=1, dtype=dtype, causal=True)
+
+
+def test_varlen_backward_no_keys_or_no_queries():
+    """Sequences with no key get zero dq; with no query zero dk, dv (check_varlen_grads)."""
+    run_backward([5, 0, 9, 40], [0, 7, 3, 0])
+
+
+def test_varlen_autograd():
+    """Through flash_attn_varlen_func and torch.autograd (the path training takes), deterministic on."""
+    lens = [300, 17, 513]
+    cu = torch.tensor([0, 300, 317, 830], dtype=torch.int32, device=DEV)
+    q, k, v, dout = (torch.randn(830, 4, 128, device=DEV, dtype=torch.bfloat16) for _ in range(4))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_varlen_func(*leaves, cu, cu, max(lens), max(lens), causal=True, deterministic=True)
+    grads = torch.autograd.grad(out, leaves, dout)
+    torch.cuda.synchronize()
+    check_varlen_grads(grads, q, k, v, dout, cu.tolist(), cu.tolist(), 128 ** -0.5, True, (-1, -1), 0.0)
+
+
+def test_varlen_seqused_with_gradients_is_refused():
+    cu = torch.tensor([0, 10], dtype=torch.int32, device=DEV)
+    q, k, v = (torch.randn(10, 2, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with pytest.raises(NotImplementedError, match="seqused"):
+        used = torch.tensor([5], dtype=torch.int32, device=DEV)
+        flash_attn_varlen_func(q, k, v, cu, cu, 10, 10, seqused_k=used)

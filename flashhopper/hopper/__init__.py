@@ -6,10 +6,17 @@ import os
 # would otherwise default to a non-Hopper arch and the sm_90 MMA builders refuse to trace.
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from flashhopper.hopper.runtime import backward, bwd_artifact, forward, forward_varlen, fwd_artifact  # noqa: E402
+from flashhopper.hopper.runtime import (  # noqa: E402
+    backward,
+    backward_varlen,
+    bwd_artifact,
+    forward,
+    forward_varlen,
+    fwd_artifact,
+)
 
 KERNELS = {"fwd": fwd_artifact, "bwd": bwd_artifact}
 # kernels that compile but have not been validated on a GPU (the demo says so)
 NOT_YET_VALIDATED = frozenset()
 
-__all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "forward", "forward_varlen"]
+__all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "backward_varlen", "forward", "forward_varlen"]

@@ -98,6 +98,20 @@ def _fake_bwd(cfg: BwdConfig):
             sem, dq, t4(sk, hk), t4(sk, hk))
 
 
+def _fake_bwd_varlen(cfg: BwdConfig):
+    """Varlen: cu_seqlens_q / _k (batch + 1,), seqused_q / _k (batch,), the padded row offsets
+    (batch + 1,) int32 and max_seqlen_k; else None."""
+    if not cfg.varlen:
+        return (None,) * 6
+    b = cute.sym_int()
+
+    def ints(n):
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), (1,), assumed_align=4)
+
+    n = cute.sym_int()  # batch + 1
+    return ints(n), ints(n), ints(b), ints(b), ints(n), cutlass.Int32(1)
+
+
 def compile_bwd(cfg: BwdConfig, options: str = ""):
     """Trace and compile the backward's main kernel for `cfg`."""
     from flashhopper.hopper.bwd import FlashBwdSm90
@@ -106,7 +120,7 @@ def compile_bwd(cfg: BwdConfig, options: str = ""):
     kernel_cls = FlashBwdWideSm90 if cfg.kv_split == "hdim" else FlashBwdSm90
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     args = (*_fake_bwd(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Float32(1.0),
-            cutlass.Int32(-1), cutlass.Int32(-1), stream)
+            cutlass.Int32(-1), cutlass.Int32(-1), *_fake_bwd_varlen(cfg), stream)
     return cute.compile(kernel_cls(cfg), *args, options=_options(options))
 
 
@@ -134,10 +148,22 @@ def _fake_dq_accum(hdim: int):
 
 def compile_bwd_pre(cfg: BwdPreConfig, options: str = ""):
     """Trace and compile the backward preprocess (D and log2-LSE rows; see BwdPreConfig)."""
-    from flashhopper.hopper.bwd_pre import BwdPreprocess, BwdPreprocessScaled, BwdPreprocessZeroDq
+    from flashhopper.hopper.bwd_pre import (
+        BwdPreprocess,
+        BwdPreprocessScaled,
+        BwdPreprocessVarlen,
+        BwdPreprocessZeroDq,
+    )
 
     dtype, hdim = cfg.dtype, cfg.hdim
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if cfg.varlen:
+        if cfg.zero_dq or cfg.pdl:
+            raise ValueError("the varlen preprocess neither clears dQ nor launches with PDL")
+        ints = [cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+                for _ in range(3)]
+        return cute.compile(BwdPreprocessVarlen(dtype, hdim, cfg.scale_d), *_fake_pre(dtype, hdim), *ints,
+                            cutlass.Int32(1), cutlass.Float32(1.0), stream, options=_options(options))
     if cfg.zero_dq:
         return cute.compile(BwdPreprocessZeroDq(dtype, hdim, cfg.scale_d, cfg.pdl), *_fake_pre(dtype, hdim),
                             _fake_dq_accum(hdim), cutlass.Float32(1.0), stream, options=_options(options))

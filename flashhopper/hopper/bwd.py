@@ -114,8 +114,17 @@ class FlashBwdSm90(BwdKernelBase):
         softmax_scale: Float32,
         window_left: Int32,
         window_right: Int32,
+        mCuQ: Optional[cute.Tensor],  # noqa: UP045  varlen: (batch + 1,) int32 cumulative query / key rows
+        mCuK: Optional[cute.Tensor],  # noqa: UP045
+        mUsedQ: Optional[cute.Tensor],  # noqa: UP045  varlen: (batch,) int32 used rows of each sequence
+        mUsedK: Optional[cute.Tensor],  # noqa: UP045
+        mPadQ: Optional[cute.Tensor],  # noqa: UP045  varlen: (batch + 1,) int32 first LSE / D row of each
+        max_seqlen_k: Optional[Int32],  # noqa: UP045  varlen: the longest key length (the grid's key blocks)
         stream: cuda.CUstream,
     ):
+        """Dense: (b, s, h, d) tensors, LSE / D (b, h, sq_pad). Varlen (BwdConfig.varlen): batch 1,
+        the sequences packed along s; LSE / D rows in the padded layout mPadQ gives; the dQaccum
+        rows packed as Q's; the semaphores (sequences, h, query blocks of the longest)."""
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
             L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
         ]
@@ -193,8 +202,7 @@ class FlashBwdSm90(BwdKernelBase):
             tma_atom_cvt, tma_cvt = cpasync.make_tiled_tma_atom(
                 load_op, mdQaccum, cute.select(sCvt_layout, mode=[0, 1]), (DQ_CAST_ROWS, self.hdim))
 
-        num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
-        grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        grid = self.grid(mK, mUsedK, max_seqlen_k)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, tma_dQ, mdQsem, tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dQ,
@@ -203,6 +211,8 @@ class FlashBwdSm90(BwdKernelBase):
             sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
             SharedStorage, mdQ, tma_cvt, tma_atom_cvt, sCvt_layout,
+            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK if self.cfg.varlen else None,
+            mdV if self.cfg.varlen else None,
         ).launch(grid=grid, block=[128 * (1 + self.num_consumer_wg), 1, 1], stream=stream,
                  min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
 
@@ -239,7 +249,8 @@ class FlashBwdSm90(BwdKernelBase):
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, mdQ, mdQaccum_ld, tma_atom_cvt, sCvt_layout: cute.Layout):
+               SharedStorage: cutlass.Constexpr, mdQ, mdQaccum_ld, tma_atom_cvt, sCvt_layout: cute.Layout,
+               mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK_rows, mdV_rows):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -269,23 +280,52 @@ class FlashBwdSm90(BwdKernelBase):
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
-        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps = self.cta_work(
-            mQ, mK, window_left, window_right)
+        seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ) if cutlass.const_expr(self.cfg.varlen) else None
+        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq = self.cta_work(
+            mQ, mK, window_left, window_right, seqs)
+        roles = partial(
+            self.roles, mQ=mQ, mK=mK, mV=mV, mdO=mdO, mLSE=mLSE, mD=mD, mdQaccum=mdQaccum, mdQsem=mdQsem,
+            mdK=mdK_rows if cutlass.const_expr(self.cfg.varlen) else mdK,
+            mdV=mdV_rows if cutlass.const_expr(self.cfg.varlen) else mdV,
+            tma_atom_Q=tma_atom_Q, tma_atom_K=tma_atom_K, tma_atom_V=tma_atom_V, tma_atom_dO=tma_atom_dO,
+            tma_atom_LSE=tma_atom_LSE, tma_atom_D=tma_atom_D, tma_atom_dQ=tma_atom_dQ,
+            tma_atom_dK=tma_atom_dK, tma_atom_dV=tma_atom_dV, scale_log2=scale_log2, softcap_pre=softcap_pre,
+            softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
+            tiled_mma_sdp=tiled_mma_sdp, tiled_mma_dkv=tiled_mma_dkv, tiled_mma_dk=tiled_mma_dk,
+            tiled_mma_dq=tiled_mma_dq, mdQ=mdQ, mdQaccum_ld=mdQaccum_ld, tma_atom_cvt=tma_atom_cvt,
+            warp_idx=warp_idx, tidx=tidx, sQ=sQ, sdO=sdO, sK=sK, sV=sV, sdS=sdS, sdQ=sdQ, sLSE=sLSE, sD=sD,
+            pipe_kv=pipe_kv, pipe_q=pipe_q, pipe_do=pipe_do, cvt_mbar=cvt_mbar, cvt_mail=cvt_mail, sCvt=sCvt,
+            n_block=n_block, head_kv=head_kv, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, ratio=ratio,
+            m_min=m_min, num_m=num_m, num_steps=num_steps, seq=seq)
+        if cutlass.const_expr(self.cfg.varlen):
+            if self.has_keys(n_block, seqlen_k):  # else a key block past the sequence's end
+                roles()
+        else:
+            roles()
 
+    @cute.jit
+    def roles(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV, tma_atom_Q, tma_atom_K, tma_atom_V,
+              tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dQ, tma_atom_dK, tma_atom_dV, scale_log2,
+              softcap_pre, softmax_scale, window_left, window_right, tiled_mma_sdp, tiled_mma_dkv,
+              tiled_mma_dk, tiled_mma_dq, mdQ, mdQaccum_ld, tma_atom_cvt, warp_idx, tidx, sQ, sdO, sK, sV,
+              sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do, cvt_mbar, cvt_mail, sCvt, n_block, head_kv, batch,
+              seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq):
+        """The warps' roles for this CTA's key block (the producer warpgroup's warps, the consumer
+        warpgroups)."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
-                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
+                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seq)
             if warp_idx == 1:
                 if cutlass.const_expr(self.cfg.dq_per_wg):
                     self.write_dq_per_wg(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
                                          m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left,
-                                         window_right, cvt_mail)
+                                         window_right, cvt_mail, seq)
                 else:
                     self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
-                                  m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right)
+                                  m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq)
             if cutlass.const_expr(self.cfg.fused_dq_cast):
                 if warp_idx >= 2:
                     self.convert_dq(mdQ, mdQaccum_ld, mdQsem, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch,
@@ -295,11 +335,11 @@ class FlashBwdSm90(BwdKernelBase):
             self.consume(sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
                          tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q,
-                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
+                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right, seq)
 
     @cute.jit
     def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
-                 num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right):
+                 num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
         """One warp: add each step's smem dQ tile into dQaccum with a TMA reduce (rows past
         seqlen_q are clipped by the TMA unit)."""
         if cutlass.const_expr(self.cfg.pdl):
@@ -313,7 +353,7 @@ class FlashBwdSm90(BwdKernelBase):
             cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
             # the whole warp runs the copy (it elects its issuing lane itself: calling it from one
             # lane leaves the election waiting for the other 31 forever)
-            mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
+            mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q, seq)
             gdQ = cute.local_tile(mdQ_rows, (self.tile_m, self.hdim), (m_tile, 0))
             tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
                                                    cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
@@ -331,7 +371,8 @@ class FlashBwdSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq_per_wg(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
-                        num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, cvt_mail=None):
+                        num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, cvt_mail=None,
+                        seq=None):
         """BwdConfig.dq_per_wg: warpgroup w's part of each step's dQ tile (dq_part_shape) is added
         with its own TMA reduce-add as soon as w has written it (its dQ-full barrier), and w may
         overwrite it once that TMA has read it (its dQ-empty barrier): the warpgroups meet the
@@ -361,7 +402,7 @@ class FlashBwdSm90(BwdKernelBase):
                 if cutlass.const_expr(self.cfg.deterministic and w == 0):
                     self.wait_turn(sem, turn)
                 # the whole warp runs the copy (it elects its issuing lane itself)
-                mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
+                mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q, seq)
                 gdQ = cute.local_tile(mdQ_rows, part, self.dq_part_coord(m_tile, w))
                 sdQ_w = cute.local_tile(sdQ, part, self.dq_part_coord(0, w))
                 tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
@@ -550,7 +591,7 @@ class FlashBwdSm90(BwdKernelBase):
     def consume(self, sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx,
                 n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, scale_log2,
-                softcap_pre, softmax_scale, window_left, window_right):
+                softcap_pre, softmax_scale, window_left, window_right, seq=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)
@@ -721,7 +762,8 @@ class FlashBwdSm90(BwdKernelBase):
         cute.copy(st_atom, st_copy.retile(rdV), st_copy.partition_D(sV))
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
-        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx, seq,
+                       seqlen_k)
 
     @cute.jit
     def consumer_step(self, step, m_block, state, make_to_probs, pipe_q, pipe_do, wg,

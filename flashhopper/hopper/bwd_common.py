@@ -11,12 +11,35 @@ from cutlass.cute.nvgpu import cpasync
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.opaque import opaque
 
 # BwdConfig.dq_rows_interleaved, per 8-row group: query row r0 + 4 r1 at tile row 2 r0 + r1 (the
 # consumers' view), and tile row s0 + 2 s1 read back from query row 4 s0 + s1 (the TMA view);
 # (shape, stride) of each, tests/test_bwd_compile.py checks that they are inverse
 DQ_ROWS_SMEM = ((4, 2), (2, 1))
 DQ_ROWS_GMEM = ((2, 4), (4, 1))
+
+
+class SeqRows:
+    """Varlen (BwdConfig.varlen): where this CTA's sequence starts in the packed Q / dO / dQaccum
+    rows (q), the packed K / V / dK / dV rows (k), and the padded LSE / D rows (rows). Each is read
+    from its int32 tensor where it is used rather than held in a register through the consumers'
+    loop (at hdim 128 causal three held offsets spilled 16 bytes)."""
+
+    def __init__(self, mCuQ, mCuK, mPadQ, batch):
+        self._cu_q, self._cu_k, self._pad_q, self._batch = mCuQ, mCuK, mPadQ, batch
+
+    @property
+    def q(self):
+        return self._cu_q[opaque(self._batch)]
+
+    @property
+    def k(self):
+        return self._cu_k[opaque(self._batch)]
+
+    @property
+    def rows(self):
+        return self._pad_q[opaque(self._batch)]
 
 
 class BwdKernelBase:
@@ -59,14 +82,38 @@ class BwdKernelBase:
                                                       stride=((d0, d1, 8), self.tile_m)))
 
     @cute.jit
-    def dq_rows_tile(self, mdQaccum, head, batch, m_block, seqlen_q):
+    def dq_rows_tile(self, mdQaccum, head, batch, m_block, seqlen_q, seq=None):
         """The writer's gmem side for query block m_block: mdQaccum[:, :, head, batch], or with
         dq_rows_interleaved the view's rows (batch b's query blocks after batch b - 1's, sq padded
-        to whole blocks) and the block's index in them."""
+        to whole blocks) and the block's index in them; varlen (`seq`): the sequence's packed rows
+        (a tile's rows past the sequence add exact zeros into the next one's: their dS is 0)."""
         if cutlass.const_expr(self.cfg.dq_rows_interleaved):
             num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
             return mdQaccum[None, None, head], batch * num_m_blocks + m_block
-        return mdQaccum[None, None, head, batch], m_block
+        return self.seq_rows(mdQaccum, head, batch, seq, "q"), m_block
+
+    @cute.jit
+    def seq_rows(self, mX, head, batch, seq, which: cutlass.Constexpr[str]):
+        """(rows, dim) of one head: mX[:, :, head, batch], or varlen (`seq`, a SeqRows) the
+        sequence's rows of the packed tensor (batch 1), `which` naming its offset ("q" or "k")."""
+        if cutlass.const_expr(seq is None):
+            return mX[None, None, head, batch]
+        return cute.domain_offset((getattr(seq, which), 0), mX[None, None, head, 0])
+
+    @cute.jit
+    def seq_row_vector(self, mX, head, batch, seq):
+        """LSE / D rows of one head: mX[:, head, batch], or varlen the sequence's padded rows."""
+        if cutlass.const_expr(seq is None):
+            return mX[None, head, batch]
+        return cute.domain_offset((seq.rows,), mX[None, head, 0])
+
+    def grid(self, mK, mUsedK, max_seqlen_k):
+        """(key blocks, KV heads, batch): of the longest sequence and the sequences with varlen."""
+        if cutlass.const_expr(self.cfg.varlen):
+            return ((max_seqlen_k + self.tile_n - 1) // self.tile_n, cute.size(mK.shape[2]),
+                    cute.size(mUsedK.shape[0]))
+        return (cute.ceil_div(cute.size(mK.shape[0]), self.tile_n), cute.size(mK.shape[2]),
+                cute.size(mK.shape[3]))
 
     def make_pipelines(self, storage, sK_layout, sQ_layout):
         """The K / V pipeline (one stage, both tiles on one barrier) and the Q and dO rings. Full
@@ -88,12 +135,20 @@ class BwdKernelBase:
         return pipe_kv, pipe_q, pipe_do
 
     @cute.jit
-    def cta_work(self, mQ, mK, window_left, window_right):
+    def cta_work(self, mQ, mK, window_left, window_right, seqs=None):
         """This CTA's key block (launch order, or LPT's), its KV head and batch, and the query
-        steps it walks: (query head in the group, query block) pairs, query block fastest."""
+        steps it walks: (query head in the group, query block) pairs, query block fastest.
+        Varlen (`seqs`: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, padded row offsets) the
+        batch is the sequence, the lengths its used ones, and the last value its SeqRows (else
+        None); a key block past the sequence's end comes out negative or >= its key blocks."""
         n_block, head_kv, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
+        seq = None
+        if cutlass.const_expr(seqs is not None):
+            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ = seqs
+            seqlen_q, seqlen_k = mUsedQ[batch], mUsedK[batch]
+            seq = SeqRows(mCuQ, mCuK, mPadQ, batch)
         n_block = self.launch_order_n_block(n_block, seqlen_k)
         ratio = mQ.shape[2] // mK.shape[2]
         if cutlass.const_expr(self.cfg.lpt):
@@ -102,7 +157,13 @@ class BwdKernelBase:
         m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
         num_m = cutlass.max(m_max - m_min, 0)
         num_steps = num_m * ratio
-        return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps
+        return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq
+
+    @cute.jit
+    def has_keys(self, n_block, seqlen_k):
+        """Varlen: whether key block n_block (from cta_work) holds keys of its sequence; the CTAs of
+        the blocks past a shorter sequence's end do nothing."""
+        return n_block >= 0 and n_block * self.tile_n < seqlen_k
 
     @cute.jit
     def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
@@ -125,13 +186,16 @@ class BwdKernelBase:
     @cute.jit
     def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
                 tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
-                head_kv, batch, ratio, m_min, num_m, num_steps):
+                head_kv, batch, ratio, m_min, num_m, num_steps, seq=None):
         """Warp 0: K and V of this key block once, then Q + LSE row and dO + D row of every
         (query head, query block) step into the two rings, query block fastest. The dO ring has
-        its own depth (`do_stages`) only in the wide kernel; otherwise it steps with the Q ring."""
+        its own depth (`do_stages`) only in the wide kernel; otherwise it steps with the Q ring.
+        Varlen (`seq`): the tiles start at the sequence's rows; those past its end are the next
+        sequence's (or TMA's zero fill), which the masks and the +inf LSE rows keep out."""
         one = cute.make_layout(1)
-        gK = cute.local_tile(mK[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
-        gV = cute.local_tile(mV[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
+        kv_tile = (self.tile_n, self.hdim)
+        gK = cute.local_tile(self.seq_rows(mK, head_kv, batch, seq, "k"), kv_tile, (n_block, 0))
+        gV = cute.local_tile(self.seq_rows(mV, head_kv, batch, seq, "k"), kv_tile, (n_block, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, one, cute.group_modes(sK, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, one, cute.group_modes(sV, 0, 2),
@@ -154,15 +218,16 @@ class BwdKernelBase:
                 do_state = state
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
-            gdO = cute.local_tile(mdO[None, None, head, batch], (self.tile_m, self.hdim), (m_block, 0))
+            q_tile = (self.tile_m, self.hdim)
+            gQ = cute.local_tile(self.seq_rows(mQ, head, batch, seq, "q"), q_tile, (m_block, 0))
+            gdO = cute.local_tile(self.seq_rows(mdO, head, batch, seq, "q"), q_tile, (m_block, 0))
             tQsQ, tQgQ = cpasync.tma_partition(tma_atom_Q, 0, one, cute.group_modes(sQ, 0, 2),
                                                cute.group_modes(gQ, 0, 2))
             tdOsdO, tdOgdO = cpasync.tma_partition(tma_atom_dO, 0, one, cute.group_modes(sdO, 0, 2),
                                                    cute.group_modes(gdO, 0, 2))
             # the host pads the rows to whole query blocks, so the row tile never runs past them
-            gLSE = cute.local_tile(mLSE[None, head, batch], (self.tile_m,), (m_block,))
-            gD = cute.local_tile(mD[None, head, batch], (self.tile_m,), (m_block,))
+            gLSE = cute.local_tile(self.seq_row_vector(mLSE, head, batch, seq), (self.tile_m,), (m_block,))
+            gD = cute.local_tile(self.seq_row_vector(mD, head, batch, seq), (self.tile_m,), (m_block,))
             tLsL, tLgL = cpasync.tma_partition(tma_atom_LSE, 0, one, cute.group_modes(sLSE, 0, 1),
                                                cute.group_modes(gLSE, 0, 1))
             tDsD, tDgD = cpasync.tma_partition(tma_atom_D, 0, one, cute.group_modes(sD, 0, 1),
@@ -182,12 +247,29 @@ class BwdKernelBase:
                 do_ring.advance()
 
     @cute.jit
-    def store_dkv(self, mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx):
+    def store_dkv(self, mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx,
+                  seq=None, seqlen_k=None):
         """Epilogue's last step, after dK and dV are in K's and V's smem buffers and fenced for the
         async proxy: one warp (the TMA copy elects its issuing lane itself) stores both with TMA,
         which drops the rows past seqlen_k, and waits for the reads of smem, which must outlive
-        them."""
-        if tidx < 32:
+        them. Varlen (`seq`): every consumer thread copies 16-byte pieces of the rows below the
+        sequence's seqlen_k (a TMA box would write the next sequence's rows)."""
+        if cutlass.const_expr(seq is not None):
+            rows_left = seqlen_k - n_block * self.tile_n
+            per_row = self.hdim // 8
+            items = self.tile_n * per_row
+            threads = self.num_consumer_threads
+            for mX, sX in ((mdK, sK), (mdV, sV)):
+                gX = cute.local_tile(self.seq_rows(mX, head_kv, batch, seq, "k"), (self.tile_n, self.hdim),
+                                     (n_block, 0))
+                for i in cutlass.range_constexpr((items + threads - 1) // threads):
+                    item = tidx + i * threads
+                    row = item // per_row
+                    if row < rows_left and item < items:
+                        piece = (row, item % per_row)
+                        cute.autovec_copy(cute.local_tile(sX, (1, 8), piece),
+                                          cute.local_tile(gX, (1, 8), piece))
+        elif tidx < 32:
             for mX, sX, atom in ((mdK, sK, tma_atom_dK), (mdV, sV, tma_atom_dV)):
                 gX = cute.local_tile(mX[None, None, head_kv, batch], (self.tile_n, self.hdim), (n_block, 0))
                 tsX, tgX = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),

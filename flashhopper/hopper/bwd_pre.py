@@ -23,7 +23,7 @@ import operator
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 from flashhopper.hopper import layout as L
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA
@@ -78,12 +78,19 @@ class BwdPreprocess:
 
     @cute.jit
     def rows(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-             mD: cute.Tensor, d_scale, mdQaccum=None):
+             mD: cute.Tensor, d_scale, mdQaccum=None, seq=None):
         """`d_scale` None (a trace-time choice): D unscaled, the kernel unchanged. `mdQaccum`
-        (b, sq, h, d) fp32: also cleared, row by row as O and dO are read (BwdPreprocessZeroDq)."""
+        (b, sq, h, d) fp32: also cleared, row by row as O and dO are read (BwdPreprocessZeroDq).
+        `seq` (varlen, BwdPreprocessVarlen): this sequence's (first packed row, used rows, first
+        padded row, padded rows); the tensors' batch is 1 and the rows written are the padded
+        ones (+inf / 0 past the used rows)."""
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
         seqlen_q = mO.shape[1]
+        in_row, out_row, out_rows = 0, 0, 0  # varlen: packed / padded row offsets, padded rows
+        if cutlass.const_expr(seq is not None):
+            in_row, seqlen_q, out_row, out_rows = seq
+            batch = 0
         lanes = self.lanes
         passes = ROWS_PER_CTA // self.rows_per_pass
         vecs = self.hdim // VEC // lanes
@@ -98,9 +105,10 @@ class BwdPreprocess:
         for p in cutlass.range_constexpr(passes):
             row = m_block * ROWS_PER_CTA + p * self.rows_per_pass + group_row
             if row < seqlen_q:
-                rLSE[p] = mLSE[batch, head, row]  # the group's lanes read one address: one transaction
-                gO = mO[batch, row, head, None]
-                gdO = mdO[batch, row, head, None]
+                # the group's lanes read one address: one transaction
+                rLSE[p] = mLSE[batch, head, in_row + row]
+                gO = mO[batch, in_row + row, head, None]
+                gdO = mdO[batch, in_row + row, head, None]
                 for v in cutlass.range_constexpr(vecs):
                     cute.autovec_copy(cute.local_tile(gO, (VEC,), (lane + v * lanes,)), rO[None, v, p])
                     cute.autovec_copy(cute.local_tile(gdO, (VEC,), (lane + v * lanes,)), rdO[None, v, p])
@@ -126,15 +134,18 @@ class BwdPreprocess:
                 for e in cutlass.range_constexpr(VEC):
                     acc += rO[e, v, p].to(Float32) * rdO[e, v, p].to(Float32)
             acc = cute.arch.warp_reduction(acc, operator.add, threads_in_group=lanes)
-            if lane == 0:
+            write = lane == 0
+            if cutlass.const_expr(seq is not None):
+                write = write and row < out_rows
+            if write:
                 # +inf for padded rows and rows that saw no key (their LSE stayed -inf)
                 lse2 = Float32(math.inf)
                 if rLSE[p] != -math.inf:
                     lse2 = rLSE[p] * LOG2E
-                mLSE2[batch, head, row] = lse2
+                mLSE2[batch, head, out_row + row] = lse2
                 if cutlass.const_expr(d_scale is not None):
                     acc = acc * d_scale
-                mD[batch, head, row] = acc
+                mD[batch, head, out_row + row] = acc
 
 
 class BwdPreprocessScaled(BwdPreprocess):
@@ -177,3 +188,35 @@ class BwdPreprocessZeroDq(BwdPreprocess):
             self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale, mdQaccum)
         else:
             self.rows(mO, mdO, mLSE, mLSE2, mD, None, mdQaccum)
+
+
+class BwdPreprocessVarlen(BwdPreprocess):
+    """The preprocess of the varlen backward (BwdConfig.varlen): O, dO (1, total_q, h, d) and LSE
+    (1, h, total_q) packed; the LSE / D rows out in the main kernel's padded layout, sequence b's
+    from row pad_q[b] up to pad_q[b + 1] (at least its used rows rounded up to whole query blocks).
+    One CTA per (64-row block of the longest padded sequence, head, sequence); `scale_d`: D times
+    the softmax scale (BwdConfig.scale_in_ds; d_scale is ignored without it)."""
+
+    def __init__(self, dtype: str, hdim: int, scale_d: bool = False):
+        super().__init__(dtype, hdim)
+        self.scale_d = scale_d
+
+    @cute.jit
+    def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+                 mD: cute.Tensor, mCuQ: cute.Tensor, mUsedQ: cute.Tensor, mPadQ: cute.Tensor,
+                 max_rows: Int32, d_scale: Float32, stream: cuda.CUstream):
+        # mCuQ, mPadQ (batch + 1,), mUsedQ (batch,) int32; max_rows: the most padded rows a sequence has
+        grid = ((max_rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA, cute.size(mD.shape[1]),
+                cute.size(mUsedQ.shape[0]))
+        self.kernel(mO, mdO, mLSE, mLSE2, mD, mCuQ, mUsedQ, mPadQ, d_scale).launch(
+            grid=grid, block=[32 * WARPS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
+               mD: cute.Tensor, mCuQ: cute.Tensor, mUsedQ: cute.Tensor, mPadQ: cute.Tensor, d_scale: Float32):
+        _, _, batch = cute.arch.block_idx()
+        seq = (mCuQ[batch], mUsedQ[batch], mPadQ[batch], mPadQ[batch + 1] - mPadQ[batch])
+        if cutlass.const_expr(self.scale_d):
+            self.rows(mO, mdO, mLSE, mLSE2, mD, d_scale, seq=seq)
+        else:
+            self.rows(mO, mdO, mLSE, mLSE2, mD, None, seq=seq)

@@ -65,6 +65,9 @@ all keys; then dV^T / dK^T / dQ split by head dim as above. Two other splits tri
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Optional
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -147,6 +150,12 @@ class FlashBwdWideSm90(BwdKernelBase):
         softmax_scale: Float32,
         window_left: Int32,
         window_right: Int32,
+        mCuQ: Optional[cute.Tensor],  # noqa: UP045  varlen: as hopper/bwd.py's
+        mCuK: Optional[cute.Tensor],  # noqa: UP045
+        mUsedQ: Optional[cute.Tensor],  # noqa: UP045
+        mUsedK: Optional[cute.Tensor],  # noqa: UP045
+        mPadQ: Optional[cute.Tensor],  # noqa: UP045
+        max_seqlen_k: Optional[Int32],  # noqa: UP045
         stream: cuda.CUstream,
     ):
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
@@ -228,8 +237,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.dq_part_layout(sdQ_layout, self.dq_slot_cols),
                 (self.tile_m, self.dq_slot_cols))
 
-        num_n_blocks = cute.ceil_div(cute.size(mK.shape[0]), self.tile_n)
-        grid = (num_n_blocks, cute.size(mK.shape[2]), cute.size(mK.shape[3]))
+        grid = self.grid(mK, mUsedK, max_seqlen_k)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, dQaccum, mdQsem, tma_dK, tma_dV,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D,
@@ -238,6 +246,8 @@ class FlashBwdWideSm90(BwdKernelBase):
             sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
             tiled_mma_dkv, tiled_mma_dq,
             SharedStorage, tma_atom_dQ, sdQ_layout, tiled_mma_dq_part,
+            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK if self.cfg.varlen else None,
+            mdV if self.cfg.varlen else None,
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1,
                  use_pdl=self.cfg.pdl)
 
@@ -252,7 +262,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                sLSE_layout: cute.Layout, sD_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, tma_atom_dQ, sdQ_layout: cute.ComposedLayout,
-               tiled_mma_dq_part):
+               tiled_mma_dq_part, mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK_rows, mdV_rows):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -278,34 +288,63 @@ class FlashBwdWideSm90(BwdKernelBase):
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
-        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps = self.cta_work(
-            mQ, mK, window_left, window_right)
+        seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ) if cutlass.const_expr(self.cfg.varlen) else None
+        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq = self.cta_work(
+            mQ, mK, window_left, window_right, seqs)
+        roles = partial(
+            self.roles, mQ=mQ, mK=mK, mV=mV, mdO=mdO, mLSE=mLSE, mD=mD, mdQaccum=mdQaccum, mdQsem=mdQsem,
+            mdK=mdK_rows if cutlass.const_expr(self.cfg.varlen) else mdK,
+            mdV=mdV_rows if cutlass.const_expr(self.cfg.varlen) else mdV,
+            tma_atom_Q=tma_atom_Q, tma_atom_K=tma_atom_K, tma_atom_V=tma_atom_V, tma_atom_dO=tma_atom_dO,
+            tma_atom_LSE=tma_atom_LSE, tma_atom_D=tma_atom_D, tma_atom_dK=tma_atom_dK,
+            tma_atom_dV=tma_atom_dV,
+            scale_log2=scale_log2, softcap_pre=softcap_pre, softmax_scale=softmax_scale,
+            window_left=window_left, window_right=window_right, tiled_mma_sdp=tiled_mma_sdp,
+            tiled_mma_dkv=tiled_mma_dkv, tiled_mma_dq=tiled_mma_dq, tma_atom_dQ=tma_atom_dQ,
+            tiled_mma_dq_part=tiled_mma_dq_part, warp_idx=warp_idx, tidx=tidx, sQ=sQ, sdO=sdO, sK=sK, sV=sV,
+            sP=sP, sdS=sdS, sdQ=sdQ, sLSE=sLSE, sD=sD, pipe_kv=pipe_kv, pipe_q=pipe_q, pipe_do=pipe_do,
+            n_block=n_block, head_kv=head_kv, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, ratio=ratio,
+            m_min=m_min, num_m=num_m, num_steps=num_steps, seq=seq)
+        if cutlass.const_expr(self.cfg.varlen):
+            if self.has_keys(n_block, seqlen_k):  # else a key block past the sequence's end
+                roles()
+        else:
+            roles()
 
+    @cute.jit
+    def roles(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV, tma_atom_Q, tma_atom_K, tma_atom_V,
+              tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dK, tma_atom_dV, scale_log2, softcap_pre,
+              softmax_scale, window_left, window_right, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
+              tma_atom_dQ, tiled_mma_dq_part, warp_idx, tidx, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE, sD,
+              pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m,
+              num_steps, seq):
+        """The warps' roles for this CTA's key block (the producer warpgroup's warps, the consumer
+        warpgroups)."""
         if warp_idx < 4:
             cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
-                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps)
+                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seq)
             if cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
                     writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
                     writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                           num_steps, seqlen_q, seqlen_k, window_left, window_right)
+                           num_steps, seqlen_q, seqlen_k, window_left, window_right, seq)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
                          sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv,
                          pipe_q, pipe_do,
                          tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
-                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
+                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right, seq)
 
     @cute.jit
     def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
                 sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv, pipe_q,
                 pipe_do, tidx,
                 n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
-                softcap_pre, softmax_scale, window_left, window_right):
+                softcap_pre, softmax_scale, window_left, window_right, seq=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
@@ -584,11 +623,11 @@ class FlashBwdWideSm90(BwdKernelBase):
                 pds = pds ^ 1
 
         self.epilogue(acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                      n_block, head_kv, batch, softmax_scale)
+                      n_block, head_kv, batch, softmax_scale, seq, seqlen_k)
 
     @cute.jit
     def epilogue(self, acc_dK, acc_dV, tidx, tiled_mma_dkv, sK, sV, mdK, mdV, tma_atom_dK, tma_atom_dV,
-                 n_block, head_kv, batch, softmax_scale):
+                 n_block, head_kv, batch, softmax_scale, seq=None, seqlen_k=None):
         """dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows past
         seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores."""
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
@@ -611,7 +650,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         # generic-proxy smem writes, read next by the TMA unit (async proxy)
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
-        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx)
+        self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx, seq,
+                       seqlen_k)
 
     @property
     def num_dq_parts(self) -> int:
@@ -743,7 +783,7 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                 num_steps, seqlen_q, seqlen_k, window_left, window_right):
+                 num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
         """dq_tma, one warp of the producer warpgroup: each warpgroup's dQ part(s) of every step added
         into dQaccum by TMA reduce-adds (rows past seqlen_q clipped by the TMA unit), one bulk group
         per warpgroup in warpgroup order; a part is handed back once its group has been read."""
@@ -768,7 +808,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 for c in cutlass.range_constexpr(self.dq_chunks):
                     p = c * num_wg + w
                     sdQ_p = cute.local_tile(sdQ, (self.tile_m, self.dq_part_cols), (0, p))
-                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q, p)
+                    self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q, p, seq)
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
@@ -778,7 +818,7 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                      num_steps, seqlen_q, seqlen_k, window_left, window_right):
+                      num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
         """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
         0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
         the grant and the hand-back are that warpgroup's own barriers."""
@@ -811,7 +851,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                         elif cutlass.const_expr(self.dq_halves > 1):
                             sdQ_h = cute.local_tile(sdQ, (self.tile_m, self.dq_slot_cols), (0, h))
                         self.reduce_dq_part(tma_atom_dQ, mdQaccum, sdQ_h, head, batch, m_block, seqlen_q,
-                                            (c * num_wg + w) * self.dq_halves + h)
+                                            (c * num_wg + w) * self.dq_halves + h, seq)
                         cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
@@ -821,12 +861,12 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def reduce_dq_part(self, tma_atom_dQ, mdQaccum, sdQ_p, head, batch, m_block, seqlen_q,
-                       p: cutlass.Constexpr[int]):
+                       p: cutlass.Constexpr[int], seq=None):
         """dq_tma writer: TMA reduce-add of the smem part `sdQ_p` into dQ box p (a part, or with
         dq_slot_halves half of one, counted along the head dim) of query block m_block (rows past
         seqlen_q clipped by the TMA unit, or with dq_rows_interleaved added into the accumulator's
         padding rows). The whole warp runs the copy (it elects its issuing lane itself)."""
-        mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q)
+        mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q, seq)
         gdQ = cute.local_tile(mdQ_rows, (self.tile_m, self.dq_slot_cols), (m_tile, p))
         tdQsdQ, tdQgdQ = cpasync.tma_partition(tma_atom_dQ, 0, cute.make_layout(1),
                                                cute.group_modes(sdQ_p, 0, 2), cute.group_modes(gdQ, 0, 2))

@@ -26,9 +26,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
-from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from flashhopper.config import FP8_P_SHIFT_LOG2, LAZY_MAX_LOG2, FwdConfig
 from flashhopper.hopper import fp8 as F8
@@ -37,6 +35,7 @@ from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
 from flashhopper.hopper.mma import acc_to_operand_a
+from flashhopper.hopper.opaque import opaque as _opaque
 
 # Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
 _BAR_EPILOGUE = 1
@@ -46,16 +45,6 @@ _BAR_EPILOGUE_WG = 5
 # varlen: all consumers meet after zeroing V's rows past the sequence (zero_v_past_keys)
 _BAR_V_ZERO = 8
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
-
-@dsl_user_op
-def _opaque(x: Int32, *, loc=None, ip=None) -> Int32:
-    """x, passed through a side-effecting asm `mov` that LLVM can neither look into nor move: what
-    is computed from the result stays where it is used instead of being hoisted out of loops."""
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
-
 
 class FlashFwdSm90:
     def __init__(self, cfg: FwdConfig):

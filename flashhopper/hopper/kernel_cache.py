@@ -364,6 +364,8 @@ def _get_entry(cfg, build) -> _Entry:
     if entry is not None:
         stats["memory"] += 1
         return entry
+    if hasattr(cfg, "check"):  # a config no kernel exists for says why, compiled or not (FLASHHOPPER_JIT=0)
+        cfg.check()
     with _lock_for(cfg):  # threads of this process: one compile
         entry = _memory.get(cfg)
         if entry is not None:

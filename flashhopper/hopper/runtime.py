@@ -374,11 +374,71 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
             dv.fill_(_NAN)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
-       softmax_scale, wl, wr)
+       softmax_scale, wl, wr, None, None, None, None, None, None)  # the varlen arguments
     if dq is not None:
         return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
     return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
+
+
+@functools.lru_cache(maxsize=4096)
+def _bwd_varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool, deterministic: bool):
+    cfg, _, _, wl, wr = plan.bwd_plan_varlen(_TORCH_TO_NAME[dtype], hdim, causal, window_size, softcap,
+                                             deterministic)
+    return cfg, wl, wr
+
+
+def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                    softmax_scale: float, causal: bool, window_size, softcap: float,
+                    deterministic: bool = False):
+    """dq, dk, dv of the varlen forward on validated CUDA tensors: q, out, dout (total_q, hq, d), k, v
+    (total_k, hk, d), lse (hq, total_q) as forward_varlen returned it, int32 cu_seqlens (batch + 1)
+    starting at 0 and ending at the packed lengths (every row belongs to a sequence, so every dK / dV
+    row is written). Preprocess (D and log2-LSE rows in the padded layout), main kernel, dQ cast."""
+    total_q, h, d = q.shape
+    total_k = k.shape[0]
+    cfg, wl, wr = _bwd_varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0, deterministic)
+    if _bwd_overrides:  # tests, tuning
+        cfg = dataclasses.replace(cfg, **_bwd_overrides)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if poison:
+        dk.fill_(_NAN)
+        dv.fill_(_NAN)
+    if total_q == 0 or total_k == 0:  # nothing attends (a TMA descriptor needs rows)
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    batch = cu_seqlens_q.shape[0] - 1
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    used_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    used_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    # sequence b's LSE / D rows from the multiple of tile_m at or below cu_q[b] + b * tile_m: at least
+    # its rows rounded up to whole query blocks before the next sequence's (FA3's layout)
+    tm = cfg.tile_m
+    steps = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * tm
+    pad_q = torch.div(cu_seqlens_q + steps, tm, rounding_mode="floor") * tm
+    rows = -(-(total_q + (batch + 1) * tm) // 64) * 64  # TMA: 16-byte row strides
+    lse_log2 = torch.empty((1, h, rows), dtype=torch.float32, device=q.device)
+    d_rows = torch.empty((1, h, rows), dtype=torch.float32, device=q.device)
+    if poison:
+        lse_log2.fill_(_NAN)
+        d_rows.fill_(_NAN)
+    pre = get_kernel(BwdPreConfig.of(cfg))
+    # a sequence's padded rows are fewer than its length + 2 tile_m
+    pre(out[None], dout[None], lse[None], lse_log2, d_rows, cu_seqlens_q, used_q, pad_q,
+        int(max_seqlen_q) + 2 * tm, softmax_scale)
+    dq_accum = torch.zeros((1, total_q, h, d), dtype=torch.float32, device=q.device)
+    if deterministic:  # turns per (sequence, head, query block)
+        m_blocks = max(-(-int(max_seqlen_q) // tm), 1)
+        dq_sem = torch.zeros((batch, h, m_blocks), dtype=torch.int32, device=q.device)
+    else:  # never read (as in backward)
+        dq_sem = lse_log2.view(torch.int32)[:, :, :1]
+    fn = get_kernel(cfg)
+    scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
+    fn(q[None], k[None], v[None], dout[None], lse_log2, d_rows, dq_accum, dq_sem, None, dk[None], dv[None],
+       scale_log2, softcap_pre, softmax_scale, wl, wr, cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q,
+       max(int(max_seqlen_k), 1))
+    # the kernel already applied the softmax scale
+    return dq_accum[0].to(q.dtype), dk, dv
 
 
 def _artifact(name: str, cfg):
@@ -407,5 +467,6 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
     return _artifact("fwd", dataclasses.replace(cfg, **overrides) if overrides else cfg)
 
 
-__all__ = ["backward", "bwd_artifact", "bwd_config_overrides", "config_overrides", "forward",
+__all__ = ["backward", "backward_varlen", "bwd_artifact", "bwd_config_overrides", "config_overrides",
+           "forward",
            "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch"]
