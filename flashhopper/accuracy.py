@@ -98,10 +98,11 @@ def fp8_dot_products(q, k):
 def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shift_log2: int = 8,
                         tile_n: int | None = None):
     """(out bf16, LSE) of the FP8 forward's rounding points: scores of the stored e4m3 values as the
-    tensor cores form them (fp8_dot_products) times q and k descales, P * 2^p_shift_log2 rounded to e4m3 for P @ V (V as stored), the sums of
-    the unrounded P, V's descale and the division at the end. P is taken against the row's final
-    max, or with `tile_n` as the kernel does: key blocks of tile_n from the highest down, each
-    against the running max, O and the sums rescaled as the max grows."""
+    tensor cores form them (fp8_dot_products) times q and k descales, P * 2^p_shift_log2 rounded
+    to e4m3 for P @ V (V as stored), the sums of the unrounded P, V's descale and the division at
+    the end. P is taken against the row's final max, or with `tile_n` as the kernel does: key
+    blocks of tile_n from the highest down, each against the running max, O and the sums rescaled
+    as the max grows."""
     heads_q, heads_k = q.shape[2], k.shape[2]
     group = heads_q // heads_k
     ones = torch.ones(q.shape[0], heads_k, device=q.device)

@@ -915,3 +915,27 @@ def test_sdp_by_gemm_compiles_with_the_exp2s_on_one_warpgroup(mask):
     _check_wide_report(report, cfg, "causal" if mask == "deterministic" else mask)
     # warpgroup 0 exponentiates the whole 64 x tile_n S tile (the split by keys: half of it each)
     assert report["sass"]["MUFU.EX2"] == cfg.tile_m * cfg.tile_n // 128
+
+
+# varlen (packed sequences): the dense kernel's WGMMA pipeline, K / V / Q / dO / LSE / D by TMA from
+# each sequence's offsets, dQ by TMA reduce-adds, dK / dV by row stores (no TMA store), no spills
+@pytest.mark.parametrize("mask", list(MASKS))
+@pytest.mark.parametrize("hdim", BWD_HDIMS)
+def test_backward_varlen_compiles(hdim, mask):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+    from flashhopper.plan import bwd_config_varlen
+
+    cfg = bwd_config_varlen("bf16", hdim, **MASKS[mask])
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    sass = report["sass"]
+    if cfg.kv_split == "keys":
+        _check_keys_report(report, cfg, mask)
+    else:  # the wide kernel: the same WGMMAs and waits as without varlen
+        dense = dataclasses.replace(cfg, varlen=False)
+        want = inspect_cubin(kernel_cubin(dense), smem_bytes=kernel_launch(dense)["smem"])["sass"]
+        assert (sass["HGMMA"], sass["HGMMA_WAITS"]) == (want["HGMMA"], want["HGMMA_WAITS"])
+    assert sass["UTMALDG"] >= 6 and sass["UTMAREDG"] >= 1 and sass.get("UTMASTG", 0) == 0
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    pre = inspect_cubin(kernel_cubin(BwdPreConfig.of(cfg)))
+    assert pre["spill_bytes"] == 0 and pre["sass"]["LDG.128"] > 0

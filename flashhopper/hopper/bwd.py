@@ -707,7 +707,7 @@ class FlashBwdSm90(BwdKernelBase):
             query_off = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
             limits = partial(self.row_limits, coord0_rc=coord0_rc, n_block=n_block, key_off=key_off,
                              query_off=query_off, diag=diag, seqlen_k=seqlen_k, window_left=window_left,
-                             window_right=window_right)
+                             window_right=window_right, seq=seq)
             probs = partial(self.run_probs, coord_rc=coord_rc, coord0_rc=coord0_rc, scale_log2=scale_log2)
             masked_test = "edges" if cutlass.const_expr(self.has_right) else "keys"
             # hdim 128 + softcap: with no test at all ptxas scheduled the free body's exp2 / dS
@@ -1009,13 +1009,16 @@ class FlashBwdSm90(BwdKernelBase):
 
     @cute.jit
     def row_limits(self, m_block, coord0_rc, n_block, key_off, query_off, diag, seqlen_k, window_left,
-                   window_right):
+                   window_right, seq=None):
         """mask_runs, one masked step: per key row r of the thread, query column c (thread 0's,
         a compile-time value) sees the key iff lo[r] <= c (right bound; set past every column for
         keys past seqlen_k) and c <= hi[r] (left bound); without a right bound in[r] says whether
         the key is below seqlen_k. Two rows a thread, against 32 or 16 columns: the per-row limits
         cost a few instructions, each element one compare with an immediate (two with a left
-        bound) and its select."""
+        bound) and its select. Varlen (`seq`): the sequence's lengths read here (SeqRows.lengths)."""
+        if cutlass.const_expr(seq is not None):
+            seqlen_q, seqlen_k = seq.lengths()
+            diag = seqlen_k - seqlen_q
         # (key - query) of this thread's element (row 0, column 0 of thread 0's coordinates) - diag
         base = n_block * self.tile_n + key_off - m_block * self.tile_m - query_off - diag
         keys_in = seqlen_k - n_block * self.tile_n - key_off

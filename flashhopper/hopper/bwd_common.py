@@ -26,8 +26,16 @@ class SeqRows:
     from its int32 tensor where it is used rather than held in a register through the consumers'
     loop (at hdim 128 causal three held offsets spilled 16 bytes)."""
 
-    def __init__(self, mCuQ, mCuK, mPadQ, batch):
+    def __init__(self, mCuQ, mCuK, mPadQ, mUsedQ, mUsedK, batch):
         self._cu_q, self._cu_k, self._pad_q, self._batch = mCuQ, mCuK, mPadQ, batch
+        self._used_q, self._used_k = mUsedQ, mUsedK
+
+    def lengths(self):
+        """(seqlen_q, seqlen_k) read again: the masked steps take them from here rather than keep
+        them in registers through the loop (kernel parameters in the dense kernels, they cost none
+        there; held here, they spilled 8-16 bytes at hdim 128-256 with softcap and a window)."""
+        b = opaque(self._batch)
+        return self._used_q[b], self._used_k[b]
 
     @property
     def q(self):
@@ -148,7 +156,7 @@ class BwdKernelBase:
         if cutlass.const_expr(seqs is not None):
             mCuQ, mCuK, mUsedQ, mUsedK, mPadQ = seqs
             seqlen_q, seqlen_k = mUsedQ[batch], mUsedK[batch]
-            seq = SeqRows(mCuQ, mCuK, mPadQ, batch)
+            seq = SeqRows(mCuQ, mCuK, mPadQ, mUsedQ, mUsedK, batch)
         n_block = self.launch_order_n_block(n_block, seqlen_k)
         ratio = mQ.shape[2] // mK.shape[2]
         if cutlass.const_expr(self.cfg.lpt):

@@ -470,7 +470,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 else:
                     issue(tiled_mma_sdp, acc_S, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
                 lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
-                                                     seqlen_k, diag, window_left, window_right, num_rows)
+                                                     seqlen_k, diag, window_left, window_right, num_rows, seq)
                 warpgroup.wait_group(0)
                 tVrP_s = self.pds_buffer(tVrP, pds)
                 tKrdS_s = self.pds_buffer(tKrdS, pds)
@@ -528,7 +528,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 issue(tiled_mma_sdp, acc_dP, tPrdO[None, None, None, do_state.index], tPrV, zero_init=True)
 
                 lse, d_row, lo, hi = self.row_limits(coord_rc, sLSE, sD, state, do_state, m_block, n_block,
-                                                     seqlen_k, diag, window_left, window_right, num_rows)
+                                                     seqlen_k, diag, window_left, window_right, num_rows, seq)
 
                 warpgroup.wait_group(1)
                 if cutlass.const_expr(self.has_softcap):
@@ -742,10 +742,14 @@ class FlashBwdWideSm90(BwdKernelBase):
 
     @cute.jit
     def row_limits(self, coord_rc, sLSE, sD, state, do_state, m_block, n_block, seqlen_k, diag, window_left,
-                   window_right, num_rows: cutlass.Constexpr[int]):
+                   window_right, num_rows: cutlass.Constexpr[int], seq=None):
         """A thread's S registers cover two query rows: their LSE and D, read once, and the visible
         key range [lo, hi) per row (offsets from this key block's start). The rows arrived with Q /
-        dO; padded rows hold +inf / 0, so no bounds test."""
+        dO; padded rows hold +inf / 0, so no bounds test. Varlen (`seq`): the sequence's lengths
+        read here (SeqRows.lengths)."""
+        if cutlass.const_expr(seq is not None):
+            seqlen_q, seqlen_k = seq.lengths()
+            diag = seqlen_k - seqlen_q
         lse = cute.make_rmem_tensor(num_rows, Float32)
         d_row = cute.make_rmem_tensor(num_rows, Float32)
         lo = cute.make_rmem_tensor(num_rows, Int32)
