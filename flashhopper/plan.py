@@ -209,6 +209,8 @@ def bwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool =
     if hdim == 64 and local and not deterministic:
         # the sequence's lengths are registers here, not kernel parameters: two dS^T buffers spilled 8 bytes
         cfg = dataclasses.replace(cfg, ds_stages=1)
+    if hdim == 256 and softcap:  # 80 keys spilled 8-16 bytes (fp16, causal)
+        cfg = dataclasses.replace(cfg, tile_n=64)
     cfg.check()
     return cfg
 

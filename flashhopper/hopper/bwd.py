@@ -747,6 +747,8 @@ class FlashBwdSm90(BwdKernelBase):
         # dK, dV through smem (K and V's buffers, free once every warpgroup's last dQ GEMM is
         # done) and TMA stores, which also drop the rows past seqlen_k. dK carries the softmax
         # scale: dS is the gradient of the scaled scores.
+        if cutlass.const_expr(seq is not None):
+            tidx = self.consumer_tidx()
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         if cutlass.const_expr(self.cfg.scale_in_ds):
             rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale

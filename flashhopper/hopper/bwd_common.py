@@ -168,6 +168,13 @@ class BwdKernelBase:
         return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq
 
     @cute.jit
+    def consumer_tidx(self):
+        """This thread's index among the consumer warpgroups', read again (an opaque move): what the
+        epilogue computes from it is not held through the consumers' loop (varlen: held, two such
+        values spilled at hdim 256 with softcap)."""
+        return opaque(cute.arch.thread_idx()[0]) - 128
+
+    @cute.jit
     def has_keys(self, n_block, seqlen_k):
         """Varlen: whether key block n_block (from cta_work) holds keys of its sequence; the CTAs of
         the blocks past a shorter sequence's end do nothing."""
@@ -263,7 +270,9 @@ class BwdKernelBase:
         them. Varlen (`seq`): every consumer thread copies 16-byte pieces of the rows below the
         sequence's seqlen_k (a TMA box would write the next sequence's rows)."""
         if cutlass.const_expr(seq is not None):
-            rows_left = seqlen_k - n_block * self.tile_n
+            # the thread index and the length taken afresh, not held through the consumers' loop
+            tidx = self.consumer_tidx()
+            rows_left = seq.lengths()[1] - n_block * self.tile_n
             per_row = self.hdim // 8
             items = self.tile_n * per_row
             threads = self.num_consumer_threads

@@ -630,6 +630,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                  n_block, head_kv, batch, softmax_scale, seq=None, seqlen_k=None):
         """dK^T, dV^T through K's and V's smem buffers and TMA stores, which also drop the rows past
         seqlen_k. dK carries the softmax scale: dS is the gradient of the scaled scores."""
+        if cutlass.const_expr(seq is not None):
+            tidx = self.consumer_tidx()
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         if cutlass.const_expr(self.cfg.scale_in_ds):
             rdK.store(acc_dK.load().to(self.dtype))  # dS carried the scale
