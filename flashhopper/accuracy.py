@@ -17,16 +17,16 @@ backward, FP8, varlen and decode as they come.
   score by up to softcap * 2^-11).
 - FP8 (e4m3 inputs, bf16 out): the reference is float64 on the dequantized inputs (stored value x
   descale); the emulator (`emulate_forward_fp8`) rounds P the kernel's way: exp2(x - max + 8),
-  i.e. P * 256, to e4m3, the row sums from the unrounded P, V's descale at the end. r = 3. The LSE
-  is held to the LSE of the emulator's scores by the bound above, and to the reference's within
-  1e-5 * max(1, |lse|) plus twice the emulator's own error: the scores come from the tensor cores'
-  FP8 accumulation, below fp32 precision (fp8_dot_products: on a Hopper GPU the emulator forms
-  them the same way, through torch._scaled_mm). FP8's own rounding noise hides
-  small errors from that rule (a 2% scale error passes it), so FP8 outputs are also held to the
-  kernel's exact order (`emulate_forward_fp8` with the dispatched key-block width: running max block
-  by block, highest block first, so P is rounded against the same max as in the kernel): per 128-row
-  block, the mean distance to it at most FP8_TIGHT x the mean FP8 error of the emulator (what is left:
-  exp2's approximation, FP8 WGMMA accumulation, bf16 rounding).
+  i.e. P * 256, to e4m3, the row sums from the unrounded P, V's descale at the end, arithmetic
+  exact otherwise. r = 3. FP8's own rounding noise hides small errors from that rule (a 2% scale
+  error passes it), so FP8 outputs are also held to the kernel's exact order (`emulate_forward_fp8`
+  with the dispatched key-block width, running max block by block, highest block first, so P is
+  rounded against the same max as in the kernel; and `tensor_cores`: QK^T and each block's P @ V
+  accumulated as FP8 WGMMA does, below fp32 precision, through torch._scaled_mm): per 128-row
+  block, the mean distance to it at most FP8_TIGHT x the mean FP8 error of the emulator (what is
+  left: exp2's approximation, the O accumulator carried across key blocks, bf16 rounding). The LSE
+  is held to the kernel-order emulator's by the bound above, and to the reference's within 1e-5 *
+  max(1, |lse|) plus twice the emulator's own error (the tensor cores' accumulation of the scores).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ def _scores(q, kf, scale, causal, window, softcap, raw=None):
     s = (torch.einsum("bqhd,bkhd->bhqk", q.float(), kf) if raw is None else raw) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
-    return s.masked_fill(~visible_mask(q.shape[1], kf.shape[1], causal, window, q.device), float("-inf"))
+    sk = kf.shape[1] if raw is None else raw.shape[-1]
+    return s.masked_fill(~visible_mask(q.shape[1], sk, causal, window, q.device), float("-inf"))
 
 
 def emulate_forward(q, k, v, scale, causal, window, softcap):
@@ -73,48 +74,49 @@ def emulate_forward(q, k, v, scale, causal, window, softcap):
     return o, lse
 
 
-def fp8_dot_products(q, k):
-    """(b, hq, sq, sk) fp32 dot products of the stored e4m3 q and k as FP8 WGMMA forms them: on a
-    Hopper GPU through torch._scaled_mm with use_fast_accum (the tensor cores' own accumulation, whose
-    precision is below fp32: on the H200, random e4m3 scores at hdim 128 moved by up to 2.8e-2 at
-    |S| = 64, and the kernel's LSE matched the LSE of these products to 2.6e-7 where it was 2e-5 off
-    the exact one), elsewhere exactly in fp32."""
-    b, sq, hq, d = q.shape
-    sk, hk = k.shape[1], k.shape[2]
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)):
-        return torch.einsum("bqhd,bkhd->bhqk", q.float(), expand_kv(k.float(), hq))
-    out = torch.empty(b, hq, sq, sk, device=q.device)
-    one = torch.ones((), device=q.device)
-    a = torch.zeros(-(-sq // 16) * 16, d, dtype=q.dtype, device=q.device)  # _scaled_mm: multiples of 16
-    m = torch.zeros(-(-sk // 16) * 16, d, dtype=k.dtype, device=q.device)
-    for bi in range(b):
-        for h in range(hq):
-            a[:sq], m[:sk] = q[bi, :, h], k[bi, :, h // (hq // hk)]
-            out[bi, h] = torch._scaled_mm(a, m.t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
-                                          use_fast_accum=True)[:sq, :sk]
-    return out
+def _fp8_gemm(a, b, tensor_cores: bool):
+    """(..., M, N) fp32 = a (..., M, K) times b (..., N, K) transposed, both e4m3. With
+    `tensor_cores` on a Hopper GPU as FP8 WGMMA accumulates (torch._scaled_mm with use_fast_accum:
+    the tensor cores' own accumulation, below fp32 precision; on the H200 random e4m3 scores at hdim
+    128 moved by up to 2.8e-2 at |S| = 64, and the kernel's LSE matched the LSE of such scores to
+    2.6e-7 where it was 2e-5 off the exact one), else exactly in fp32."""
+    if not (tensor_cores and a.is_cuda and torch.cuda.get_device_capability(a.device) == (9, 0)):
+        return torch.einsum("...mk,...nk->...mn", a.float(), b.float())
+    lead, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-2]
+    a, b = a.reshape(-1, m, k), b.reshape(-1, n, k)
+    up = lambda x: -(-x // 16) * 16  # noqa: E731  (_scaled_mm takes multiples of 16; zeros add nothing)
+    pa = torch.zeros(up(m), up(k), dtype=a.dtype, device=a.device)
+    pb = torch.zeros(up(n), up(k), dtype=b.dtype, device=a.device)
+    one = torch.ones((), device=a.device)
+    out = torch.empty(a.shape[0], m, n, device=a.device)
+    for i in range(a.shape[0]):
+        pa[:m, :k], pb[:n, :k] = a[i], b[i]
+        out[i] = torch._scaled_mm(pa, pb.t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                  use_fast_accum=True)[:m, :n]
+    return out.reshape(*lead, m, n)
 
 
 def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shift_log2: int = 8,
-                        tile_n: int | None = None):
-    """(out bf16, LSE) of the FP8 forward's rounding points: scores of the stored e4m3 values as the
-    tensor cores form them (fp8_dot_products) times q and k descales, P * 2^p_shift_log2 rounded
-    to e4m3 for P @ V (V as stored), the sums of the unrounded P, V's descale and the division at
-    the end. P is taken against the row's final max, or with `tile_n` as the kernel does: key
-    blocks of tile_n from the highest down, each against the running max, O and the sums rescaled
-    as the max grows."""
+                        tile_n: int | None = None, tensor_cores: bool = False):
+    """(out bf16, LSE) of the FP8 forward's rounding points: fp32 scores of the stored e4m3 values
+    times q and k descales, P * 2^p_shift_log2 rounded to e4m3 for P @ V (V as stored), the sums of
+    the unrounded P, V's descale and the division at the end. P is taken against the row's final
+    max, or with `tile_n` as the kernel does: key blocks of tile_n from the highest down, each
+    against the running max, O and the sums rescaled as the max grows. `tensor_cores`: QK^T and
+    each block's P @ V accumulated as FP8 WGMMA does (_fp8_gemm; on a Hopper GPU only)."""
     heads_q, heads_k = q.shape[2], k.shape[2]
     group = heads_q // heads_k
     ones = torch.ones(q.shape[0], heads_k, device=q.device)
     qd, kd, vd = (d.float() if d is not None else ones for d in descales)
     qk = (qd * kd).repeat_interleave(group, dim=1)  # (b, hq)
-    kf, vf = (expand_kv(t.float(), heads_q) for t in (k, v))
-    s = _scores(q, kf, scale * qk[:, :, None, None], causal, window, softcap, raw=fp8_dot_products(q, k))
+    k8, vt8 = expand_kv(k, heads_q).transpose(1, 2), expand_kv(v, heads_q).permute(0, 2, 3, 1)
+    raw = _fp8_gemm(q.transpose(1, 2), k8, tensor_cores)  # (b, hq, sq, sk)
+    s = _scores(q, None, scale * qk[:, :, None, None], causal, window, softcap, raw=raw)
     lse = torch.logsumexp(s, dim=-1)
     sk = k.shape[1]
     width = tile_n or sk
     starts = list(range(0, sk, width))[::-1]  # highest block first
-    o = torch.zeros(*s.shape[:3], vf.shape[-1], device=q.device)
+    o = torch.zeros(*s.shape[:3], v.shape[-1], device=q.device)
     total = torch.zeros(*s.shape[:3], 1, device=q.device)
     m = torch.full_like(total, float("-inf"))
     for start in starts:
@@ -123,8 +125,8 @@ def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shi
         safe = torch.where(torch.isfinite(m_new), m_new, torch.zeros_like(m_new))
         rescale = torch.exp(torch.where(torch.isfinite(m), m, safe) - safe)
         p = torch.exp(blk - safe) * 2.0 ** p_shift_log2
-        p8 = p.to(torch.float8_e4m3fn).float()
-        o = o * rescale + torch.einsum("bhqk,bkhd->bhqd", p8, vf[:, start:start + width])
+        p8 = p.to(torch.float8_e4m3fn)
+        o = o * rescale + _fp8_gemm(p8, vt8[..., start:start + width], tensor_cores)
         total = total * rescale + p.sum(dim=-1, keepdim=True)
         m = m_new
     o = o / torch.where(total > 0, total, torch.ones_like(total))
@@ -210,16 +212,17 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
         emu, emu_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap)
         assert out.dtype == torch.bfloat16, out.dtype
         cfg = plan.fwd_plan("e4m3", q.shape[-1], q.shape[1], k.shape[1], causal, window, softcap > 0)[0]
-        exact = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, tile_n=cfg.tile_n)[0]
+        exact, exact_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap,
+                                               tile_n=cfg.tile_n, tensor_cores=True)
         check_fp8_order(out, exact, emu, ref)
     else:
         ref, ref_lse = attention_ref(q, k, v, scale, causal, window, softcap)
         emu, emu_lse = emulate_forward(q, k, v, scale, causal, window, softcap)
     check_output("out", out, ref, emu, softcap, fp8=fp8)
     if fp8:  # exact but for the scores' tensor-core accumulation, which costs no more than its own error
-        check_lse(lse, emu_lse.double(), emu_lse, softcap)
+        check_lse(lse, exact_lse.double(), exact_lse, softcap)
         seen = torch.isfinite(ref_lse)
-        err, own = ((x[seen].double() - ref_lse[seen]).abs() for x in (lse, emu_lse))
+        err, own = ((x[seen].double() - ref_lse[seen]).abs() for x in (lse, exact_lse))
         assert (err <= 1e-5 * ref_lse[seen].abs().clamp(min=1.0) + 2 * own).all(), "LSE: FP8 accumulation"
     else:
         check_lse(lse, ref_lse, emu_lse, softcap)

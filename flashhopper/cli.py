@@ -192,6 +192,9 @@ def _cmd_demo(args) -> int:
 def _cmd_bench(args) -> int:
     import torch
 
+    if args.varlen:
+        return _bench_varlen(args)
+    args.rounds = 1 if args.rounds is None else args.rounds
     for flag, given in (("--plot", args.plot), ("--bwd", args.bwd)):
         if args.ablation and given:  # checked first: a wrong command line needs no GPU to tell
             print(f"flashhopper bench: {flag} applies to the grid, not to --ablation (forward only)",
@@ -263,6 +266,46 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _bench_varlen(args) -> int:
+    """`bench --varlen`: the packed-sequence benchmark (flashhopper/bench/varlen.py)."""
+    import torch
+
+    from flashhopper.bench import varlen
+
+    grid_only = (("--ablation", args.ablation), ("--plot", args.plot), ("--set", args.set),
+                 ("--seqlen", args.seqlen))
+    for flag, value in grid_only:  # checked first: a wrong command line needs no GPU to tell
+        if value:
+            what = "fixed by its packings" if flag == "--seqlen" else "a grid option"
+            print(f"flashhopper bench: {flag} does not apply to --varlen ({what})", file=sys.stderr)
+            return 2
+    if args.dtype not in ("bf16", "fp16"):
+        print(f"flashhopper bench: --varlen times bf16 or fp16, not --dtype {args.dtype} (FP8 has no varlen "
+              "peer here)", file=sys.stderr)
+        return 2
+    hdims = sorted({d for d, _ in varlen.HDIMS})
+    if args.hdim and (bad := sorted(set(args.hdim) - set(hdims))):
+        print(f"flashhopper bench: --varlen --hdim {bad} not benchmarked; choose from {hdims} "
+              "(192: q / k 192, v 128)", file=sys.stderr)
+        return 2
+    rounds = varlen.DEFAULT_ROUNDS if args.rounds is None else args.rounds
+    if rounds < 1:
+        print(f"flashhopper bench: --rounds takes N >= 1, got {rounds}", file=sys.stderr)
+        return 2
+    causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    backward = (True,) if args.bwd else (False, True)
+    points = varlen.varlen_points(quick=args.quick, hdims=args.hdim, causal=causal, backward=backward)
+    if not points:  # only (192, 128) asked with --bwd
+        print("flashhopper bench: no varlen point left: head dims (192, 128) are forward only",
+              file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    varlen.run_varlen_bench(points, dtype=args.dtype, json_path=args.json, rounds=rounds)
+    return 0
+
+
 def _cmd_plot(args) -> int:
     from flashhopper.bench.plot import MissingMatplotlib, plot_file
 
@@ -329,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the kernels on Hopper; elsewhere inspect them")
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("bench", help="forward (or --bwd backward) TFLOP/s against SDPA (FA2, cuDNN) and FA4")
+    p = sub.add_parser("bench", help="forward (or --bwd backward) TFLOP/s against SDPA (FA2, cuDNN) and FA4; "
+                       "--varlen: packed sequences against FA4 and FA2")
     p.add_argument("--quick", action="store_true", help="8 points: hdim 128/64, seqlen 1k/8k, causal or not")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--hdim", type=int, nargs="+", help="headdims (default 64 128 256)")
@@ -343,9 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", action="store_true",  # with --dtype fp8: the grid + V given transposed
                    help="instead of the grid: hdim 128, seqlen 8k with each scheduling switch off")
     p.add_argument("--plot", metavar="PNG", help="also draw the grid as a PNG (needs matplotlib)")
-    p.add_argument("--rounds", type=int, default=1, metavar="N",
+    p.add_argument("--rounds", type=int, metavar="N",
                    help="time each point (with --ablation: each configuration) N times, taking turns, and "
-                        "report the median (min / max in the JSON): steadier on a machine whose clocks move")
+                        "report the median (min / max in the JSON): steadier on a machine whose clocks move; "
+                        "default 1, with --varlen 3 (fresh inputs each round)")
+    p.add_argument("--varlen", action="store_true",
+                   help="instead of the grid: packed sequences (16 docs of 100-4000 tokens, 512 of 16-512), "
+                        "flash_attn_varlen_func against FA4's and FA2's varlen, forward and backward (--bwd: "
+                        "backward only); --quick: the 16 documents at hdim 128")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run flashhopper with this config field instead of the dispatched one (FwdConfig, "
                         "BwdConfig with --bwd), e.g. --set pingpong=false; repeatable; recorded in the JSON")
