@@ -14,7 +14,8 @@ backward, FP8, varlen and decode as they come.
   before each call (runtime.poison, set for every GPU test by tests/conftest.py and by the fuzzer).
 - LSE: the same rows of -inf (no visible key); elsewhere within 1e-5 * max(1, |lse|), and with
   softcap within 2x the emulator's error plus softcap * 2^-10 (the approximate tanh moves every
-  score by up to softcap * 2^-11).
+  score by up to softcap * 2^-11); both plus 4 fp32 ulps of the row's largest sum of |q| |k|
+  products (`score_floor`: the tensor cores truncate each chunk's sum to the largest term's bits).
 - FP8 (e4m3 inputs, bf16 out): the reference is float64 on the dequantized inputs (stored value x
   descale); the emulator (`emulate_forward_fp8`) rounds P the kernel's way: exp2(x - max + 8),
   i.e. P * 256, to e4m3, the row sums from the unrounded P, V's descale at the end, arithmetic
@@ -182,8 +183,21 @@ def cancellation_floor(dout, v, other, scale) -> float:
     return 2 * 2.0 ** -23 * d * big[0] * big[1] * big[2] * scale
 
 
-def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0) -> None:
-    """The rule for the LSE (b, h, sq): fp32 against the float64 reference."""
+def score_floor(q, k, scale, causal, window) -> torch.Tensor:
+    """(b, hq, sq): the LSE's error floor from the scores' fp32 sums over the head dim, 4 fp32 ulps
+    (2^-21) of the largest sum of |q| |k| products (times the scale) over the row's visible keys.
+    The tensor cores add each chunk of products aligned to the largest and cut the bits below
+    (truncation, not rounding), so a score is off by a few ulps of its terms' magnitudes, not of
+    itself: seen on the H200, bf16 / fp16 inputs of magnitude 4 at hdim 128 / 256 with a window
+    (rows of one or two keys, where the LSE is the score), LSE off by 1.0-1.4 x 1e-5 of |lse|."""
+    mags = _scores(q.abs(), expand_kv(k.float().abs(), q.shape[2]), scale, causal, window, 0.0)
+    return 2.0 ** -21 * mags.amax(dim=-1).clamp(min=0.0).nan_to_num(0.0, neginf=0.0)
+
+
+def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0,
+              floor: torch.Tensor | float = 0.0) -> None:
+    """The rule for the LSE (b, h, sq): fp32 against the float64 reference; `floor` (score_floor)
+    added to the bound."""
     assert not lse.isnan().any(), "LSE: unwritten or NaN rows"
     no_key = torch.isinf(ref)
     assert torch.equal(torch.isinf(lse), no_key), "rows that see no key must have LSE = -inf, only those"
@@ -191,13 +205,14 @@ def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: 
     if not seen.any():
         return
     err = (lse[seen].double() - ref[seen]).abs()
+    floor = floor[seen].double() if isinstance(floor, torch.Tensor) else floor
     if softcap:
-        bound = 2 * (emu[seen].double() - ref[seen]).abs().max().item() + softcap * 2.0 ** -10
-        assert err.max().item() <= bound, (err.max().item(), bound)
+        bound = 2 * (emu[seen].double() - ref[seen]).abs().max().item() + softcap * 2.0 ** -10 + floor
+        assert (err <= bound).all(), (err.max().item(), bound)
     else:
-        bound = 1e-5 * torch.clamp(ref[seen].abs(), min=1.0)
+        bound = 1e-5 * torch.clamp(ref[seen].abs(), min=1.0) + floor
         worst = (err / bound).max().item()
-        assert worst <= 1.0, f"LSE error {worst:.3g}x the bound 1e-5 * max(1, |lse|)"
+        assert worst <= 1.0, f"LSE error {worst:.3g}x the bound 1e-5 * max(1, |lse|) + the scores' floor"
 
 
 def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(None, None, None)) -> None:
@@ -225,7 +240,7 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
         err, own = ((x[seen].double() - ref_lse[seen]).abs() for x in (lse, exact_lse))
         assert (err <= 1e-5 * ref_lse[seen].abs().clamp(min=1.0) + 2 * own).all(), "LSE: FP8 accumulation"
     else:
-        check_lse(lse, ref_lse, emu_lse, softcap)
+        check_lse(lse, ref_lse, emu_lse, softcap, floor=score_floor(q, k, scale, causal, window))
 
 
 def check_varlen_forward(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, used_q, used_k, scale, causal, window,
