@@ -7,7 +7,8 @@ same results (out, or (out, softmax_lse) with return_attn_probs=True; LSE (b, h,
 (h, total_q) varlen), FP8 descales, causal aligned bottom-right, windows, softcap, GQA.
 Scheduling hints FA3 takes (num_splits, pack_gqa, sm_margin) are accepted and left to flashhopper's
 own dispatch. What flashhopper does not have raises NotImplementedError naming it: qv (MLA's
-absorbed query), attention_chunk, and for now flash_attn_with_kvcache. Differences from FA3: a row
+absorbed query), attention_chunk, and for now in flash_attn_with_kvcache a paged cache, rotary
+embedding, cu_seqlens_k_new and FP8 caches. Differences from FA3: a row
 that sees no key has LSE -inf (FA3: +inf); the varlen function has no backward through seqused_q /
 seqused_k (it raises when its inputs require grad).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from flashhopper.interface import flash_attn_func as _attn
 from flashhopper.interface import flash_attn_varlen_func as _attn_varlen
+from flashhopper.kvcache import flash_attn_with_kvcache as _attn_kvcache
 
 
 def _unsupported(qv, attention_chunk, num_splits) -> None:
@@ -55,10 +57,29 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                         return_lse=bool(return_attn_probs))
 
 
-def flash_attn_with_kvcache(*args, **kwargs):
-    """FA3's KV-cache entry point: not in flashhopper yet (decode, paged KV and split-KV come next)."""
-    raise NotImplementedError("flash_attn_with_kvcache is not in flashhopper yet; flash_attn_varlen_func "
-                              "with seqused_k covers a contiguous cache's prefill")
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, page_table=None,
+                            cu_seqlens_q=None, cu_seqlens_k_new=None, max_seqlen_q=None, rotary_seqlens=None,
+                            q_descale=None, k_descale=None, v_descale=None, softmax_scale=None, causal=False,
+                            window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
+                            scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
+                            return_softmax_lse=False):
+    """FA3's KV-cache entry point on flashhopper.flash_attn_with_kvcache (a contiguous cache for now):
+    returns out, or (out, softmax_lse) with return_softmax_lse (FA3 code unpacks `o, lse, *rest`)."""
+    _unsupported(qv, attention_chunk, num_splits)
+    missing = {"rotary_cos / rotary_sin": rotary_cos is not None or rotary_sin is not None,
+               "cu_seqlens_k_new": cu_seqlens_k_new is not None,
+               "q_descale / k_descale / v_descale (FP8 caches)": any(
+                   x is not None for x in (q_descale, k_descale, v_descale))}
+    if names := [name for name, given in missing.items() if given]:
+        raise NotImplementedError(f"flash_attn_with_kvcache: {', '.join(names)} not supported by flashhopper "
+                                  "yet")
+    return _attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
+                         cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
+                         causal=causal, window_size=window_size, softcap=softcap, num_splits=num_splits,
+                         pack_gqa=pack_gqa, scheduler_metadata=scheduler_metadata,
+                         return_lse=bool(return_softmax_lse))
 
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]

@@ -53,5 +53,24 @@ def test_what_flashhopper_does_not_have(kwargs, exc, pattern):
     q = torch.randn(1, 8, 2, 64, dtype=BF16)
     with pytest.raises(exc, match=pattern):
         fa3.flash_attn_func(q, q, q, **kwargs)
-    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache"):
-        fa3.flash_attn_with_kvcache(q, q, q)
+    with pytest.raises(NotImplementedError, match="rotary"):
+        fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=1, rotary_cos=torch.zeros(8, 32, dtype=BF16))
+    with pytest.raises(NotImplementedError, match="page_table"):
+        fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=1, page_table=torch.zeros(1, 1, dtype=torch.int32))
+
+
+def test_kvcache_returns_fa3s_tuple():
+    """o, lse, *rest = flash_attn_with_kvcache(..., return_softmax_lse=True) (FA3's consumers' form)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 4, 64, generator=g).to(BF16)
+    kc, vc = (torch.randn(2, 16, 2, 64, generator=g).to(BF16) for _ in range(2))
+    monkey = fa3._attn_kvcache
+    try:
+        fa3._attn_kvcache = functools.partial(monkey, backend="reference")
+        o, lse, *rest = fa3.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=7, causal=True,
+                                                    return_softmax_lse=True)
+        want = attention_ref(q, kc[:, :7], vc[:, :7], 64 ** -0.5, True)
+    finally:
+        fa3._attn_kvcache = monkey
+    assert rest == [] and lse.shape == (2, 4, 1)
+    torch.testing.assert_close(o, want[0].to(BF16), rtol=0, atol=0)

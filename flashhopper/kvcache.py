@@ -1,0 +1,235 @@
+"""`flash_attn_with_kvcache`: attention over a KV cache, with the new keys and values appended in place
+first (FlashAttention-3's semantics and argument names; inference only, no backward).
+
+First version: a contiguous cache (b_cache, s_cache, heads_k, d) through the varlen forward kernel.
+The cache is read as packed rows: batch item i's keys start at row cache_batch_idx[i] * s_cache +
+cache_leftpad[i] and run for cache_seqlens[i] + s_new - cache_leftpad[i] rows (the kernel takes each
+sequence's start and used length as it is given, the rows past it masked, their V rows zeroed in
+shared memory, so unused cache slots may hold anything). The append is an index copy computed on the
+device (no host sync: capturable in a CUDA graph). Not yet: a paged cache (`page_table`), split-KV
+and PackGQA for decode at the memory-bandwidth limit, FP8 caches (the issue of the KV cache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flashhopper import validation
+from flashhopper.reference import attention_ref
+from flashhopper.validation import (
+    check_backend,
+    check_flag,
+    normalize_scale,
+    normalize_softcap,
+    normalize_window,
+)
+
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    page_table=None,
+    cu_seqlens_q=None,
+    max_seqlen_q=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    num_splits=0,
+    pack_gqa=None,
+    scheduler_metadata=None,
+    out=None,
+    return_lse=False,
+    backend="auto",
+):
+    """Attention of q over a KV cache, after writing k, v into it at each item's current length.
+
+    q: (b, s_q, hq, d), or (total_q, hq, d) with int32 cu_seqlens_q (b + 1,) and max_seqlen_q (a Python
+    int at least every item's query length). k_cache, v_cache: (b_cache, s_cache, hk, d), rows of one
+    item contiguous after each other (stride(0) == s_cache * stride(1)). cache_seqlens: an int or int32
+    (b,): each item's length in the cache before the append. k, v: None, or (b, s_new, hk, d) written
+    in place at positions cache_seqlens .. cache_seqlens + s_new - 1 of the item's cache row
+    (cache_seqlens + s_new <= s_cache is the caller's contract, as in FA3; items must use distinct
+    cache rows when appending). cache_batch_idx: int32 (b,), the cache row of each item (default i).
+    cache_leftpad: int32 (b,), the item's keys start at this position of its row. Attention then sees
+    keys [leftpad, cache_seqlens + s_new) of the item's row; causal and windows align the queries
+    bottom-right against them (the last query sits at the last key). softmax_scale, window_size,
+    softcap as flash_attn_func; num_splits, pack_gqa and scheduler_metadata are accepted hints.
+    out: an optional preallocated output like q's (b, s_q, hq, d) or (total_q, hq, d).
+
+    Returns out (q's shape and dtype), or (out, lse) with lse float32 (b, hq, s_q), or (hq, total_q)
+    with cu_seqlens_q. An item that sees no key gives 0 and -inf. backend="reference" runs the exact
+    float64 reference per item on any device (and does the same append).
+    """
+    backend = check_backend(backend)
+    if page_table is not None:
+        raise NotImplementedError("flash_attn_with_kvcache: a paged cache (page_table) is not supported yet; "
+                                  "accepted: a contiguous (b_cache, s_cache, heads_k, headdim) cache")
+    for name, hint in (("num_splits", num_splits),):
+        if not isinstance(hint, int) or hint < 0:
+            raise ValueError(f"{name} must be an int >= 0 (a hint), got {hint!r}")
+    scale = normalize_scale(softmax_scale, int(q.shape[-1]))
+    causal = check_flag("causal", causal)
+    window = normalize_window(window_size)
+    softcap = normalize_softcap(softcap)
+    return_lse = check_flag("return_lse", return_lse)
+    packed_q = cu_seqlens_q is not None
+    batch, lens_q = _check_q(q, cu_seqlens_q, max_seqlen_q)
+    _check_cache(q, k_cache, v_cache)
+    s_cache = k_cache.shape[1]
+    s_new = _check_new(k, v, k_cache, v_cache, batch)
+    lens = _int32_vector("cache_seqlens", cache_seqlens, batch, q.device, default=None)
+    idx = _int32_vector("cache_batch_idx", cache_batch_idx, batch, q.device, default="arange")
+    left = _int32_vector("cache_leftpad", cache_leftpad, batch, q.device, default=0)
+    if s_new:
+        _append(k_cache, k, idx, lens)
+        _append(v_cache, v, idx, lens)
+    used_k = lens + s_new - left
+    starts_k = idx * s_cache + left
+    if packed_q:
+        cu_q, q_rows = cu_seqlens_q, q
+    else:
+        cu_q = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * q.shape[1]
+        q_rows = q.reshape(batch * q.shape[1], *q.shape[2:])
+    if out is not None:
+        if out.shape != q.shape[:-1] + v_cache.shape[-1:] or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out has shape {tuple(out.shape)}, dtype {out.dtype}; accepted: "
+                             f"{tuple(q.shape[:-1] + v_cache.shape[-1:])}, {q.dtype} on {q.device}")
+    k_rows = k_cache.view(-1, *k_cache.shape[2:])
+    v_rows = v_cache.view(-1, *v_cache.shape[2:])
+    if backend == "reference":
+        o, lse = _reference(q_rows, k_rows, v_rows, cu_q, starts_k, used_k, scale, causal, window, softcap)
+        o = o.to(q.dtype)
+    else:
+        validation.require_hopper(q, backend)
+        if validation.needs_grad(q, k_cache, v_cache):
+            raise NotImplementedError("flash_attn_with_kvcache is inference only (no backward); detach the "
+                                      "inputs, or train with flash_attn_func / flash_attn_varlen_func")
+        validation.check_varlen_call(q, k_cache, v_cache)
+        validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
+        from flashhopper.hopper import forward_varlen
+
+        # the kernel reads each sequence's key start and used length; the (b + 1)-th start is unused
+        starts = torch.cat([starts_k, starts_k[-1:]])
+        o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
+        o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale,
+                                causal, window, softcap, out=o_rows)
+    if out is not None and o.data_ptr() != out.data_ptr():
+        out.view(o.shape).copy_(o)
+    o = out if out is not None else (o if packed_q else o.view(*q.shape[:-1], o.shape[-1]))
+    if not packed_q:
+        lse = lse.view(q.shape[2], batch, q.shape[1]).transpose(0, 1)
+    return (o, lse) if return_lse else o
+
+
+def _check_q(q, cu_seqlens_q, max_seqlen_q):
+    """(batch, the query lengths as Python ints where known: [s_q], or [max_seqlen_q])."""
+    if not isinstance(q, torch.Tensor) or q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q must be a float16 or bfloat16 torch.Tensor, got {getattr(q, 'dtype', type(q))}")
+    if cu_seqlens_q is None:
+        if q.dim() != 4:
+            raise ValueError(f"q has shape {tuple(q.shape)}; accepted: (batch, seqlen_q, heads, headdim), or "
+                             "(total_q, heads, headdim) with cu_seqlens_q")
+        return q.shape[0], [q.shape[1]]
+    if q.dim() != 3:
+        raise ValueError(f"q has shape {tuple(q.shape)}; with cu_seqlens_q accepted: (total_q, heads, "
+                         "headdim)")
+    cu = cu_seqlens_q
+    if (not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.shape[0] < 2
+            or cu.device != q.device):
+        raise ValueError("cu_seqlens_q must be an int32 tensor of shape (batch + 1,) on q's device")
+    if not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool) or max_seqlen_q < 0:
+        raise TypeError(f"max_seqlen_q must be a Python int >= 0 with cu_seqlens_q, got {max_seqlen_q!r}")
+    return cu_seqlens_q.shape[0] - 1, [max_seqlen_q]
+
+
+def _check_cache(q, k_cache, v_cache):
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(c, torch.Tensor) or c.dim() != 4:
+            raise ValueError(f"{name} must be a (b_cache, s_cache, heads_k, headdim) tensor, got "
+                             f"{getattr(c, 'shape', type(c))}")
+        if c.dtype != q.dtype or c.device != q.device:
+            raise ValueError(f"{name} is {c.dtype} on {c.device}; accepted: q's {q.dtype} on {q.device}")
+        if c.stride(-1) != 1 or c.stride(0) != c.shape[1] * c.stride(1):
+            raise ValueError(f"{name} has strides {c.stride()}; accepted: a contiguous head dim and each "
+                             "cache row's tokens right after the previous row's (stride(0) == s_cache * "
+                             "stride(1))")
+    if k_cache.shape[:3] != v_cache.shape[:3]:
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ before "
+                         "the head dim")
+    if k_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k_cache's head dim {k_cache.shape[-1]} is not q's {q.shape[-1]}")
+    if q.shape[-2] % k_cache.shape[2]:
+        raise ValueError(f"q's {q.shape[-2]} heads are not a multiple of the cache's {k_cache.shape[2]}")
+
+
+def _check_new(k, v, k_cache, v_cache, batch) -> int:
+    """The appended length s_new (0 without k, v)."""
+    if (k is None) != (v is None):
+        raise ValueError("k and v are appended together: pass both or neither")
+    if k is None:
+        return 0
+    for name, t, c in (("k", k, k_cache), ("v", v, v_cache)):
+        shape = tuple(getattr(t, "shape", ()))
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or shape[0] != batch or shape[2:] != c.shape[2:]:
+            raise ValueError(f"{name} has shape {shape}; accepted: (batch={batch}, s_new, {c.shape[2]}, "
+                             f"{c.shape[3]})")
+        if t.dtype != c.dtype or t.device != c.device:
+            raise ValueError(f"{name} is {t.dtype} on {t.device}; accepted: the cache's {c.dtype} on "
+                             f"{c.device}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k appends {k.shape[1]} tokens, v {v.shape[1]}")
+    return k.shape[1]
+
+
+def _int32_vector(name, x, batch, device, default):
+    """An int32 (batch,) tensor on `device` from x (an int, or such a tensor); `default` when x is None
+    ("arange": 0 .. batch - 1; None: x is required)."""
+    if x is None:
+        if default is None:
+            raise ValueError(f"{name} is required: an int or an int32 tensor of shape ({batch},)")
+        if default == "arange":
+            return torch.arange(batch, device=device, dtype=torch.int32)
+        return torch.full((batch,), default, device=device, dtype=torch.int32)
+    if isinstance(x, int) and not isinstance(x, bool) and name == "cache_seqlens":
+        if x < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {x}")
+        return torch.full((batch,), x, device=device, dtype=torch.int32)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or tuple(x.shape) != (batch,):
+        raise ValueError(f"{name} must be an int32 tensor of shape ({batch},)"
+                         + (" or an int" if name == "cache_seqlens" else ""))
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device}; accepted: q's device {device}")
+    return x
+
+
+def _append(cache, new, idx, lens):
+    """new (b, s_new, hk, d) into cache rows idx at positions lens .. lens + s_new - 1, in place."""
+    s_cache, s_new = cache.shape[1], new.shape[1]
+    rows = (idx.long() * s_cache + lens.long())[:, None] + torch.arange(s_new, device=new.device)[None]
+    cache.view(-1, *cache.shape[2:]).index_copy_(0, rows.reshape(-1), new.reshape(-1, *new.shape[2:]))
+
+
+def _reference(q_rows, k_rows, v_rows, cu_q, starts_k, used_k, scale, causal, window, softcap):
+    """attention_ref per item over its query rows and its cache keys; checks the bounds."""
+    cq, sk, uk = cu_q.tolist(), starts_k.tolist(), used_k.tolist()
+    out = torch.zeros(*q_rows.shape[:2], v_rows.shape[-1], dtype=torch.float64, device=q_rows.device)
+    lse = torch.full((q_rows.shape[1], q_rows.shape[0]), float("-inf"), device=q_rows.device)
+    for i in range(len(cq) - 1):
+        if sk[i] < 0 or uk[i] < 0 or sk[i] + uk[i] > k_rows.shape[0]:
+            raise ValueError(f"item {i}: keys [{sk[i]}, {sk[i] + uk[i]}) outside the cache's "
+                             f"{k_rows.shape[0]} rows")
+        rows = slice(cq[i], cq[i + 1])
+        if rows.stop == rows.start or uk[i] == 0:
+            continue
+        keys = slice(sk[i], sk[i] + uk[i])
+        o, l_ = attention_ref(q_rows[None, rows], k_rows[None, keys], v_rows[None, keys], scale, causal,
+                              window, softcap)
+        out[rows], lse[:, rows] = o[0], l_[0]
+    return out, lse
