@@ -192,6 +192,8 @@ def _cmd_demo(args) -> int:
 def _cmd_bench(args) -> int:
     import torch
 
+    if args.decode:
+        return _bench_decode(args)
     if args.varlen:
         return _bench_varlen(args)
     args.rounds = 1 if args.rounds is None else args.rounds
@@ -306,6 +308,47 @@ def _bench_varlen(args) -> int:
     return 0
 
 
+def _bench_decode(args) -> int:
+    """`bench --decode`: decode over a contiguous KV cache (flashhopper/bench/decode.py)."""
+    import torch
+
+    from flashhopper.bench import decode
+
+    refused = (("--varlen", args.varlen, "a benchmark of its own: run one at a time"),
+               ("--bwd", args.bwd, "decode is inference only: there is no backward"),
+               ("--ablation", args.ablation, "a grid option"), ("--plot", args.plot, "a grid option"),
+               ("--set", args.set, "a grid option"),
+               ("--seqlen", args.seqlen, "fixed by its batch x context points"),
+               ("--causal", args.causal != "both", "set by the query length: bottom-right for 4 queries"))
+    for flag, given, why in refused:  # checked first: a wrong command line needs no GPU to tell
+        if given:
+            print(f"flashhopper bench: {flag} does not apply to --decode ({why})", file=sys.stderr)
+            return 2
+    if args.dtype not in ("bf16", "fp16"):
+        print(f"flashhopper bench: --decode times bf16 or fp16 caches, not --dtype {args.dtype} "
+              "(flash_attn_with_kvcache takes no FP8 cache yet)", file=sys.stderr)
+        return 2
+    hdims = sorted({d for _, _, d in decode.HEAD_CONFIGS})
+    if args.hdim and (bad := sorted(set(args.hdim) - set(hdims))):
+        print(f"flashhopper bench: --decode --hdim {bad} not benchmarked; choose from {hdims} (128: 32 query "
+              "heads over 8 KV heads, 64: 32 over 32)", file=sys.stderr)
+        return 2
+    rounds = decode.DEFAULT_ROUNDS if args.rounds is None else args.rounds
+    if rounds < 1:
+        print(f"flashhopper bench: --rounds takes N >= 1, got {rounds}", file=sys.stderr)
+        return 2
+    points = decode.decode_points(quick=args.quick, hdims=args.hdim)
+    if not points:  # --quick is hdim 128 only
+        print(f"flashhopper bench: no decode point left: --quick is hdim 128 only, not --hdim {args.hdim}",
+              file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
+        return 2
+    decode.run_decode_bench(points, dtype=args.dtype, json_path=args.json, rounds=rounds)
+    return 0
+
+
 def _cmd_plot(args) -> int:
     from flashhopper.bench.plot import MissingMatplotlib, plot_file
 
@@ -373,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("bench", help="forward (or --bwd backward) TFLOP/s against SDPA (FA2, cuDNN) and FA4; "
-                       "--varlen: packed sequences against FA4 and FA2")
+                       "--varlen: packed sequences against FA4 and FA2; --decode: flash_attn_with_kvcache "
+                       "against FA4 and SDPA")
     p.add_argument("--quick", action="store_true", help="8 points: hdim 128/64, seqlen 1k/8k, causal or not")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     p.add_argument("--hdim", type=int, nargs="+", help="headdims (default 64 128 256)")
@@ -390,11 +434,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, metavar="N",
                    help="time each point (with --ablation: each configuration) N times, taking turns, and "
                         "report the median (min / max in the JSON): steadier on a machine whose clocks move; "
-                        "default 1, with --varlen 3 (fresh inputs each round)")
+                        "default 1, with --varlen 3 (fresh inputs each round), with --decode 3")
     p.add_argument("--varlen", action="store_true",
                    help="instead of the grid: packed sequences (16 docs of 100-4000 tokens, 512 of 16-512), "
                         "flash_attn_varlen_func against FA4's and FA2's varlen, forward and backward (--bwd: "
                         "backward only); --quick: the 16 documents at hdim 128")
+    p.add_argument("--decode", action="store_true",
+                   help="instead of the grid: decode over a contiguous KV cache (1 and 4 query tokens; "
+                        "batch x context 1x8k, 1x32k, 1x128k, 8x32k, 64x4k, 128x8k; heads 32:8 at hdim 128, "
+                        "32:32 at hdim 64), flash_attn_with_kvcache against FA4's varlen and torch SDPA, in "
+                        "us per call and as a fraction of the device copy rate; --quick: 1x8k, 8x32k, 64x4k, "
+                        "1 query token, 32:8 at hdim 128")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run flashhopper with this config field instead of the dispatched one (FwdConfig, "
                         "BwdConfig with --bwd), e.g. --set pingpong=false; repeatable; recorded in the JSON")
