@@ -1,6 +1,7 @@
 """flashhopper as a transformers attention implementation, on the CPU through the reference backend:
-a small random Llama in bf16 gives SDPA's logits, with and without a padding mask, and generates
-SDPA's tokens with a KV cache (one query row per step)."""
+a small random Llama in bf16 gives SDPA's logits, with and without a padding mask, SDPA's weight
+gradients through a padding mask, and generates SDPA's tokens with a KV cache (one query row per
+step)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,22 @@ def test_generation_with_a_kv_cache(models):
 def test_names_with_flash_are_refused():
     with pytest.raises(ValueError, match="containing 'flash'"):
         register("flashhopper")
+
+
+def test_training_through_a_padding_mask(models):
+    """The padded path (flash_attn_varlen_func over the valid tokens) is differentiable: a loss over
+    the valid tokens gives SDPA's weight gradients."""
+    ours, sdpa = models
+    ids = torch.randint(0, 97, (2, 19))
+    mask = torch.ones(2, 19, dtype=torch.long)
+    mask[1, :5] = 0
+    grads = []
+    for model in (ours, sdpa):
+        model.zero_grad()
+        logits = model(ids, attention_mask=mask).logits.float()
+        (logits[0].square().mean() + logits[1, 5:].square().mean()).backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad.float())
+    scale = grads[1].abs().max().item()
+    torch.testing.assert_close(grads[0], grads[1], atol=0.05 * scale, rtol=0.05)
+    for model in (ours, sdpa):
+        model.zero_grad()

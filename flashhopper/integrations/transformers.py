@@ -8,7 +8,7 @@ FlashAttention one (None without padding, else the 2D padding mask: a name with 
 would have its masks silently dropped). The name has no "flash" in it: transformers 5 takes such
 names for kernels to import from the hub. Batches without padding run flash_attn_func (forward and
 backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a flattening collator),
-run flash_attn_varlen_func (forward only for now); decoding with a KV cache is the dense call with
+run flash_attn_varlen_func (forward and backward); decoding with a KV cache is the dense call with
 one query row per sequence (causal aligned bottom-right).
 """
 
