@@ -6,11 +6,14 @@ The cache is read as packed rows: batch item i's keys start at row cache_batch_i
 cache_leftpad[i] and run for cache_seqlens[i] + s_new - cache_leftpad[i] rows (the kernel takes each
 sequence's start and used length as it is given, the rows past it masked, their V rows zeroed in
 shared memory, so unused cache slots may hold anything). The append is an index copy computed on the
-device (no host sync: capturable in a CUDA graph). Not yet: a paged cache (`page_table`), split-KV
-and PackGQA for decode at the memory-bandwidth limit, FP8 caches (the issue of the KV cache).
+device (no host sync: capturable in a CUDA graph). A paged cache (`page_table`) has its semantics in
+backend="reference" (append included); the kernels refuse it for now. Not yet: paged KV on the
+kernels, split-KV and PackGQA for decode at the memory-bandwidth limit, FP8 caches.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -57,7 +60,10 @@ def flash_attn_with_kvcache(
     in place at positions cache_seqlens .. cache_seqlens + s_new - 1 of the item's cache row
     (cache_seqlens + s_new <= s_cache is the caller's contract, as in FA3; items must use distinct
     cache rows when appending). cache_batch_idx: int32 (b,), the cache row of each item (default i).
-    cache_leftpad: int32 (b,), the item's keys start at this position of its row. Attention then sees
+    cache_leftpad: int32 (b,), the item's keys start at this position of its row. page_table: int32
+    (b, max_pages) with a paged cache (num_pages, page_size, hk, d): position p of item i is slot
+    p % page_size of page page_table[i, p // page_size] (any page size; no cache_batch_idx; for now
+    backend="reference" only, the kernels raise NotImplementedError). Attention then sees
     keys [leftpad, cache_seqlens + s_new) of the item's row; causal and windows align the queries
     bottom-right against them (the last query sits at the last key). softmax_scale, window_size,
     softcap as flash_attn_func; num_splits, pack_gqa and scheduler_metadata are accepted hints.
@@ -68,9 +74,6 @@ def flash_attn_with_kvcache(
     float64 reference per item on any device (and does the same append).
     """
     backend = check_backend(backend)
-    if page_table is not None:
-        raise NotImplementedError("flash_attn_with_kvcache: a paged cache (page_table) is not supported yet; "
-                                  "accepted: a contiguous (b_cache, s_cache, heads_k, headdim) cache")
     for name, hint in (("num_splits", num_splits),):
         if not isinstance(hint, int) or hint < 0:
             raise ValueError(f"{name} must be an int >= 0 (a hint), got {hint!r}")
@@ -87,9 +90,18 @@ def flash_attn_with_kvcache(
     lens = _int32_vector("cache_seqlens", cache_seqlens, batch, q.device, default=None)
     idx = _int32_vector("cache_batch_idx", cache_batch_idx, batch, q.device, default="arange")
     left = _int32_vector("cache_leftpad", cache_leftpad, batch, q.device, default=0)
+    if page_table is not None:
+        _check_page_table(page_table, batch, q.device, cache_batch_idx)
+        if backend != "reference":  # before the append: nothing changes on a refused call
+            raise NotImplementedError("flash_attn_with_kvcache: a paged cache (page_table) runs only with "
+                                      "backend='reference' yet; accepted on the Hopper kernels: a contiguous "
+                                      "(b_cache, s_cache, heads_k, headdim) cache")
+    rows_of = partial(_cache_rows, idx=idx, page_table=page_table, rows_per_item=s_cache)
     if s_new:
-        _append(k_cache, k, idx, lens)
-        _append(v_cache, v, idx, lens)
+        new_rows = rows_of(lens.long()[:, None] + torch.arange(s_new, device=q.device)[None])
+        for cache, t in ((k_cache, k), (v_cache, v)):
+            flat = cache.view(-1, *cache.shape[2:])
+            flat.index_copy_(0, new_rows.reshape(-1), t.reshape(-1, *t.shape[2:]))
     used_k = lens + s_new - left
     starts_k = idx * s_cache + left
     if packed_q:
@@ -104,7 +116,9 @@ def flash_attn_with_kvcache(
     k_rows = k_cache.view(-1, *k_cache.shape[2:])
     v_rows = v_cache.view(-1, *v_cache.shape[2:])
     if backend == "reference":
-        o, lse = _reference(q_rows, k_rows, v_rows, cu_q, starts_k, used_k, scale, causal, window, softcap)
+        limit = s_cache if page_table is None else s_cache * page_table.shape[1]  # positions of an item
+        o, lse = _reference(q_rows, k_rows, v_rows, cu_q, rows_of, limit, left, used_k, scale, causal, window,
+                            softcap)
         o = o.to(q.dtype)
     else:
         validation.require_hopper(q, backend)
@@ -209,26 +223,43 @@ def _int32_vector(name, x, batch, device, default):
     return x
 
 
-def _append(cache, new, idx, lens):
-    """new (b, s_new, hk, d) into cache rows idx at positions lens .. lens + s_new - 1, in place."""
-    s_cache, s_new = cache.shape[1], new.shape[1]
-    rows = (idx.long() * s_cache + lens.long())[:, None] + torch.arange(s_new, device=new.device)[None]
-    cache.view(-1, *cache.shape[2:]).index_copy_(0, rows.reshape(-1), new.reshape(-1, *new.shape[2:]))
+def _check_page_table(page_table, batch, device, cache_batch_idx):
+    if (not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2
+            or page_table.shape[0] != batch or page_table.device != device):
+        raise ValueError(f"page_table must be an int32 tensor of shape (batch={batch}, max_pages) on q's "
+                         "device")
+    if cache_batch_idx is not None:
+        raise ValueError("cache_batch_idx with page_table: an item's pages are its page_table row; pass one")
 
 
-def _reference(q_rows, k_rows, v_rows, cu_q, starts_k, used_k, scale, causal, window, softcap):
-    """attention_ref per item over its query rows and its cache keys; checks the bounds."""
-    cq, sk, uk = cu_q.tolist(), starts_k.tolist(), used_k.tolist()
+def _cache_rows(positions, idx, page_table, rows_per_item):
+    """Rows of the cache viewed as (rows, heads_k, headdim) that hold (b, n) positions of each item:
+    contiguous, item i's row idx[i] from row idx[i] * s_cache; paged (rows_per_item = page_size),
+    position p of item i in page page_table[i, p // page_size] at slot p % page_size."""
+    if page_table is None:
+        return idx.long()[:, None] * rows_per_item + positions
+    pages = page_table.long().gather(1, torch.div(positions, rows_per_item, rounding_mode="floor"))
+    return pages * rows_per_item + positions % rows_per_item
+
+
+def _reference(q_rows, k_rows, v_rows, cu_q, rows_of, limit, left, used_k, scale, causal, window, softcap):
+    """attention_ref per item over its query rows and its cache keys (positions left .. left + used_k
+    of at most `limit`, at the rows rows_of gives); checks the bounds."""
+    cq, lefts, uk = cu_q.tolist(), left.tolist(), used_k.tolist()
     out = torch.zeros(*q_rows.shape[:2], v_rows.shape[-1], dtype=torch.float64, device=q_rows.device)
     lse = torch.full((q_rows.shape[1], q_rows.shape[0]), float("-inf"), device=q_rows.device)
     for i in range(len(cq) - 1):
-        if sk[i] < 0 or uk[i] < 0 or sk[i] + uk[i] > k_rows.shape[0]:
-            raise ValueError(f"item {i}: keys [{sk[i]}, {sk[i] + uk[i]}) outside the cache's "
-                             f"{k_rows.shape[0]} rows")
+        if lefts[i] < 0 or uk[i] < 0 or lefts[i] + uk[i] > limit:
+            raise ValueError(f"item {i}: keys [{lefts[i]}, {lefts[i] + uk[i]}) outside the cache's {limit} "
+                             "positions an item")
         rows = slice(cq[i], cq[i + 1])
         if rows.stop == rows.start or uk[i] == 0:
             continue
-        keys = slice(sk[i], sk[i] + uk[i])
+        positions = torch.zeros(len(cq) - 1, uk[i], dtype=torch.long, device=q_rows.device)
+        positions[i] = torch.arange(lefts[i], lefts[i] + uk[i], device=q_rows.device)
+        keys = rows_of(positions)[i]  # the other items' rows are unused
+        if keys.min() < 0 or keys.max() >= k_rows.shape[0]:
+            raise ValueError(f"item {i}: its keys fall outside the cache's {k_rows.shape[0]} rows")
         o, l_ = attention_ref(q_rows[None, rows], k_rows[None, keys], v_rows[None, keys], scale, causal,
                               window, softcap)
         out[rows], lse[:, rows] = o[0], l_[0]

@@ -100,9 +100,12 @@ def test_bad_arguments_are_refused_clearly():
     g, k_cache, v_cache = _cache(5)
     q = torch.randn(B, 1, HQ, D, generator=g).to(torch.bfloat16)
     k = torch.randn(B, 1, HK, D, generator=g).to(torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="page_table"):
+    with pytest.raises(NotImplementedError, match="page_table"):  # the kernels: not yet
         pages = torch.zeros(B, 2, dtype=torch.int32)
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1, page_table=pages)
+    with pytest.raises(ValueError, match="cache_batch_idx with page_table"):
+        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1, page_table=pages, backend="reference",
+                                cache_batch_idx=torch.arange(B, dtype=torch.int32))
     with pytest.raises(ValueError, match="pass both"):
         flash_attn_with_kvcache(q, k_cache, v_cache, k=k, cache_seqlens=1, backend="reference")
     with pytest.raises(ValueError, match="cache_seqlens is required"):
@@ -118,3 +121,34 @@ def test_bad_arguments_are_refused_clearly():
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=S_CACHE + 1, backend="reference")
     with pytest.raises(RuntimeError, match="Hopper GPU"):
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1)
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_paged_equals_contiguous(page_size):
+    """The same tokens in shuffled pages (page_table) give the contiguous cache's results, and the
+    append lands in the right slots of the right pages, crossing page boundaries."""
+    g, k_cache, v_cache = _cache(6)
+    q = torch.randn(B, 4, HQ, D, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(B, 4, HK, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    lens = torch.tensor([0, page_size * 2 - 1, 30], dtype=torch.int32)
+    left = torch.tensor([0, 1, 5], dtype=torch.int32)
+    pages_per_item = -(-S_CACHE // page_size)
+    order = torch.randperm(B * pages_per_item, generator=g)  # physical page of each (item, logical page)
+    table = order.view(B, pages_per_item).to(torch.int32)
+    k_paged, v_paged = (torch.zeros(B * pages_per_item, page_size, HK, D, dtype=torch.bfloat16)
+                        for _ in range(2))
+    for i in range(B):
+        for p in range(pages_per_item):
+            n = min(page_size, S_CACHE - p * page_size)
+            k_paged[table[i, p], :n] = k_cache[i, p * page_size:p * page_size + n]
+            v_paged[table[i, p], :n] = v_cache[i, p * page_size:p * page_size + n]
+    kw = dict(cache_seqlens=lens, cache_leftpad=left, causal=True, return_lse=True, backend="reference")
+    want, want_lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
+    got, got_lse = flash_attn_with_kvcache(q, k_paged, v_paged, k, v, page_table=table, **kw)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got_lse, want_lse, rtol=0, atol=0)
+    for i in range(B):  # every appended token where the page table puts it
+        for j in range(4):
+            pos = int(lens[i]) + j
+            slot = (table[i, pos // page_size], pos % page_size)
+            assert torch.equal(k_paged[slot], k[i, j]) and torch.equal(v_paged[slot], v[i, j])
