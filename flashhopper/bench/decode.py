@@ -39,7 +39,6 @@ Importing this module needs no GPU; the benchmark needs CUDA when it runs.
 from __future__ import annotations
 
 import contextlib
-import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -50,7 +49,7 @@ import torch
 from flashhopper.bench import runner
 from flashhopper.bench.providers import _quiet
 from flashhopper.bench.summary import geomean, peer_text
-from flashhopper.bench.varlen import AGREEMENT_TOLERANCE, _varlen_opt_in, relative_difference
+from flashhopper.bench.varlen import _varlen_opt_in, print_disagreements, relative_difference
 from flashhopper.reference import visible_mask
 
 # (batch, context): the points
@@ -516,16 +515,9 @@ def run_decode_bench(points: list[DecodePoint], dtype: str = "bf16", json_path: 
             print(f"    skipped: its caches would not fit: {row['skipped']}", file=out, flush=True)
         for name, message in {**row["eager"], **row["errors"]}.items():
             print(f"    {name}: {message}", file=out, flush=True)
-        agreement = row["agreement"] or {"max_rel_diff": {}}
-        for name, diff in agreement["max_rel_diff"].items():
-            if not diff <= AGREEMENT_TOLERANCE:
-                print(f"    {name}: differs from {agreement['against']} by {diff:.3g} of its largest value",
-                      file=out, flush=True)
+        print_disagreements(row, out)
     report["summary"] = summarize(report["results"])
     for line in format_summary(report["summary"]):
         print(line, file=out, flush=True)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {json_path}", file=out, flush=True)
+    runner.write_json(report, json_path, out)
     return report

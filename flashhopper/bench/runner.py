@@ -215,8 +215,13 @@ def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = 
     # the targets in summary.py are the forward's (issue 4); the backward has none yet
     for line in format_summary(report["summary"], peers, targets=not backward):
         print(line, file=out, flush=True)
+    write_json(report, json_path, out)
+    return report
+
+
+def write_json(report: dict, json_path, out) -> None:
+    """The report to `json_path` (if given), saying so on `out`."""
     if json_path:
         with open(json_path, "w") as f:
             json.dump(report, f, indent=2)
         print(f"wrote {json_path}", file=out, flush=True)
-    return report

@@ -21,7 +21,6 @@ Importing this module needs no GPU; the benchmark needs CUDA when it runs.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import statistics
@@ -445,16 +444,19 @@ def run_varlen_bench(points: list[VarlenPoint], dtype: str = "bf16", json_path: 
         print(format_row(row, names), file=out, flush=True)
         for name, message in row["errors"].items():
             print(f"    {name}: {message}", file=out, flush=True)
-        agreement = row["agreement"] or {"max_rel_diff": {}}
-        for name, diff in agreement["max_rel_diff"].items():
-            if diff > AGREEMENT_TOLERANCE:
-                print(f"    {name}: differs from {agreement['against']} by {diff:.3g} of its largest value",
-                      file=out, flush=True)
+        print_disagreements(row, out)
     report["summary"] = summarize(report["results"])
     for line in format_summary(report["summary"]):
         print(line, file=out, flush=True)
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(report, f, indent=2)
-        print(f"wrote {json_path}", file=out, flush=True)
+    runner.write_json(report, json_path, out)
     return report
+
+
+def print_disagreements(row: dict, out) -> None:
+    """A line for each provider whose result differs from the reference provider's by more than
+    AGREEMENT_TOLERANCE of its largest value (NaN counts as a difference)."""
+    agreement = row["agreement"] or {"max_rel_diff": {}}
+    for name, diff in agreement["max_rel_diff"].items():
+        if not diff <= AGREEMENT_TOLERANCE:
+            print(f"    {name}: differs from {agreement['against']} by {diff:.3g} of its largest value",
+                  file=out, flush=True)
