@@ -6,6 +6,12 @@ backward, FP8, varlen and decode as they come.
   softmax, P rounded to the input dtype before P @ V, O rounded at the end (`emulate_forward`); in
   the backward also dS rounded before the dQ / dK GEMMs (`emulate_backward`). Its error against the
   reference is what the dtype costs an exact-arithmetic flash kernel.
+- The backward's emulator forms D = rowsum(dO * O) from the O the kernel was given (the forward's
+  output), not from its own: O's rounding moves every dS of a row by the same D error, so a
+  forward that rounds O its own legitimate way (unnormalized P, division at the end) gives dQ rows
+  and, through few queries, dK rows up to 11x the emulator's error on that row (CPU model: 40 draws
+  of one fp16 row, magnitude 4); over 128 rows the maxima agree, over one row they do not (seen on
+  the H200: varlen sequences of 129, 2049 and one query rows).
 - For each output and each block of 128 rows of its sequence dimension (queries for O and dQ, keys
   for dK and dV): max|x - ref| <= r * max|emu - ref| + 2 ulp(max|ref|), and the same with the means
   (2 ulp of the mean |ref|), plus for dQ and dK the fp32 cancellation floor of dS
@@ -135,9 +141,10 @@ def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shi
     return o.to(torch.bfloat16), lse
 
 
-def emulate_backward(q, k, v, dout, scale, causal, window, softcap):
-    """(dq, dk, dv) with the backward kernels' rounding points (P and dS in the input dtype)."""
-    return attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap)
+def emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=None):
+    """(dq, dk, dv) with the backward kernels' rounding points (P and dS in the input dtype), D formed
+    from `out` (the forward's output the kernel was given; default the emulated one)."""
+    return attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, out=out)
 
 
 def check_output(name: str, x: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0,
@@ -261,12 +268,14 @@ def check_varlen_forward(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, used_q, 
         assert out[unused].isnan().all() and lse[:, unused].isnan().all(), f"sequence {i}: rows past seqused"
 
 
-def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, label: str = "") -> None:
-    """(dq, dk, dv) against the float64 reference by the rule, with dQ's and dK's cancellation floor."""
+def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, *, out, label: str = "") -> None:
+    """(dq, dk, dv) against the float64 reference by the rule, with dQ's and dK's cancellation floor.
+    `out`: the forward's output the backward was given; the emulator forms D = rowsum(dO * O) from
+    it, as the kernel does (see the module doc)."""
     from flashhopper.reference import attention_bwd_ref
 
     refs = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
-    emus = emulate_backward(q, k, v, dout, scale, causal, window, softcap)
+    emus = emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=out)
     floors = (cancellation_floor(dout, v, k, scale), cancellation_floor(dout, v, q, scale), 0.0)
     for name, x, ref, emu, floor in zip(("dq", "dk", "dv"), grads, refs, emus, floors, strict=True):
         assert x.dtype == q.dtype, (name, x.dtype)
@@ -274,9 +283,10 @@ def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, label: str
 
 
 def check_varlen_grads(grads, q, k, v, dout, cu_seqlens_q, cu_seqlens_k, scale, causal, window,
-                       softcap) -> None:
+                       softcap, *, out) -> None:
     """A varlen backward's (dq, dk, dv), packed like q, k, v, sequence by sequence by the rule
-    (check_grads); a sequence with no query or no key gets all-zero gradients."""
+    (check_grads; `out` the packed forward output the backward was given); a sequence with no query
+    or no key gets all-zero gradients."""
     dq, dk, dv = grads
     starts_q, starts_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
     for i in range(len(starts_q) - 1):
@@ -284,7 +294,7 @@ def check_varlen_grads(grads, q, k, v, dout, cu_seqlens_q, cu_seqlens_k, scale, 
         if rows.stop > rows.start and keys.stop > keys.start:
             check_grads((dq[None, rows], dk[None, keys], dv[None, keys]), q[None, rows], k[None, keys],
                         v[None, keys], dout[None, rows], scale, causal, window, softcap,
-                        label=f" sequence {i}")
+                        out=out[None, rows], label=f" sequence {i}")
         else:
             for name, x in (("dq", dq[rows]), ("dk", dk[keys]), ("dv", dv[keys])):
                 assert (x == 0).all(), f"sequence {i} (no query or no key): {name} not all zero"

@@ -195,7 +195,7 @@ def run_varlen(case: Case, backward: bool = True) -> str | None:
                          case.causal, case.window, case.softcap)
     if backward:
         check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, case.causal,
-                           case.window, case.softcap)
+                           case.window, case.softcap, out=out.detach())
     return None
 
 
@@ -246,7 +246,7 @@ def run(case: Case, backward: bool = True) -> str | None:
         torch.cuda.synchronize()
         check_forward(out.detach(), lse, q, k, v, scale, case.causal, case.window, case.softcap, descales)
         if backward:
-            check_grads(grads, q, k, v, dout, scale, case.causal, case.window, case.softcap)
+            check_grads(grads, q, k, v, dout, scale, case.causal, case.window, case.softcap, out=out.detach())
     except AssertionError as exc:
         return str(exc).splitlines()[0][:300]
     except Exception as exc:  # a crash or a refusal is a failure too

@@ -144,14 +144,16 @@ def attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap):
     return qs.grad, ks.grad, vs.grad
 
 
-def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, p_rounded_in_ds=False):
+def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, p_rounded_in_ds=False,
+                                   out=None):
     """(dq, dk, dv) with a flash backward's roundings and fp32 math otherwise: O, P and dS rounded to
     the input dtype before the GEMMs that read them, as SDPA's flash backend and FA2-4 do, and the
     gradients at the end: what the dtype costs an exact-arithmetic flash kernel, where
     `attention_grads_in_dtype` (the GPU tests' yardstick) keeps dS in fp32. For studying the tails
     of the tests' bound; the tests do not use it yet. `p_rounded_in_ds`: dS formed from the rounded P
     (BwdConfig.sdp_by_gemm) instead of the
-    fp32 one."""
+    fp32 one. `out`: the forward's output that D = rowsum(dO * O) is formed from, as a backward
+    kernel is given it (default: this function's own rounded O)."""
     dt, group = q.dtype, q.shape[2] // k.shape[2]
     qf, dof = q.float(), dout.float()
     kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
@@ -162,7 +164,7 @@ def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap
     s = s.masked_fill(~visible_mask(q.shape[1], k.shape[1], causal, window, q.device), float("-inf"))
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)  # rows that see no key: P = 0
     p16 = p.to(dt).float()
-    o = torch.einsum("bhqk,bkhd->bqhd", p16, vf).to(dt)
+    o = torch.einsum("bhqk,bkhd->bqhd", p16, vf).to(dt) if out is None else out
     d = (dof * o.float()).sum(-1).permute(0, 2, 1).unsqueeze(-1)  # (b, h, q, 1)
     dp = torch.einsum("bqhd,bkhd->bhqk", dof, vf)
     ds = (p16 if p_rounded_in_ds else p) * (dp - d)

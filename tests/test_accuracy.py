@@ -122,3 +122,25 @@ def test_fp8_rule_passes_the_emulator_and_fails_a_wrong_descale(causal, softcap)
     for bad in (wrong_v, wrong_q, holed, (out.float() * 1.02).bfloat16()):
         with pytest.raises(AssertionError, match="out rows"):
             check_forward(bad, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)
+
+
+def test_the_backward_rule_takes_d_from_the_kernels_out():
+    """D = rowsum(dO * O) moves every dS of a row together, so an O rounded another legitimate way
+    (unnormalized P, the division at the end, as the forward kernels do) moves a lone row's dQ by
+    several times the emulator's own error there: the rule forms D from the O the backward was
+    given. Seed 28: one row past a 128-row block, fp16, magnitude 4 (a fuzz failure's shape)."""
+    from flashhopper.accuracy import check_grads
+    from flashhopper.reference import visible_mask
+
+    g = torch.Generator().manual_seed(28)
+    q, k, v, dout = ((torch.randn(1, n, 1, 96, generator=g) * 4).half() for n in (129, 513, 513, 129))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * 0.178
+    s = s.masked_fill(~visible_mask(129, 513, True, (-1, -1), "cpu"), float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    out = (torch.einsum("bhqk,bkhd->bqhd", p.half().float(), v.float())
+           / p.sum(-1, keepdim=True).permute(0, 2, 1, 3)).half()
+    grads = emulate_backward(q, k, v, dout, 0.178, True, (-1, -1), 0.0, out=out)
+    check_grads(grads, q, k, v, dout, 0.178, True, (-1, -1), 0.0, out=out)
+    own_out = emulate_forward(q, k, v, 0.178, True, (-1, -1), 0.0)[0]
+    with pytest.raises(AssertionError, match="dq rows 128"):
+        check_grads(grads, q, k, v, dout, 0.178, True, (-1, -1), 0.0, out=own_out)

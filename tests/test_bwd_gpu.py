@@ -55,7 +55,7 @@ def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-
     out = flash_attn_func(qg, kg, vg, causal=causal, window_size=window, softcap=softcap)
     dq, dk, dv = torch.autograd.grad(out, (qg, kg, vg), dout)
     torch.cuda.synchronize()
-    check_grads((dq, dk, dv), q, k, v, dout, scale, causal, window, softcap)
+    check_grads((dq, dk, dv), q, k, v, dout, scale, causal, window, softcap, out=out.detach())
     return out
 
 
@@ -405,15 +405,16 @@ def test_deterministic_is_bitwise_reproducible(d, causal, window, fields):
 
 def _check_deterministic(d, causal, window):
     q, k, v, dout = make_inputs(2, 2000, 2000, 8, 2, d, torch.bfloat16, "bshd", 3)
-    grads = []
+    grads, outs = [], []
     for _ in range(3):
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
         out = flash_attn_func(qg, kg, vg, causal=causal, window_size=window, deterministic=True)
+        outs.append(out.detach())
         grads.append(torch.autograd.grad(out, (qg, kg, vg), dout))
     for other in grads[1:]:
         for a, b in zip(grads[0], other, strict=True):
             assert torch.equal(a, b)
-    check_grads(grads[0], q, k, v, dout, 1 / math.sqrt(d), causal, window, 0.0)
+    check_grads(grads[0], q, k, v, dout, 1 / math.sqrt(d), causal, window, 0.0, out=outs[0])
 
 
 _HEAD_MAJOR_CASES = [  # the wide kernel's TMA reduce-adds (dq_tma) exist at hdim 192 / 256 only
@@ -605,7 +606,7 @@ def test_backward_lpt(d, fields, b, sq, sk, hq, hk, causal, window, softcap):
         dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
         dq, dk, dv = runtime.backward(q, k, v, out, dout, lse, scale, causal, window, softcap, dk=dk, dv=dv)
     torch.cuda.synchronize()
-    check_grads((dq, dk, dv), q, k, v, dout, scale, causal, window, softcap)
+    check_grads((dq, dk, dv), q, k, v, dout, scale, causal, window, softcap, out=out)
 
 
 @pytest.mark.variant

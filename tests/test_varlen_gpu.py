@@ -130,7 +130,8 @@ def run_backward(lens_q, lens_k, hq=4, hk=2, d=128, dtype=torch.bfloat16, causal
     grads = backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(lens_q), max(lens_k), scale, causal,
                             window, softcap, deterministic=deterministic)
     torch.cuda.synchronize()
-    check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, causal, window, softcap)
+    check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, causal, window, softcap,
+                       out=out)
     if deterministic:  # bitwise the same again (fresh workspaces, the same inputs)
         again = backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(lens_q), max(lens_k), scale, causal,
                                 window, softcap, deterministic=True)
@@ -178,7 +179,8 @@ def test_varlen_autograd():
     out = flash_attn_varlen_func(*leaves, cu, cu, max(lens), max(lens), causal=True, deterministic=True)
     grads = torch.autograd.grad(out, leaves, dout)
     torch.cuda.synchronize()
-    check_varlen_grads(grads, q, k, v, dout, cu.tolist(), cu.tolist(), 128 ** -0.5, True, (-1, -1), 0.0)
+    check_varlen_grads(grads, q, k, v, dout, cu.tolist(), cu.tolist(), 128 ** -0.5, True, (-1, -1), 0.0,
+                       out=out.detach())
 
 
 def test_varlen_seqused_with_gradients_is_refused():
