@@ -224,6 +224,10 @@ def _cmd_bench(args) -> int:
     if args.rounds < 1:
         print(f"flashhopper bench: --rounds takes N >= 1, got {args.rounds}", file=sys.stderr)
         return 2
+    if args.allocations < 0 or (args.allocations and args.rounds > 1):
+        print(f"flashhopper bench: --allocations takes N >= 1 and replaces --rounds, got {args.allocations}",
+              file=sys.stderr)
+        return 2
     if unknown := sorted(set(overrides) - fields):
         print(f"flashhopper bench: --set {unknown} not a field of {'BwdConfig' if args.bwd else 'FwdConfig'}",
               file=sys.stderr)
@@ -260,7 +264,8 @@ def _cmd_bench(args) -> int:
 
         providers = fp8_providers(upper_bound=True)
     report = run_bench(points, dtype=args.dtype, json_path=args.json, backward=args.bwd,
-                       overrides=overrides, rounds=args.rounds, providers=providers)
+                       overrides=overrides, rounds=args.rounds, providers=providers,
+                       allocations=args.allocations)
     if args.plot:
         from flashhopper.bench.plot import plot_report
 
@@ -435,6 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time each point (with --ablation: each configuration) N times, taking turns, and "
                         "report the median (min / max in the JSON): steadier on a machine whose clocks move; "
                         "default 1, with --varlen 3 (fresh inputs each round), with --decode 3")
+    p.add_argument("--allocations", type=int, default=0, metavar="N",
+                   help="the grid's measuring method for speed targets: each point over N (>= 20 for a "
+                        "target) fresh allocations of every input, providers interleaved; p10 / p50 / p90 "
+                        "per provider in the JSON, ratios of p50s, spread p50 / p10 against the peers'")
     p.add_argument("--varlen", action="store_true",
                    help="instead of the grid: packed sequences (16 docs of 100-4000 tokens, 512 of 16-512), "
                         "flash_attn_varlen_func against FA4's and FA2's varlen, forward and backward (--bwd: "

@@ -162,6 +162,10 @@ class FwdConfig(_KernelConfig):
     # hopper/fp8.py transposed_v) and loaded by the TMA into sV as it is, with no transposer: the
     # upper bound the in-kernel transpose is measured against (flashhopper bench --dtype fp8 --ablation)
     vt_in_gmem: bool = False
+    # FP8: two-level accumulation. FP8 WGMMA adds into its accumulator below fp32 precision, so an O
+    # carried through every key block's P @ V loses bits as the keys grow (vllm#23813); with this each
+    # block's P @ V starts a fresh accumulator, added into the fp32 O by FADDs once it is done
+    pv_two_level: bool = False
     # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): each tile's
     # query and key bounds come from cu_seqlens / seqused, a tile past its sequence's end is skipped,
     # and O is stored row by row up to the sequence's end (a TMA box would write the next one's rows)
@@ -259,6 +263,7 @@ class FwdConfig(_KernelConfig):
         rows_per_wg = 64
         s = rows_per_wg * self.tile_n // WARPGROUP_THREADS
         o = rows_per_wg * self.hdim_v // WARPGROUP_THREADS
+        o = 2 * o if self.pv_two_level else o
         return s + o + s * self.elem_bytes // 4
 
     def check(self) -> None:
@@ -277,8 +282,9 @@ class FwdConfig(_KernelConfig):
                              f"for {self.dtype}")
         if self.is_fp8:
             self._check_fp8()
-        elif self.vt_in_gmem:
-            raise ValueError("vt_in_gmem is for e4m3 inputs (16-bit WGMMA reads V as stored)")
+        elif self.vt_in_gmem or self.pv_two_level:
+            raise ValueError("vt_in_gmem and pv_two_level are for e4m3 inputs (16-bit WGMMA reads V as "
+                             "stored and accumulates in fp32)")
         if self.varlen:
             self._check_varlen()
         if self.tile_m != 64 * self.num_consumer_wg:

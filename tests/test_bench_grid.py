@@ -88,3 +88,43 @@ class _Call:
 
     def __call__(self):
         return None
+
+
+def test_run_point_allocations_draw_fresh_inputs_and_report_percentiles(monkeypatch):
+    """--allocations: each allocation new input tensors (while the previous are still held), the
+    providers in a rotated order, p10 / p50 / p90 per provider, the ratio of p50s, the spreads."""
+    from flashhopper.bench import runner
+    from flashhopper.bench.grid import Point
+    from flashhopper.bench.summary import summarize
+
+    seen, order = {"flashhopper": [], "cudnn": []}, []
+    # ours: one slow allocation in ten; cuDNN steady
+    ms = {"flashhopper": iter([1.0] * 9 + [1.5]), "cudnn": iter([1.25] * 10)}
+
+    def make(name):
+        def maker(q, k, v, causal):
+            seen[name].append(q.data_ptr())
+            return _Call(name)
+        return maker
+
+    def fake_time_ms(call, short=False):
+        assert short
+        order.append(call.name)
+        return next(ms[call.name])
+
+    monkeypatch.setattr(runner, "time_ms", fake_time_ms)
+    providers = [runner.Provider(n, make(n)) for n in ("flashhopper", "cudnn")]
+    point = Point(batch=1, seqlen=16, heads=2, hdim=64, causal=False)
+    row = runner.run_point(point, providers, device="cpu", allocations=10)
+    assert len(set(seen["flashhopper"])) == 10 and seen["flashhopper"] == seen["cudnn"]
+    assert order[:4] == ["flashhopper", "cudnn", "cudnn", "flashhopper"]
+    rate = point.flops / 1e9
+    pct = row["percentiles"]["flashhopper"]
+    assert pct["p50"] == pytest.approx(rate) and pct["p10"] < rate and pct["p90"] == pytest.approx(rate)
+    assert row["ratio"] == pytest.approx(1.25)
+    ours, theirs = runner.point_spreads(row, ("cudnn", "fa4"))
+    assert ours > 1.0 and theirs == pytest.approx(1.0)
+    summary = summarize({"results": [row], "peers": ["cudnn", "fa4"], "allocations": 10})
+    assert len(summary["spread"]["wider_than_allowed"]) == (1 if ours > 1.05 else 0)
+    line = runner.format_row(row, ["flashhopper", "cudnn"], ("cudnn",))
+    assert len(line) == len(runner.format_header(["flashhopper", "cudnn"], allocations=True))

@@ -55,7 +55,30 @@ def summarize(report: dict) -> dict:
         if _where(row) == MATMUL_POINT and mine and ceiling:
             summary["matmul_fraction"] = {**MATMUL_POINT, "tflops": mine, "matmul_tflops": ceiling,
                                           "fraction": mine / ceiling}
+    if report.get("allocations"):
+        summary["spread"] = _spreads(rows, report.get("peers") or ())
     return summary
+
+
+# the allocations mode: our p50 / p10 may be no wider than the widest peer's, or this, at any point
+SPREAD_ALLOWANCE = 1.05
+
+
+def _spreads(rows, peers) -> dict:
+    """Points where our spread (p50 / p10 over the allocations) is wider than max(the peers', 5%)."""
+    wider, ours_all = [], []
+    for row in rows:
+        pct = row.get("percentiles") or {}
+        mine = pct.get("flashhopper")
+        if not mine or not mine["p10"]:
+            continue
+        ours = mine["p50"] / mine["p10"]
+        theirs = [p["p50"] / p["p10"] for name, p in pct.items() if name in peers and p["p10"]]
+        allowed = max([SPREAD_ALLOWANCE, *theirs])
+        ours_all.append(ours)
+        if ours > allowed:
+            wider.append({**_where(row), "ours": ours, "allowed": allowed})
+    return {"points": len(ours_all), "widest": max(ours_all, default=None), "wider_than_allowed": wider}
 
 
 def _scaled_mm_fractions(rows) -> list[dict]:
@@ -105,6 +128,11 @@ def format_summary(summary: dict, peers=("cudnn", "fa4"), targets: bool = True) 
         lines.append(f"{describe(frac)}: {frac['tflops']:.0f} TFLOP/s = {frac['fraction']:.3f} of fp8 "
                      f"scaled_mm {frac['scaled_mm_tflops']:.0f} (fast accum, timed beside it)"
                      f"{_verdict(frac['fraction'], frac['target'], targets)}")
+    if spreads := summary.get("spread"):
+        wider = spreads["wider_than_allowed"]
+        lines.append(f"spread p50/p10 over allocations: ours at most {spreads['widest']:.3f}; wider than "
+                     f"max(the peers', {SPREAD_ALLOWANCE:g}) at {len(wider)} of {spreads['points']} points"
+                     + "".join(f"\n  {describe(w)}: {w['ours']:.3f} > {w['allowed']:.3f}" for w in wider))
     frac = summary["matmul_fraction"]
     if frac:
         verdict = _verdict(frac["fraction"], MATMUL_FRACTION_TARGET, targets)

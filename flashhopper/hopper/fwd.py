@@ -810,10 +810,17 @@ class FlashFwdSm90:
                     partial(self.issue_gemm, tiled_mma_pv, acc_O, tCrB=tOrV, zero_init=False),
                     tOrP_alt)
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
-        issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
+        if cutlass.const_expr(self.cfg.pv_two_level):
+            # each block's P @ V into a fresh accumulator, added into O after its wait (flush_pv)
+            acc_Ob = cute.make_rmem_tensor(acc_O.layout, Float32)
+            issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_Ob, tOrP, tOrV, zero_init=True)
+            flush_pv = partial(self.flush_pv, acc_O, acc_Ob)
+        else:
+            issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
+            flush_pv = None
         loop = partial(self.mainloop, lazy=lazy, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
                        issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
-                       acc_O_rc=acc_O_rc, tOrP=tOrP,
+                       acc_O_rc=acc_O_rc, tOrP=tOrP, flush_pv=flush_pv,
                        row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state, sV=sV if self.cfg.varlen else None,
@@ -897,7 +904,7 @@ class FlashFwdSm90:
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
                  window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None, sV=None,
-                 tidx=None):
+                 tidx=None, flush_pv=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
         if cutlass.const_expr(idle):
@@ -905,11 +912,12 @@ class FlashFwdSm90:
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
                            issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
-                           acc_O_rc=acc_O_rc, tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg)
+                           acc_O_rc=acc_O_rc, tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg,
+                           flush_pv=flush_pv)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP=tOrP, row_scale=row_scale, wg=wg)
+                           tOrP=tOrP, row_scale=row_scale, wg=wg, flush_pv=flush_pv)
         # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
         # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
         # run alone, its P @ V is issued in the next step.
@@ -1005,6 +1013,8 @@ class FlashFwdSm90:
                 if cutlass.const_expr(not idle):
                     issue_pv(v_state.index)
                     warpgroup.wait_group(0)
+                    if cutlass.const_expr(flush_pv is not None):
+                        flush_pv()
                 pipe_v.consumer_release(v_state)
                 v_state.advance()
         return k_state, v_state
@@ -1065,6 +1075,12 @@ class FlashFwdSm90:
         warpgroup.commit_group()
 
     @cute.jit
+    def flush_pv(self, acc_O, acc_Ob):
+        """FwdConfig.pv_two_level: a finished block's P @ V (acc_Ob) added into the fp32 O."""
+        for i in cutlass.range_constexpr(cute.size(acc_O)):
+            acc_O[i] = acc_O[i] + acc_Ob[i]
+
+    @cute.jit
     def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
                         mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, coord0_rc,
                         row_max, row_sum, row_scale, m_block, seqlen_q, seqlen_k, window_left,
@@ -1083,7 +1099,7 @@ class FlashFwdSm90:
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
                      acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, lazy=None,
-                     p_cur=None, p_next=None):
+                     p_cur=None, p_next=None, flush_pv=None):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
@@ -1120,6 +1136,8 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.late_k_release):
             self.release_after(pipe_k, k_state, row_sum, lazy[2] if lazy_step else None)
         warpgroup.wait_group(0)
+        if cutlass.const_expr(flush_pv is not None):
+            flush_pv()  # before O takes this block's row scale below
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(lazy_step):
             lazy[1](need_exact=need_exact, p_next=p_next)
@@ -1180,7 +1198,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, tOrP, row_scale, wg):
+                    acc_S, acc_O_rc, tOrP, row_scale, wg, flush_pv=None):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -1196,6 +1214,8 @@ class FlashFwdSm90:
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(0)
+        if cutlass.const_expr(flush_pv is not None):
+            flush_pv()
         pipe_v.consumer_release(v_state)
 
     def q_tile(self, sQ_layout):
