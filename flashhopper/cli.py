@@ -265,7 +265,7 @@ def _cmd_bench(args) -> int:
         providers = fp8_providers(upper_bound=True)
     report = run_bench(points, dtype=args.dtype, json_path=args.json, backward=args.bwd,
                        overrides=overrides, rounds=args.rounds, providers=providers,
-                       allocations=args.allocations)
+                       **({"allocations": args.allocations} if args.allocations else {}))
     if args.plot:
         from flashhopper.bench.plot import plot_report
 

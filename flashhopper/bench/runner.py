@@ -300,7 +300,7 @@ def run_bench(points: list[Point], dtype: str = "bf16", json_path: str | None = 
     with applied:
         for point in points:
             row = run_point(point, providers, DTYPES[dtype], backward=backward, rounds=rounds,
-                            allocations=allocations, **fp8_args)
+                            **({"allocations": allocations} if allocations else {}), **fp8_args)
             report["results"].append(row)
             print(format_row(row, names, peers), file=out, flush=True)
             for name, message in row["errors"].items():
