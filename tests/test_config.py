@@ -579,3 +579,15 @@ def test_o_in_v_budget():
     assert not clustered.o_in_v_ring and clustered.o_in_q_buffer
     # the Q ring only needs O out of Q's buffer
     FwdConfig(dtype="bf16", hdim=128, o_in_v=True, q_stages=2).check()
+
+
+def test_fp8_two_level_budget():
+    """FwdConfig.pv_two_level: e4m3 only; its second O accumulator fits hdim 64 / 96 at the FP8 tile and
+    hdim 128 at 96 keys, not hdim 128 at 128 keys (S, P, two O: 208 of 224 registers) nor 192 / 256."""
+    for hdim, tile_n in ((64, 128), (96, 128), (128, 96), (128, 64)):
+        dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
+    for hdim, tile_n in ((128, 128), (192, 128), (256, 96)):
+        with pytest.raises(ValueError, match="accumulators need"):
+            dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
+    with pytest.raises(ValueError, match="pv_two_level are for e4m3"):
+        dataclasses.replace(fwd_config("bf16", 64), pv_two_level=True).check()

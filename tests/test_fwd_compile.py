@@ -392,6 +392,20 @@ def test_forward_fp8_vt_given_compiles(hdim, causal):
     assert report["smem_bytes"] < cfg.smem_bytes() + 3 * 1024
 
 
+# FP8 two-level accumulation (FwdConfig.pv_two_level): a second O accumulator, no spills, the same
+# WGMMA pipeline; where the registers allow it (hdim 64 / 96 at the FP8 tile, hdim 128 at 96 keys)
+@pytest.mark.variant
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim,tile_n", [(64, 128), (96, 128), (128, 96)])
+def test_forward_fp8_two_level_compiles(hdim, tile_n, causal):
+    cfg = dataclasses.replace(fwd_config("e4m3", hdim, causal=causal), pv_two_level=True, tile_n=tile_n)
+    report = inspect_kernel("fwd", dtype="e4m3", hdim=hdim, causal=causal, pv_two_level=True, tile_n=tile_n)
+    sass = report["sass"]
+    assert sass["QGMMA"] > 0 and sass["HGMMA_WAITS"] == _commit_groups(causal=causal)
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+
+
 # (hdim, dv) = (192, 128), MLA prefill's shape: S over 192, O over 128 (half the O registers of hdim 192)
 @pytest.mark.parametrize("varlen", [False, True])
 @pytest.mark.parametrize("mask", list(MASKS))
