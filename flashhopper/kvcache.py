@@ -7,8 +7,9 @@ cache_leftpad[i] and run for cache_seqlens[i] + s_new - cache_leftpad[i] rows (t
 sequence's start and used length as it is given, the rows past it masked, their V rows zeroed in
 shared memory, so unused cache slots may hold anything). The append is an index copy computed on the
 device (no host sync: capturable in a CUDA graph). A paged cache (`page_table`) has its semantics in
-backend="reference" (append included); the kernels refuse it for now. Not yet: paged KV on the
-kernels, split-KV and PackGQA for decode at the memory-bandwidth limit, FP8 caches.
+backend="reference" (append included); the kernels refuse it for now. Decode (one query token)
+fills the grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py).
+Not yet: paged KV on the kernels, in-kernel split-KV and PackGQA, FP8 caches.
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def flash_attn_with_kvcache(
     backend="reference" only, the kernels raise NotImplementedError). Attention then sees
     keys [leftpad, cache_seqlens + s_new) of the item's row; causal and windows align the queries
     bottom-right against them (the last query sits at the last key). softmax_scale, window_size,
-    softcap as flash_attn_func; num_splits, pack_gqa and scheduler_metadata are accepted hints.
+    softcap as flash_attn_func. num_splits (0 = choose, 1 = none) and pack_gqa (None = choose) are
+    hints taken where they keep the call exact, one query token per item and no window
+    (flashhopper/splitkv.py: the keys split across CTAs and merged by LSE, the query heads of a KV
+    head packed into one CTA's rows); scheduler_metadata is accepted and unused.
     out: an optional preallocated output like q's (b, s_q, hq, d) or (total_q, hq, d).
 
     Returns out (q's shape and dtype), or (out, lse) with lse float32 (b, hq, s_q), or (hq, total_q)
@@ -74,9 +78,11 @@ def flash_attn_with_kvcache(
     float64 reference per item on any device (and does the same append).
     """
     backend = check_backend(backend)
-    for name, hint in (("num_splits", num_splits),):
-        if not isinstance(hint, int) or hint < 0:
-            raise ValueError(f"{name} must be an int >= 0 (a hint), got {hint!r}")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (a hint: 0 = choose, 1 = no split), got "
+                         f"{num_splits!r}")
+    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+        raise ValueError(f"pack_gqa must be None (choose), True or False (a hint), got {pack_gqa!r}")
     scale = normalize_scale(softmax_scale, int(q.shape[-1]))
     causal = check_flag("causal", causal)
     window = normalize_window(window_size)
@@ -127,8 +133,21 @@ def flash_attn_with_kvcache(
                                       "inputs, or train with flash_attn_func / flash_attn_varlen_func")
         validation.check_varlen_call(q, k_cache, v_cache)
         validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
+        from flashhopper import splitkv
         from flashhopper.hopper import forward_varlen
 
+        layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
+        if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
+            rows, cu_rows, per_seq, starts, used = splitkv.rearrange(layout, q, starts_k, used_k)
+            # one query at the end of its keys: causal is no mask (and a chunk has no end to align to)
+            o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, starts, per_seq, None, used,
+                                                scale, False, window, softcap)
+            o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2])
+            o = o.to(q.dtype)
+            if out is not None:
+                out.copy_(o)
+            o = out if out is not None else o
+            return (o, lse) if return_lse else o
         # the kernel reads each sequence's key start and used length; the (b + 1)-th start is unused
         starts = torch.cat([starts_k, starts_k[-1:]])
         o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])

@@ -27,7 +27,7 @@ def _varlen_opt_in(monkeypatch):  # the cache runs through the varlen forward
 
 
 def _case(b, sq, s_new, lens, hq=8, hk=2, d=128, s_cache=700, b_cache=None, idx=None, left=None,
-          causal=True, window=(-1, -1), softcap=0.0, dtype=torch.bfloat16, seed=0):
+          causal=True, window=(-1, -1), softcap=0.0, dtype=torch.bfloat16, seed=0, **hints):
     torch.manual_seed(seed)
     b_cache = b_cache or b
     k_cache, v_cache = (torch.randn(b_cache, s_cache, hk, d, device=DEV, dtype=dtype) for _ in range(2))
@@ -44,7 +44,8 @@ def _case(b, sq, s_new, lens, hq=8, hk=2, d=128, s_cache=700, b_cache=None, idx=
     if s_new:
         k, v = (torch.randn(b, s_new, hk, d, device=DEV, dtype=dtype) for _ in range(2))
     before = (k_cache.clone(), v_cache.clone())
-    kw = dict(cache_seqlens=lens_t, causal=causal, window_size=window, softcap=softcap, return_lse=True)
+    kw = dict(cache_seqlens=lens_t, causal=causal, window_size=window, softcap=softcap, return_lse=True,
+              **hints)
     if idx is not None:
         kw["cache_batch_idx"] = torch.tensor(idx, dtype=torch.int32, device=DEV)
     if left is not None:
@@ -72,6 +73,16 @@ def _case(b, sq, s_new, lens, hq=8, hk=2, d=128, s_cache=700, b_cache=None, idx=
 @pytest.mark.parametrize("sq,s_new", [(1, 1), (1, 0), (4, 4), (16, 3)])
 def test_decode_and_speculative(d, sq, s_new):
     _case(4, sq, s_new, [0, 1, 127, 600], d=d)
+
+
+@pytest.mark.parametrize("hints", [{}, {"num_splits": 1}, {"pack_gqa": False}, {"num_splits": 7},
+                                   {"num_splits": 1, "pack_gqa": False}])
+@pytest.mark.parametrize("hq,hk", [(8, 2), (4, 4)])
+def test_decode_split_kv_and_pack_gqa(hq, hk, hints):
+    """One query token over a long cache (flashhopper/splitkv.py): chunks past an item's length, an
+    empty item, an item shorter than one chunk, leftpad; every way of arranging it by the rule."""
+    _case(3, 1, 1, [4000, 0, 129], hq=hq, hk=hk, s_cache=4097, left=[5, 0, 0], **hints)
+    _case(2, 1, 0, [3000, 17], hq=hq, hk=hk, s_cache=3001, softcap=8.0, causal=False, **hints)
 
 
 def test_page_boundaries_and_prefill_chunks():
