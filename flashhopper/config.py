@@ -2,6 +2,11 @@
 
 Everything here is plain Python so that CPU tests can check that every configuration we
 dispatch fits the hardware before any kernel is compiled.
+
+Over 800 lines because it is the one place for what a kernel configuration is: three frozen
+dataclasses (forward, backward, backward preprocess), each field with the line that says what it
+does, and their budget checks beside the fields they read. Which configuration a call gets is
+flashhopper/plan.py; why, docs/decisions.md.
 """
 
 from __future__ import annotations
