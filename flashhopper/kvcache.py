@@ -7,9 +7,10 @@ cache_leftpad[i] and run for cache_seqlens[i] + s_new - cache_leftpad[i] rows (t
 sequence's start and used length as it is given, the rows past it masked, their V rows zeroed in
 shared memory, so unused cache slots may hold anything). The append is an index copy computed on the
 device (no host sync: capturable in a CUDA graph). A paged cache (`page_table`) has its semantics in
-backend="reference" (append included); the kernels refuse it for now. Decode (one query token)
+backend="reference" (append included); on the kernels, for now, every position the page table
+covers is gathered into a contiguous copy first (`_gather_pages`). Decode (one query token)
 fills the grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py).
-Not yet: paged KV on the kernels, in-kernel split-KV and PackGQA, FP8 caches.
+Not yet: the page table read by the kernels themselves, in-kernel split-KV and PackGQA, FP8 caches.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def flash_attn_with_kvcache(
     cache rows when appending). cache_batch_idx: int32 (b,), the cache row of each item (default i).
     cache_leftpad: int32 (b,), the item's keys start at this position of its row. page_table: int32
     (b, max_pages) with a paged cache (num_pages, page_size, hk, d): position p of item i is slot
-    p % page_size of page page_table[i, p // page_size] (any page size; no cache_batch_idx; for now
-    backend="reference" only, the kernels raise NotImplementedError). Attention then sees
+    p % page_size of page page_table[i, p // page_size] (any page size; no cache_batch_idx; on the
+    kernels for now through a contiguous copy of the table's span). Attention then sees
     keys [leftpad, cache_seqlens + s_new) of the item's row; causal and windows align the queries
     bottom-right against them (the last query sits at the last key). softmax_scale, window_size,
     softcap as flash_attn_func. num_splits (0 = choose, 1 = none) and pack_gqa (None = choose) are
@@ -98,10 +99,6 @@ def flash_attn_with_kvcache(
     left = _int32_vector("cache_leftpad", cache_leftpad, batch, q.device, default=0)
     if page_table is not None:
         _check_page_table(page_table, batch, q.device, cache_batch_idx)
-        if backend != "reference":  # before the append: nothing changes on a refused call
-            raise NotImplementedError("flash_attn_with_kvcache: a paged cache (page_table) runs only with "
-                                      "backend='reference' yet; accepted on the Hopper kernels: a contiguous "
-                                      "(b_cache, s_cache, heads_k, headdim) cache")
     rows_of = partial(_cache_rows, idx=idx, page_table=page_table, rows_per_item=s_cache)
     if s_new:
         new_rows = rows_of(lens.long()[:, None] + torch.arange(s_new, device=q.device)[None])
@@ -121,6 +118,10 @@ def flash_attn_with_kvcache(
                              f"{tuple(q.shape[:-1] + v_cache.shape[-1:])}, {q.dtype} on {q.device}")
     k_rows = k_cache.view(-1, *k_cache.shape[2:])
     v_rows = v_cache.view(-1, *v_cache.shape[2:])
+    if page_table is not None and backend != "reference":
+        # the kernels read a contiguous cache: each item's positions gathered into one first
+        k_rows, v_rows, s_cache = _gather_pages(k_rows, v_rows, page_table, s_cache)
+        starts_k = torch.arange(batch, device=q.device, dtype=torch.int32) * s_cache + left
     if backend == "reference":
         limit = s_cache if page_table is None else s_cache * page_table.shape[1]  # positions of an item
         o, lse = _reference(q_rows, k_rows, v_rows, cu_q, rows_of, limit, left, used_k, scale, causal, window,
@@ -249,6 +250,19 @@ def _check_page_table(page_table, batch, device, cache_batch_idx):
                          "device")
     if cache_batch_idx is not None:
         raise ValueError("cache_batch_idx with page_table: an item's pages are its page_table row; pass one")
+
+
+def _gather_pages(k_rows, v_rows, page_table, page_size):
+    """A paged cache on the kernels, first version: every position an item's page table covers,
+    copied into a contiguous (b * positions, heads_k, d) cache (entries past the pages in use may be
+    anything: clamped into range, their rows lie past the item's keys). The copy reads and writes the
+    table's whole span once more than the attention does: a stopgap until the kernels take the page
+    table themselves. Returns (k rows, v rows, positions per item)."""
+    positions = page_table.shape[1] * page_size
+    pages = page_table.long().clamp(0, k_rows.shape[0] // page_size - 1)
+    grid = torch.arange(positions, device=page_table.device)
+    rows = (pages[:, grid // page_size] * page_size + grid % page_size).reshape(-1)
+    return k_rows.index_select(0, rows), v_rows.index_select(0, rows), positions
 
 
 def _cache_rows(positions, idx, page_table, rows_per_item):

@@ -100,9 +100,7 @@ def test_bad_arguments_are_refused_clearly():
     g, k_cache, v_cache = _cache(5)
     q = torch.randn(B, 1, HQ, D, generator=g).to(torch.bfloat16)
     k = torch.randn(B, 1, HK, D, generator=g).to(torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="page_table"):  # the kernels: not yet
-        pages = torch.zeros(B, 2, dtype=torch.int32)
-        flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1, page_table=pages)
+    pages = torch.zeros(B, 2, dtype=torch.int32)
     with pytest.raises(ValueError, match="cache_batch_idx with page_table"):
         flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=1, page_table=pages, backend="reference",
                                 cache_batch_idx=torch.arange(B, dtype=torch.int32))
@@ -152,3 +150,14 @@ def test_paged_equals_contiguous(page_size):
             pos = int(lens[i]) + j
             slot = (table[i, pos // page_size], pos % page_size)
             assert torch.equal(k_paged[slot], k[i, j]) and torch.equal(v_paged[slot], v[i, j])
+    # the kernels' path: the table's span gathered into a contiguous cache, item after item
+    from flashhopper.kvcache import _gather_pages
+
+    table[0, -1] = -7  # an entry past the pages in use may be anything
+    k_rows, v_rows, positions = _gather_pages(k_paged.view(-1, HK, D), v_paged.view(-1, HK, D), table,
+                                              page_size)
+    assert positions == pages_per_item * page_size >= S_CACHE
+    for i in range(B):
+        span = slice(i * positions, i * positions + S_CACHE - page_size)  # the item's positions, in order
+        assert torch.equal(k_rows[span], k_cache[i, :S_CACHE - page_size])
+        assert torch.equal(v_rows[span], v_cache[i, :S_CACHE - page_size])

@@ -122,3 +122,35 @@ def test_graph_replay_with_new_lengths():
                               v_cache[i:i + 1, keys], d ** -0.5, True, (-1, -1), 0.0)
             else:
                 assert (out[i] == 0).all() and torch.isneginf(lse[i]).all()
+
+
+@pytest.mark.parametrize("page_size,sq", [(1, 1), (16, 1), (16, 5), (128, 1), (3, 7)])
+def test_paged_cache(page_size, sq):
+    """A paged cache (SGLang: page 1; vLLM: page 16), pages shuffled, unused table entries garbage,
+    the append across pages; each item by the rule against its keys in order."""
+    torch.manual_seed(page_size)
+    b, hq, hk, d, s_cache = 3, 8, 2, 128, 1000
+    lens = [999 - sq, 0, 130]
+    pages_per_item = -(-s_cache // page_size)
+    table = torch.randperm(b * pages_per_item + 5, device=DEV)[: b * pages_per_item].view(b, -1).int()
+    shape = (b * pages_per_item + 5, page_size, hk, d)
+    k_paged, v_paged = (torch.randn(shape, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    for t in (k_paged, v_paged):  # slots no item uses: NaN, which must stay out
+        used = torch.zeros(t.shape[0], page_size, dtype=torch.bool, device=DEV)
+        for i, n in enumerate(lens):
+            pos = torch.arange(n + sq, device=DEV)
+            used[table[i, pos // page_size].long(), pos % page_size] = True
+        t[~used] = float("nan")
+    table[1, 3:] = -1  # item 1 uses three pages at most: the rest of its row is garbage
+    q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sq, hk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    out, lse = flash_attn_with_kvcache(q, k_paged, v_paged, k, v, cache_seqlens=lens_t, page_table=table,
+                                       causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    for i, n in enumerate(lens):
+        pos = torch.arange(n + sq, device=DEV)
+        slots = (table[i, pos // page_size].long(), pos % page_size)
+        keys, values = k_paged[slots][None], v_paged[slots][None]
+        assert torch.equal(keys[0, n:], k[i]) and torch.equal(values[0, n:], v[i])  # the append
+        check_forward(out[i:i + 1], lse[i:i + 1], q[i:i + 1], keys, values, d ** -0.5, True, (-1, -1), 0.0)
