@@ -7,8 +7,9 @@ same results (out, or (out, softmax_lse) with return_attn_probs=True; LSE (b, h,
 (h, total_q) varlen), FP8 descales, causal aligned bottom-right, windows, softcap, GQA.
 Scheduling hints FA3 takes (num_splits, pack_gqa, sm_margin) are accepted and left to flashhopper's
 own dispatch. What flashhopper does not have raises NotImplementedError naming it: qv (MLA's
-absorbed query), attention_chunk, and for now in flash_attn_with_kvcache a paged cache, rotary
-embedding, cu_seqlens_k_new and FP8 caches. Differences from FA3: a row
+absorbed query), attention_chunk, and for now in flash_attn_with_kvcache rotary embedding, appending
+packed new keys (cu_seqlens_k_new with k, v) and FP8 caches (a paged cache runs, for now through a
+contiguous copy of the page table's span). Differences from FA3: a row
 that sees no key has LSE -inf (FA3: +inf); the varlen function has no backward through seqused_q /
 seqused_k (it raises when its inputs require grad).
 """
@@ -64,11 +65,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                             window_size=(-1, -1), attention_chunk=0, softcap=0.0, rotary_interleaved=True,
                             scheduler_metadata=None, num_splits=0, pack_gqa=None, sm_margin=0,
                             return_softmax_lse=False):
-    """FA3's KV-cache entry point on flashhopper.flash_attn_with_kvcache (a contiguous cache for now):
-    returns out, or (out, softmax_lse) with return_softmax_lse (FA3 code unpacks `o, lse, *rest`)."""
+    """FA3's KV-cache entry point on flashhopper.flash_attn_with_kvcache: returns out, or (out,
+    softmax_lse) with return_softmax_lse (FA3 code unpacks `o, lse, *rest`)."""
     _unsupported(qv, attention_chunk, num_splits)
     missing = {"rotary_cos / rotary_sin": rotary_cos is not None or rotary_sin is not None,
-               "cu_seqlens_k_new": cu_seqlens_k_new is not None,
+               # SGLang passes cu_seqlens_k_new with no k / v to append: then there is nothing to read it for
+               "cu_seqlens_k_new with k, v (packed new keys)": cu_seqlens_k_new is not None and k is not None,
                "q_descale / k_descale / v_descale (FP8 caches)": any(
                    x is not None for x in (q_descale, k_descale, v_descale))}
     if names := [name for name, given in missing.items() if given]:

@@ -55,8 +55,9 @@ def test_what_flashhopper_does_not_have(kwargs, exc, pattern):
         fa3.flash_attn_func(q, q, q, **kwargs)
     with pytest.raises(NotImplementedError, match="rotary"):
         fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=1, rotary_cos=torch.zeros(8, 32, dtype=BF16))
-    with pytest.raises(NotImplementedError, match="page_table"):
-        fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=1, page_table=torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="cu_seqlens_k_new with k, v"):
+        fa3.flash_attn_with_kvcache(q, q, q, q, q, cache_seqlens=1,
+                                    cu_seqlens_k_new=torch.zeros(2, dtype=torch.int32))
 
 
 def test_kvcache_returns_fa3s_tuple():

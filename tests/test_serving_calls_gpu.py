@@ -1,0 +1,55 @@
+"""SGLang's and vLLM's calls (tests/serving_calls.py) on the H200 kernels: each sequence by the rule
+of flashhopper/accuracy.py against its keys in order; cache slots no sequence uses hold NaN."""
+
+from __future__ import annotations
+
+import pytest
+import serving_calls
+import torch
+
+from flashhopper import flash_attn_interface as fa3
+from flashhopper.accuracy import check_forward
+from flashhopper.integrations import vllm
+from flashhopper.validation import VARLEN_OPT_IN
+
+pytestmark = pytest.mark.gpu
+
+if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+    pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _varlen_opt_in(monkeypatch):  # the cache runs through the varlen forward
+    monkeypatch.setenv(VARLEN_OPT_IN, "1")
+
+
+CASES = {  # (page size, lens_k, lens_q)
+    "sglang decode": (1, [37, 3000, 1, 700], [1, 1, 1, 1]),
+    "sglang extend": (1, [37, 3000, 5], [37, 200, 5]),
+    "vllm decode": (16, [37, 3000, 16, 700], [1, 1, 1, 1]),
+    "vllm mixed": (16, [37, 3000, 17], [37, 1, 9]),
+}
+
+
+@pytest.mark.parametrize("window,softcap", [((-1, -1), 0.0), ((255, 0), 0.0), ((-1, -1), 30.0)])
+@pytest.mark.parametrize("name", list(CASES))
+def test_serving_call(name, window, softcap):
+    page, lens_k, lens_q = CASES[name]
+    q, kc, vc, table, seq_lens, cu_q, per_seq = serving_calls.paged_batch(
+        page_size=page, lens_k=lens_k, lens_q=lens_q, hq=32, hk=8, d=128, device="cuda")
+    if name.startswith("sglang"):
+        out, lse = serving_calls.sglang_call(fa3, q, kc, vc, table, seq_lens, cu_q, max(lens_q), window,
+                                             softcap)
+    else:
+        out = serving_calls.vllm_call(vllm, q, kc, vc, table, seq_lens, cu_q, max(lens_q), window, softcap)
+        lse = None
+    torch.cuda.synchronize()
+    for i, (qs, ks, vs) in enumerate(per_seq):
+        rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        if lse is None:  # vLLM asks for no LSE: the rule's LSE check gets the reference's own
+            from flashhopper.reference import attention_ref
+
+            row_lse = attention_ref(qs[None], ks[None], vs[None], 128 ** -0.5, True, window, softcap)[1].float()
+        else:
+            row_lse = lse[None, :, rows]
+        check_forward(out[None, rows], row_lse, qs[None], ks[None], vs[None], 128 ** -0.5, True, window, softcap)
