@@ -8,8 +8,9 @@ import serving_calls
 import torch
 
 from flashhopper import flash_attn_interface as fa3
-from flashhopper.accuracy import check_forward
+from flashhopper.accuracy import check_forward, check_output, emulate_forward
 from flashhopper.integrations import vllm
+from flashhopper.reference import attention_ref
 from flashhopper.validation import VARLEN_OPT_IN
 
 pytestmark = pytest.mark.gpu
@@ -44,12 +45,13 @@ def test_serving_call(name, window, softcap):
         out = serving_calls.vllm_call(vllm, q, kc, vc, table, seq_lens, cu_q, max(lens_q), window, softcap)
         lse = None
     torch.cuda.synchronize()
+    scale = 128 ** -0.5
     for i, (qs, ks, vs) in enumerate(per_seq):
         rows = slice(int(cu_q[i]), int(cu_q[i + 1]))
-        if lse is None:  # vLLM asks for no LSE: the rule's LSE check gets the reference's own
-            from flashhopper.reference import attention_ref
-
-            row_lse = attention_ref(qs[None], ks[None], vs[None], 128 ** -0.5, True, window, softcap)[1].float()
-        else:
-            row_lse = lse[None, :, rows]
-        check_forward(out[None, rows], row_lse, qs[None], ks[None], vs[None], 128 ** -0.5, True, window, softcap)
+        if lse is not None:
+            check_forward(out[None, rows], lse[None, :, rows], qs[None], ks[None], vs[None], scale, True,
+                          window, softcap)
+        else:  # vLLM asks for no LSE: the output alone by the rule
+            ref = attention_ref(qs[None], ks[None], vs[None], scale, True, window, softcap)[0]
+            emu = emulate_forward(qs[None], ks[None], vs[None], scale, True, window, softcap)[0]
+            check_output("out", out[None, rows], ref, emu, softcap)
