@@ -101,6 +101,8 @@ def flash_attn_varlen_func(
     deterministic=False,
     return_lse=False,
     backend="auto",
+    page_table=None,
+    out=None,
 ):
     """Attention over sequences packed along the token dimension, with no padding.
 
@@ -121,7 +123,16 @@ def flash_attn_varlen_func(
     sequence's q, k, v or gradient may reach the gradients of its neighbours (the kernels read a
     tile past a sequence's end from the next one and zero its contribution arithmetically). Under
     torch.compile it runs as the custom operators torch.ops.flashhopper.fwd_varlen / bwd_varlen.
+
+    A paged KV cache (vLLM's path, inference only): k, v the caches (num_pages, page_size, hk, d),
+    page_table (batch, max_pages) int32, seqused_k each sequence's length (required), cu_seqlens_k
+    unused (None); it runs flash_attn_with_kvcache over the pages with no append. out: an optional
+    preallocated (total_q, hq, dv) output.
     """
+    if page_table is not None:
+        return _varlen_paged(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                             page_table, softmax_scale, causal, window_size, softcap, return_lse, backend,
+                             out)
     backend = check_backend(backend)
     compiling = torch.compiler.is_compiling()
     check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
@@ -133,6 +144,9 @@ def flash_attn_varlen_func(
     softcap = normalize_softcap(softcap)
     deterministic = check_flag("deterministic", deterministic)
     return_lse = check_flag("return_lse", return_lse)
+    if out is not None:
+        _check_varlen_out(out, q, v, validation.needs_grad(q, k, v))
+    buffer = out
     if backend == "reference":
         out, lse = attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, scale,
                                         causal, window, softcap)
@@ -151,8 +165,43 @@ def flash_attn_varlen_func(
             from flashhopper.hopper import forward_varlen
 
             out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
-                                      scale, causal, window, softcap)
+                                      scale, causal, window, softcap, out=buffer)
+    if buffer is not None and out.data_ptr() != buffer.data_ptr():
+        buffer.copy_(out)
+        out = buffer
     return (out, lse) if return_lse else out
+
+
+def _check_varlen_out(out, q, v, grad: bool) -> None:
+    want = (*q.shape[:-1], v.shape[-1])
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != want or out.dtype != q.dtype
+            or out.device != q.device):
+        raise ValueError(f"out must be a {q.dtype} tensor of shape {want} on {q.device}, got "
+                         f"{getattr(out, 'dtype', type(out))} {tuple(getattr(out, 'shape', ()))}")
+    if grad:
+        raise ValueError("out= is for inference: the inputs require grad (the output must be autograd's own)")
+
+
+def _varlen_paged(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, page_table,
+                  softmax_scale, causal, window_size, softcap, return_lse, backend, out):
+    """flash_attn_varlen_func over a paged cache: flash_attn_with_kvcache with no append."""
+    from flashhopper.kvcache import flash_attn_with_kvcache
+
+    if seqused_k is None:
+        raise ValueError("page_table needs seqused_k: each sequence's length in the paged cache")
+    if seqused_q is not None:
+        raise NotImplementedError("seqused_q with page_table is not supported: pack only the queries in use")
+    if not isinstance(max_seqlen_k, int) or isinstance(max_seqlen_k, bool) or max_seqlen_k < 0:
+        raise TypeError(f"max_seqlen_k must be a Python int >= 0, got {max_seqlen_k!r}")
+    page = k.shape[1] if k.dim() == 4 else 0
+    if page < 1:
+        raise ValueError("with page_table, k and v are paged caches (num_pages, page_size, heads_k, "
+                         f"headdim); got k of shape {tuple(k.shape)}")
+    table = page_table[:, : -(-max_seqlen_k // page)] if isinstance(page_table, torch.Tensor) else page_table
+    return flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, page_table=table,
+                                   cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                   softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                   softcap=softcap, out=out, return_lse=return_lse, backend=backend)
 
 
 class _HopperVarlenAttention(torch.autograd.Function):

@@ -55,3 +55,20 @@ def test_vllm_refuses_what_flashhopper_lacks():
                                     s_aux=torch.zeros(8))
     with pytest.raises(ValueError, match="seqused_k"):
         vllm.flash_attn_varlen_func(q, kc, vc, 1, cu_q, 5, block_table=table)
+
+
+def test_varlen_func_takes_a_page_table_and_out():
+    """flashhopper.flash_attn_varlen_func(page_table=, seqused_k=, out=): vLLM's path in our names."""
+    from flashhopper import flash_attn_varlen_func
+
+    q, kc, vc, table, seq_lens, cu_q, per_seq = serving_calls.paged_batch(page_size=16, lens_k=[37, 300, 17],
+                                                                          lens_q=[37, 1, 9], hq=4, hk=2, d=64)
+    out = torch.full_like(q, float("nan"))
+    got, lse = flash_attn_varlen_func(q, kc, vc, cu_q, None, 37, 300, seqused_k=seq_lens, page_table=table,
+                                      causal=True, out=out, return_lse=True, backend="reference")
+    assert got is out and lse.shape == (4, q.shape[0])
+    for i, (qs, ks, vs) in enumerate(per_seq):
+        want = attention_ref(qs[None], ks[None], vs[None], 64 ** -0.5, True)[0][0]
+        torch.testing.assert_close(out[int(cu_q[i]):int(cu_q[i + 1])], want.to(out.dtype), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs seqused_k"):
+        flash_attn_varlen_func(q, kc, vc, cu_q, None, 37, 300, page_table=table, backend="reference")
