@@ -84,4 +84,44 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
                          return_lse=bool(return_softmax_lse))
 
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache"]
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
+                           cache_seqlens, qkv_dtype=None, headdim_v=None, cu_seqlens_q=None,
+                           cu_seqlens_k_new=None, cache_leftpad=None, page_size=None, max_seqlen_k_new=0,
+                           causal=False, window_size=(-1, -1), attention_chunk=0, has_softcap=False,
+                           num_splits=0, pack_gqa=None, sm_margin=0):
+    """FA3's per-step scheduling plan, computed once and passed to every layer's call. flashhopper plans
+    each call from static extents (flashhopper/splitkv.py), so this returns an int32 tensor of
+    batch_size + 1 zeros on cache_seqlens' device that the calls accept and do not read (serving
+    engines copy it into a buffer of their own sized for the batch)."""
+    import torch
+
+    if not isinstance(batch_size, int) or batch_size < 0:
+        raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
+    device = cache_seqlens.device if hasattr(cache_seqlens, "device") else None
+    return torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
+
+
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """FA3's merge of split outputs: out_partial (splits, b, s, h, d) and lse_partial (splits, b, s, h),
+    fp32, merged by their LSE; returns (out (b, s, h, d) in out_dtype (default out_partial's), lse
+    (b, s, h)). A row with -inf in every split gives 0 and -inf."""
+    import torch
+
+    if out_partial.dim() != 5 or lse_partial.shape != out_partial.shape[:-1]:
+        raise ValueError(f"out_partial {tuple(out_partial.shape)} must be (splits, b, s, h, d) and "
+                         f"lse_partial {tuple(lse_partial.shape)} its first four extents")
+    top = lse_partial.amax(dim=0)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weights = torch.exp(lse_partial.float() - top)
+    total = weights.sum(dim=0)
+    merged = (out_partial.float() * weights[..., None]).sum(dim=0)
+    merged = merged / torch.where(total > 0, total, torch.ones_like(total))[..., None]
+    merged = merged.to(out_dtype or out_partial.dtype)
+    if out is not None:
+        out.copy_(merged)
+        merged = out
+    return merged, top + torch.log(total)
+
+
+__all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "get_scheduler_metadata"]

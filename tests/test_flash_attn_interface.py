@@ -75,3 +75,22 @@ def test_kvcache_returns_fa3s_tuple():
         fa3._attn_kvcache = monkey
     assert rest == [] and lse.shape == (2, 4, 1)
     torch.testing.assert_close(o, want[0].to(BF16), rtol=0, atol=0)
+
+
+def test_scheduler_metadata_and_combine():
+    """get_scheduler_metadata: a tensor the calls accept (flashhopper plans each call itself);
+    flash_attn_combine: splits merged by LSE equal attention over all keys."""
+    meta = fa3.get_scheduler_metadata(3, 1, 4096, 32, 8, 128, torch.zeros(3, dtype=torch.int32))
+    assert meta.dtype == torch.int32 and meta.shape == (4,)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 3, 4, 32, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 50, 4, 32, generator=g, dtype=torch.float64) for _ in range(2))
+    parts = [attention_ref(q, k[:, a:b], v[:, a:b], 0.2) for a, b in ((0, 20), (20, 21), (21, 50))]
+    # and a split with no key
+    empty = (torch.zeros_like(parts[0][0]), torch.full_like(parts[0][1], float("-inf")))
+    outs = torch.stack([o for o, _ in parts] + [empty[0]]).float()
+    lses = torch.stack([lse.transpose(1, 2) for _, lse in parts] + [empty[1].transpose(1, 2)]).float()
+    out, lse = fa3.flash_attn_combine(outs, lses)
+    want, want_lse = attention_ref(q, k, v, 0.2)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse.transpose(1, 2).double(), rtol=1e-5, atol=1e-5)
