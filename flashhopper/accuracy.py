@@ -4,8 +4,12 @@ backward, FP8, varlen and decode as they come.
 - The reference is float64 on the same rounded inputs (flashhopper.reference).
 - The yardstick is our emulator of the kernel's rounding points, never SDPA: fp32 scores and
   softmax, P rounded to the input dtype before P @ V, O rounded at the end (`emulate_forward`); in
-  the backward also dS rounded before the dQ / dK GEMMs (`emulate_backward`). Its error against the
-  reference is what the dtype costs an exact-arithmetic flash kernel.
+  the backward also dS rounded before the dQ / dK GEMMs (`emulate_backward`; after the softmax scale
+  where the dispatched kernel applies it there, BwdConfig.scale_in_ds: the same rounding but in
+  fp16's subnormal range, where small-magnitude fuzz cases showed it). Its error against the
+  reference is what the dtype costs an exact-arithmetic flash kernel. Every bound also holds the
+  fp32 flush-to-zero floor (`ftz_floor`, below 1e-30 for any realistic size: it matters only for
+  outputs that are themselves subnormal).
 - The backward's emulator forms D = rowsum(dO * O) from the O the kernel was given (the forward's
   output), not from its own: O's rounding moves every dS of a row by the same D error, so a
   forward that rounds O its own legitimate way (unnormalized P, division at the end) gives dQ rows
@@ -141,10 +145,30 @@ def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shi
     return o.to(torch.bfloat16), lse
 
 
-def emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=None):
+def emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=None, ds_scaled=False):
     """(dq, dk, dv) with the backward kernels' rounding points (P and dS in the input dtype), D formed
-    from `out` (the forward's output the kernel was given; default the emulated one)."""
-    return attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, out=out)
+    from `out` (the forward's output the kernel was given; default the emulated one); `ds_scaled`: dS
+    rounded after the softmax scale (the dispatched kernel's BwdConfig.scale_in_ds)."""
+    return attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, out=out,
+                                          ds_scaled=ds_scaled)
+
+
+def _dispatched_scale_in_ds(q, k, causal, window, softcap) -> bool:
+    """Whether the backward the call dispatches rounds dS after the scale (only fp16's subnormals tell)."""
+    from flashhopper import plan
+
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(q.dtype)
+    if dtype is None:
+        return False
+    cfg = plan.bwd_plan(dtype, q.shape[-1], q.shape[1], k.shape[1], causal, window, softcap > 0, False)[0]
+    return cfg.scale_in_ds
+
+
+def ftz_floor(length: int, *magnitudes: float) -> float:
+    """The kernels' fp32 flushes subnormal results to zero (exp2 of a very negative score, products
+    below 2^-126): each of `length` terms may lose up to 2^-126 times the product of `magnitudes`
+    (the largest of what multiplies it). Seen on the H200: bf16 dV of 1e-39 (P ~ 1e-39 flushed)."""
+    return length * 2.0 ** -126 * math.prod(magnitudes)
 
 
 def check_output(name: str, x: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: float = 0.0,
@@ -240,7 +264,9 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
     else:
         ref, ref_lse = attention_ref(q, k, v, scale, causal, window, softcap)
         emu, emu_lse = emulate_forward(q, k, v, scale, causal, window, softcap)
-    check_output("out", out, ref, emu, softcap, fp8=fp8)
+    given = [d.float().abs().max().item() for d in descales if d is not None]
+    vmax = v.float().abs().max().item() * max(given, default=1.0)
+    check_output("out", out, ref, emu, softcap, fp8=fp8, floor=ftz_floor(k.shape[1], vmax))
     if fp8:  # exact but for the scores' tensor-core accumulation, which costs no more than its own error
         check_lse(lse, exact_lse.double(), exact_lse, softcap)
         seen = torch.isfinite(ref_lse)
@@ -275,8 +301,14 @@ def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, *, out, la
     from flashhopper.reference import attention_bwd_ref
 
     refs = attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
-    emus = emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=out)
-    floors = (cancellation_floor(dout, v, k, scale), cancellation_floor(dout, v, q, scale), 0.0)
+    emus = emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=out,
+                            ds_scaled=_dispatched_scale_in_ds(q, k, causal, window, softcap))
+    big = {name: t.abs().max().item() for name, t in (("q", q), ("k", k), ("v", v), ("do", dout))}
+    ds_big = 2 * q.shape[-1] * big["do"] * big["v"]  # |dP - D|
+    sq, sk = q.shape[1], k.shape[1]
+    floors = (cancellation_floor(dout, v, k, scale) + ftz_floor(sk, ds_big, big["k"], scale),
+              cancellation_floor(dout, v, q, scale) + ftz_floor(sq, ds_big, big["q"], scale),
+              ftz_floor(sq, big["do"]))
     for name, x, ref, emu, floor in zip(("dq", "dk", "dv"), grads, refs, emus, floors, strict=True):
         assert x.dtype == q.dtype, (name, x.dtype)
         check_output(f"{name}{label}", x, ref, emu, softcap, floor=floor)

@@ -145,7 +145,7 @@ def attention_grads_in_dtype(q, k, v, dout, scale, causal, window, softcap):
 
 
 def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap, p_rounded_in_ds=False,
-                                   out=None):
+                                   out=None, ds_scaled=False):
     """(dq, dk, dv) with a flash backward's roundings and fp32 math otherwise: O, P and dS rounded to
     the input dtype before the GEMMs that read them, as SDPA's flash backend and FA2-4 do, and the
     gradients at the end: what the dtype costs an exact-arithmetic flash kernel, where
@@ -153,7 +153,8 @@ def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap
     of the tests' bound; the tests do not use it yet. `p_rounded_in_ds`: dS formed from the rounded P
     (BwdConfig.sdp_by_gemm) instead of the
     fp32 one. `out`: the forward's output that D = rowsum(dO * O) is formed from, as a backward
-    kernel is given it (default: this function's own rounded O)."""
+    kernel is given it (default: this function's own rounded O). `ds_scaled`: dS is rounded after the
+    softmax scale is applied (BwdConfig.scale_in_ds), not before; the same but for fp16's subnormals."""
     dt, group = q.dtype, q.shape[2] // k.shape[2]
     qf, dof = q.float(), dout.float()
     kf, vf = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
@@ -170,9 +171,12 @@ def attention_grads_flash_rounding(q, k, v, dout, scale, causal, window, softcap
     ds = (p16 if p_rounded_in_ds else p) * (dp - d)
     if softcap:
         ds = ds * (1 - t * t)
-    ds16 = ds.to(dt).float()
-    dq = torch.einsum("bhqk,bkhd->bqhd", ds16, kf) * scale
-    dk = torch.einsum("bhqk,bqhd->bkhd", ds16, qf) * scale
+    if ds_scaled:
+        ds16, after = (ds * scale).to(dt).float(), 1.0
+    else:
+        ds16, after = ds.to(dt).float(), scale
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds16, kf) * after
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds16, qf) * after
     dv = torch.einsum("bhqk,bqhd->bkhd", p16, dof)
     b, sk, hk = k.shape[0], k.shape[1], k.shape[2]
     dk, dv = (x.reshape(b, sk, hk, group, x.shape[-1]).sum(3) for x in (dk, dv))

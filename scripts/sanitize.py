@@ -31,6 +31,7 @@ def main() -> int:
     parser.add_argument("--fwd", action="store_true", help="forward kernels only")
     parser.add_argument("--all", action="store_true", help="every dispatched kernel, not the covering subset")
     parser.add_argument("--list", action="store_true", help="print the calls; run nothing")
+    parser.add_argument("--pick", type=int, nargs="+", metavar="I", help="only these calls (--list numbers)")
     args = parser.parse_args()
     calls = dispatched_calls(backward=not args.fwd)
     if not args.all:  # and the varlen kernels covered on their own (their offsets meet every tile shape)
@@ -42,9 +43,11 @@ def main() -> int:
         if isinstance(cfg, BwdPreConfig):
             continue  # run by its backward
         runs.append((call, isinstance(cfg, BwdConfig)))
+    if args.pick:
+        runs = [runs[i] for i in args.pick]
     if args.list:
-        for call, bwd in runs:
-            print(("bwd " if bwd else "fwd ") + repr(call))
+        for i, (call, bwd) in enumerate(runs):
+            print(f"{i:3d} " + ("bwd " if bwd else "fwd ") + repr(call))
         print(f"{len(runs)} calls")
         return 0
     from flashhopper import flash_attn_func

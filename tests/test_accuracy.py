@@ -144,3 +144,27 @@ def test_the_backward_rule_takes_d_from_the_kernels_out():
     own_out = emulate_forward(q, k, v, 0.178, True, (-1, -1), 0.0)[0]
     with pytest.raises(AssertionError, match="dq rows 128"):
         check_grads(grads, q, k, v, dout, 0.178, True, (-1, -1), 0.0, out=own_out)
+
+
+def test_the_backward_rule_rounds_ds_where_the_dispatched_kernel_does(monkeypatch):
+    """fp16 of magnitude 0.1 with a small scale puts dS in fp16's subnormals, where rounding dS after
+    the softmax scale (BwdConfig.scale_in_ds, dispatched at hdim 96 / 128) loses more than rounding
+    it before: the emulator takes the dispatched rounding point. The same shape as the fuzz failures
+    it explains (dQ off by 2.2e-7 where the other emulator was off by 3.3e-8)."""
+    from flashhopper import accuracy
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, dout = ((torch.randn(1, n, 1, 96, generator=g) * 0.1).half() for n in (300, 1500, 1500, 300))
+    out = emulate_forward(q, k, v, 0.0135, False, (-1, -1), 0.0)[0]
+    kernel = emulate_backward(q, k, v, dout, 0.0135, False, (-1, -1), 0.0, out=out, ds_scaled=True)
+    accuracy.check_grads(kernel, q, k, v, dout, 0.0135, False, (-1, -1), 0.0, out=out)
+    monkeypatch.setattr(accuracy, "_dispatched_scale_in_ds", lambda *args: False)
+    with pytest.raises(AssertionError, match="dq rows 0"):
+        accuracy.check_grads(kernel, q, k, v, dout, 0.0135, False, (-1, -1), 0.0, out=out)
+
+
+def test_the_flush_to_zero_floor_is_negligible_but_for_subnormal_outputs():
+    from flashhopper.accuracy import ftz_floor
+
+    assert ftz_floor(2049, 16.0) < 1e-33  # dV of 2049 queries, |dO| 16
+    assert ftz_floor(2049, 16.0) > 1.07e-39  # the H200's bf16 dV off by 1.1e-39 (P ~ 1e-39 flushed)
