@@ -49,7 +49,7 @@ from flashhopper.hopper import mask as M
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.layout import smem_struct
-from flashhopper.hopper.mma import issue_gemm
+from flashhopper.hopper.mma import issue_gemm, issue_gemm_pair
 
 _BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
 _BAR_DQ_EMPTY = 2  # dQ writer -> consumers: the smem dQ tile may be overwritten
@@ -64,33 +64,6 @@ _BAR_CVT_EMPTY = 14
 _BAR_CVT_CHUNK = 15
 _CVT_THREADS = 64
 _CVT_VEC = 8  # fp32 elements a converter thread takes at a time: one 16-byte store of 16-bit dQ
-
-
-@cute.jit
-def issue_k_blocks(tiled_mma, acc, tCrA, tCrB, k_begin: cutlass.Constexpr[int],
-                   k_end: cutlass.Constexpr[int]):
-    """Issue k-blocks [k_begin, k_end) of a GEMM accumulating into `acc` as one commit group."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, True)
-    for k in cutlass.range_constexpr(k_begin, k_end):
-        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-    warpgroup.commit_group()
-
-
-@cute.jit
-def issue_k_blocks2(tiled_mma, acc, tCrA, tCrB, acc2, tCrA2, tCrB2, k_begin: cutlass.Constexpr[int],
-                    k_end: cutlass.Constexpr[int]):
-    """k-blocks [k_begin, k_end) of two GEMMs of one (RS) tiled MMA, into `acc` then `acc2`, as
-    one commit group."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)
-    atom.set(warpgroup.Field.ACCUMULATE, True)
-    for k in cutlass.range_constexpr(k_begin, k_end):
-        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
-    for k in cutlass.range_constexpr(k_begin, k_end):
-        cute.gemm(atom, acc2, tCrA2[None, None, k], tCrB2[None, None, k], acc2)
-    warpgroup.commit_group()
 
 
 class FlashBwdSm90(BwdKernelBase):
@@ -824,17 +797,18 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.copy(dS_copy_atom, rdS_k, tdSsdS_i[(None, k), None, None])
                 if cutlass.const_expr(k == num_chunks // 2 - 1 and self.cfg.dk_rs):
                     # dK's first half rides with dV's (dS^T k-blocks 0-3 are in registers)
-                    issue_k_blocks2(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, acc_dK, tKrdS_a,
+                    issue_gemm_pair(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, acc_dK, tKrdS_a,
                                     tKrQ[None, None, None, state.index], 0, num_chunks // 2)
                 elif cutlass.const_expr(k == num_chunks // 2 - 1):
-                    issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, 0, num_chunks // 2)
+                    issue_gemm(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, zero_init=False, k_end=num_chunks // 2)
                 if cutlass.const_expr(k == num_chunks - 1 and self.cfg.dk_rs):
                     # that group done: the first half of P^T and dS^T leave the registers before
                     # the dQ accumulator needs them (with all of dS^T held to the end, ptxas
                     # spilled 16-24 bytes in the loop, every mask but softcap)
                     warpgroup.wait_group(0)
             cute.arch.fence_view_async_shared()
-            issue_k_blocks(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, num_chunks // 2, num_chunks)
+            issue_gemm(tiled_mma_dkv, acc_dV, tPrP, tVrdO_i, zero_init=False, k_begin=num_chunks // 2,
+                       k_end=num_chunks)
         elif cutlass.const_expr(self.cfg.dv_after_ds):
             # 128 queries in FA3 / FA4's order: P^T and dS^T both in 16 bits before any of
             # this step's dV / dK work is queued, so no in-flight WGMMA pins the fp32 S^T / dP^T
@@ -875,8 +849,8 @@ class FlashBwdSm90(BwdKernelBase):
             pipe_do.consumer_release(state)
         if cutlass.const_expr(self.cfg.dk_rs and self.cfg.ds_before_dv):
             # the second half of dK; the first went with dV's first half
-            issue_k_blocks(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index],
-                           num_chunks // 2, num_chunks)
+            issue_gemm(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index], zero_init=False,
+                       k_begin=num_chunks // 2, k_end=num_chunks)
         elif cutlass.const_expr(self.cfg.dk_rs):
             # dS^T from registers: they stay live until the wait_group(0) below
             issue_gemm(tiled_mma_dkv, acc_dK, tKrdS_a, tKrQ[None, None, None, state.index], zero_init=False)

@@ -34,7 +34,7 @@ from flashhopper.hopper import fwd_cluster as C
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
-from flashhopper.hopper.mma import acc_to_operand_a
+from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 from flashhopper.hopper.opaque import opaque as _opaque
 
 # Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
@@ -1064,15 +1064,8 @@ class FlashFwdSm90:
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
-        """Issue one block's WGMMAs (one per 16-wide k slice) as one commit group; no wait."""
-        warpgroup.fence()
-        # a fresh atom per call: its ACCUMULATE field is mutated while tracing
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-        for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-            cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k, stage], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
+        """One block's WGMMAs with B from its ring stage `stage`, as one commit group (mma.issue_gemm)."""
+        issue_gemm(tiled_mma, acc, tCrA, tCrB[None, None, None, stage], zero_init)
 
     @cute.jit
     def flush_pv(self, acc_O, acc_Ob):

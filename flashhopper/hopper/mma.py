@@ -1,4 +1,4 @@
-"""WGMMA issue helper shared by the kernels."""
+"""WGMMA issue helpers shared by the kernels: the one place a GEMM's WGMMAs are issued."""
 
 from __future__ import annotations
 
@@ -10,17 +10,35 @@ from flashhopper.hopper import layout as L
 
 
 @cute.jit
-def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool]):
-    """Issue one tile's WGMMAs (one per k slice) as one commit group; no wait.
+def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool],
+               k_begin: cutlass.Constexpr[int] = 0, k_end: cutlass.Constexpr[int] = -1):
+    """Issue a tile's WGMMAs (one per k slice; k slices [k_begin, k_end), k_end -1: all) as one
+    commit group; no wait. `zero_init`: the first WGMMA overwrites acc instead of adding to it.
 
     A fresh atom per call: its ACCUMULATE field is mutated while tracing.
     """
     warpgroup.fence()
     atom = cute.make_mma_atom(tiled_mma.op)
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+    end = cute.size(tCrA, mode=[2]) if cutlass.const_expr(k_end < 0) else k_end
+    for k in cutlass.range_constexpr(k_begin, end):
         cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def issue_gemm_pair(tiled_mma, acc, tCrA, tCrB, acc2, tCrA2, tCrB2, k_begin: cutlass.Constexpr[int],
+                    k_end: cutlass.Constexpr[int]):
+    """k slices [k_begin, k_end) of two accumulating GEMMs of one (RS) tiled MMA, into `acc` then
+    `acc2`, as one commit group."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, True)
+    for k in cutlass.range_constexpr(k_begin, k_end):
+        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+    for k in cutlass.range_constexpr(k_begin, k_end):
+        cute.gemm(atom, acc2, tCrA2[None, None, k], tCrB2[None, None, k], acc2)
     warpgroup.commit_group()
 
 
