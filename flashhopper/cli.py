@@ -296,6 +296,11 @@ def _bench_varlen(args) -> int:
               "(192: q / k 192, v 128)", file=sys.stderr)
         return 2
     rounds = varlen.DEFAULT_ROUNDS if args.rounds is None else args.rounds
+    if args.allocations:  # the speed targets' method: a round per allocation (each round draws anew)
+        if args.rounds is not None:
+            print("flashhopper bench: --allocations replaces --rounds", file=sys.stderr)
+            return 2
+        rounds = args.allocations
     if rounds < 1:
         print(f"flashhopper bench: --rounds takes N >= 1, got {rounds}", file=sys.stderr)
         return 2

@@ -12,8 +12,10 @@ exactly (causal: L (L + 1) / 2 for a document of L tokens, where targets.md's de
 L^2), times 2 (d + dv) per head (4 d with dv = d); the backward counts 2.5 x the forward.
 
 Timing follows runner.py: runner.time_ms (CUDA events, warm-up, median of repeats), every provider
-of a point timed in the same run, taking turns; each round allocates fresh inputs and the median
-over rounds is reported. The ratio is flashhopper over the best of FA2 and FA4.
+of a point timed in the same run, taking turns; each round allocates fresh inputs (all rounds' kept
+to the end of the point, so each lands at new addresses) and the median over rounds is reported, with
+p10 / p50 / p90 in the JSON (`bench --varlen --allocations N`: N rounds, the speed targets' method).
+The ratio is flashhopper over the best of FA2 and FA4.
 
 Importing this module needs no GPU; the benchmark needs CUDA when it runs.
 """
@@ -336,8 +338,10 @@ def run_varlen_point(point: VarlenPoint, providers: list[VarlenProvider], dtype=
         else:
             active.append(p)
             samples[p.name] = []
+    held = []  # every round's inputs kept to the end of the point: each round's land at new addresses
     for r in range(rounds):
         x = packed_inputs(point, dtype, device, cu)
+        held.append(x)
         for p in list(active):
             try:
                 with p.context():
@@ -352,7 +356,7 @@ def run_varlen_point(point: VarlenPoint, providers: list[VarlenProvider], dtype=
                 active.remove(p)
                 results.pop(p.name, None)
             fn = None
-        del x
+    del held
     measured = [p.name for p in active]
     tflops = {p.name: statistics.median(samples[p.name]) if p.name in measured else None for p in providers}
     rates = [tflops[name] for name in peers if tflops.get(name)]
@@ -367,6 +371,7 @@ def run_varlen_point(point: VarlenPoint, providers: list[VarlenProvider], dtype=
         "heads": point.heads, "flops": point.flops, "tflops": tflops,
         "ratio": mine / max(rates) if mine and rates else None, "errors": errors, "skipped": skipped,
         "rounds": rounds, "spread": {n: [min(samples[n]), max(samples[n])] for n in measured},
+        "percentiles": {n: runner.percentiles(samples[n]) for n in measured},
         "agreement": {"against": reference, "max_rel_diff": diffs} if diffs else None,
     }
 
