@@ -1065,7 +1065,7 @@ class FlashFwdSm90:
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
         """One block's WGMMAs with B from its ring stage `stage`, as one commit group (mma.issue_gemm)."""
-        issue_gemm(tiled_mma, acc, tCrA, tCrB[None, None, None, stage], zero_init)
+        issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init, stage=stage)
 
     @cute.jit
     def flush_pv(self, acc_O, acc_Ob):

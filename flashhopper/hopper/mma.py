@@ -11,9 +11,11 @@ from flashhopper.hopper import layout as L
 
 @cute.jit
 def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool],
-               k_begin: cutlass.Constexpr[int] = 0, k_end: cutlass.Constexpr[int] = -1):
+               k_begin: cutlass.Constexpr[int] = 0, k_end: cutlass.Constexpr[int] = -1, stage=None):
     """Issue a tile's WGMMAs (one per k slice; k slices [k_begin, k_end), k_end -1: all) as one
     commit group; no wait. `zero_init`: the first WGMMA overwrites acc instead of adding to it.
+    `stage`: B's ring stage, indexed per k slice (tCrB[None, None, k, stage]; slicing the stage
+    first gives other address arithmetic: 16-72 instructions fewer in every forward kernel, untimed).
 
     A fresh atom per call: its ACCUMULATE field is mutated while tracing.
     """
@@ -22,7 +24,8 @@ def issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init: cutlass.Constexpr[bool],
     atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
     end = cute.size(tCrA, mode=[2]) if cutlass.const_expr(k_end < 0) else k_end
     for k in cutlass.range_constexpr(k_begin, end):
-        cute.gemm(atom, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+        b = tCrB[None, None, k] if cutlass.const_expr(stage is None) else tCrB[None, None, k, stage]
+        cute.gemm(atom, acc, tCrA[None, None, k], b, acc)
         atom.set(warpgroup.Field.ACCUMULATE, True)
     warpgroup.commit_group()
 
