@@ -218,9 +218,10 @@ def _cmd_bench(args) -> int:
               file=sys.stderr)
         return 2
     fields = {f.name for f in dataclasses.fields(BwdConfig if args.bwd else FwdConfig)}
-    if args.ablation and overrides:
-        print("flashhopper bench: --set applies to the grid, not to --ablation", file=sys.stderr)
-        return 2
+    for flag, given in (("--set", overrides), ("--allocations", args.allocations)):
+        if args.ablation and given:
+            print(f"flashhopper bench: {flag} applies to the grid, not to --ablation", file=sys.stderr)
+            return 2
     if args.rounds < 1:
         print(f"flashhopper bench: --rounds takes N >= 1, got {args.rounds}", file=sys.stderr)
         return 2
@@ -295,14 +296,9 @@ def _bench_varlen(args) -> int:
         print(f"flashhopper bench: --varlen --hdim {bad} not benchmarked; choose from {hdims} "
               "(192: q / k 192, v 128)", file=sys.stderr)
         return 2
-    rounds = varlen.DEFAULT_ROUNDS if args.rounds is None else args.rounds
-    if args.allocations:  # the speed targets' method: a round per allocation (each round draws anew)
-        if args.rounds is not None:
-            print("flashhopper bench: --allocations replaces --rounds", file=sys.stderr)
-            return 2
-        rounds = args.allocations
-    if rounds < 1:
-        print(f"flashhopper bench: --rounds takes N >= 1, got {rounds}", file=sys.stderr)
+    # the speed targets' method: a round per allocation (each round draws its inputs anew)
+    rounds = _rounds(args, varlen.DEFAULT_ROUNDS, allocations=True)
+    if rounds is None:
         return 2
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
     backward = (True,) if args.bwd else (False, True)
@@ -316,6 +312,23 @@ def _bench_varlen(args) -> int:
         return 2
     varlen.run_varlen_bench(points, dtype=args.dtype, json_path=args.json, rounds=rounds)
     return 0
+
+
+def _rounds(args, default: int, allocations: bool) -> int | None:
+    """--rounds (default `default`), or with `allocations` --allocations N as N rounds; None after
+    printing why the command line is refused."""
+    rounds = default if args.rounds is None else args.rounds
+    if args.allocations:
+        if not allocations or args.rounds is not None:
+            print("flashhopper bench: --allocations " + ("replaces --rounds" if allocations else
+                  "is for the grid and --varlen (decode times graph replays over rotated caches)"),
+                  file=sys.stderr)
+            return None
+        rounds = args.allocations
+    if rounds < 1:
+        print(f"flashhopper bench: --rounds takes N >= 1, got {rounds}", file=sys.stderr)
+        return None
+    return rounds
 
 
 def _bench_decode(args) -> int:
@@ -343,9 +356,8 @@ def _bench_decode(args) -> int:
         print(f"flashhopper bench: --decode --hdim {bad} not benchmarked; choose from {hdims} (128: 32 query "
               "heads over 8 KV heads, 64: 32 over 32)", file=sys.stderr)
         return 2
-    rounds = decode.DEFAULT_ROUNDS if args.rounds is None else args.rounds
-    if rounds < 1:
-        print(f"flashhopper bench: --rounds takes N >= 1, got {rounds}", file=sys.stderr)
+    rounds = _rounds(args, decode.DEFAULT_ROUNDS, allocations=False)
+    if rounds is None:
         return 2
     points = decode.decode_points(quick=args.quick, hdims=args.hdim)
     if not points:  # --quick is hdim 128 only

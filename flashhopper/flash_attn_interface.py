@@ -105,22 +105,18 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     """FA3's merge of split outputs: out_partial (splits, b, s, h, d) and lse_partial (splits, b, s, h),
     fp32, merged by their LSE; returns (out (b, s, h, d) in out_dtype (default out_partial's), lse
     (b, s, h)). A row with -inf in every split gives 0 and -inf."""
-    import torch
 
     if out_partial.dim() != 5 or lse_partial.shape != out_partial.shape[:-1]:
         raise ValueError(f"out_partial {tuple(out_partial.shape)} must be (splits, b, s, h, d) and "
                          f"lse_partial {tuple(lse_partial.shape)} its first four extents")
-    top = lse_partial.amax(dim=0)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    weights = torch.exp(lse_partial.float() - top)
-    total = weights.sum(dim=0)
-    merged = (out_partial.float() * weights[..., None]).sum(dim=0)
-    merged = merged / torch.where(total > 0, total, torch.ones_like(total))[..., None]
+    from flashhopper.splitkv import merge_by_lse
+
+    merged, lse = merge_by_lse(out_partial, lse_partial.float(), dim=0)
     merged = merged.to(out_dtype or out_partial.dtype)
     if out is not None:
         out.copy_(merged)
         merged = out
-    return merged, top + torch.log(total)
+    return merged, lse
 
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",

@@ -98,6 +98,19 @@ def rearrange(layout: DecodeLayout, q, starts_k, used_k):
     return q_rows, cu_q, per_item, torch.cat([starts, starts[-1:]]), used
 
 
+def merge_by_lse(o, lse, dim: int):
+    """Partial outputs o (..., dv) over disjoint key sets, merged along `dim` by their fp32 LSEs (o's
+    shape without the last extent): (out fp32, lse). A part with no key (-inf) weighs nothing; a
+    row with no key in any part gets 0 and -inf."""
+    top = lse.amax(dim=dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weights = torch.exp(lse - top)  # -inf -> 0
+    total = weights.sum(dim=dim)
+    divisor = torch.where(total > 0, total, torch.ones_like(total))
+    out = (o.float() * weights[..., None]).sum(dim=dim) / divisor[..., None]
+    return out, top.squeeze(dim) + torch.log(total)  # log 0 = -inf: no key anywhere
+
+
 def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int):
     """The varlen forward's (o (b * splits * rows, heads, dv), lse (heads, b * splits * rows)) merged
     over the splits by their LSE in fp32 and unpacked: (out (b, 1, hq, dv) fp32, lse (b, hq, 1)).
@@ -107,13 +120,7 @@ def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int):
     o = o.view(batch, s, rows, heads, o.shape[-1]).float()
     lse = lse.view(heads, batch, s, rows).permute(1, 2, 3, 0)  # (b, s, rows, heads)
     if s > 1:
-        top = lse.amax(dim=1)
-        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-        weights = torch.exp(lse - top[:, None])  # -inf (a chunk with no key) -> 0
-        total = weights.sum(dim=1)
-        divisor = torch.where(total > 0, total, torch.ones_like(total))
-        out = (o * weights[..., None]).sum(dim=1) / divisor[..., None]
-        lse = top + torch.log(total)  # log 0 = -inf: no key anywhere
+        out, lse = merge_by_lse(o, lse, dim=1)
     else:
         out, lse = o[:, 0], lse[:, 0]
     if layout.pack_gqa:  # (b, g, hk, ...) -> (b, hk, g, ...) -> query heads
