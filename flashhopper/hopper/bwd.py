@@ -46,22 +46,12 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from flashhopper.config import DQ_CAST_ROWS, DQ_CAST_STAGES
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
+from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, BwdBarrier
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.layout import smem_struct
 from flashhopper.hopper.mma import issue_gemm, issue_gemm_pair
 
-_BAR_DS = 1  # both consumer warpgroups: dS^T tile written / dQ GEMM done reading it
-_BAR_DQ_EMPTY = 2  # dQ writer -> consumers: the smem dQ tile may be overwritten
-_BAR_DQ_FULL = 3  # consumers -> dQ writer: the smem dQ tile holds this step's dQ
-# BwdConfig.dq_per_wg: warpgroup w's own pair instead of 2 and 3, 128 + 32 threads each:
-# _BAR_DQ_WG + w = its dQ part is empty (writer -> w), _BAR_DQ_WG + num_consumer_wg + w = full (w -> writer)
-_BAR_DQ_WG = 4
-# BwdConfig.fused_dq_cast: dQ writer <-> converter warps mailbox (full, empty: 32 + 64 threads), and
-# the two converter warps between fp32 chunks (64 threads)
-_BAR_CVT_FULL = 13
-_BAR_CVT_EMPTY = 14
-_BAR_CVT_CHUNK = 15
 _CVT_THREADS = 64
 _CVT_VEC = 8  # fp32 elements a converter thread takes at a time: one 16-byte store of 16-bit dQ
 
@@ -322,8 +312,8 @@ class FlashBwdSm90(BwdKernelBase):
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
-            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
-            cute.arch.barrier(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
+            cute.arch.barrier_arrive(barrier_id=BwdBarrier.DQ_EMPTY, number_of_threads=dq_threads)
+            cute.arch.barrier(barrier_id=BwdBarrier.DQ_FULL, number_of_threads=dq_threads)
             # the whole warp runs the copy (it elects its issuing lane itself: calling it from one
             # lane leaves the election waiting for the other 31 forever)
             mdQ_rows, m_tile = self.dq_rows_tile(mdQaccum, head, batch, m_block, seqlen_q, seq)
@@ -366,12 +356,12 @@ class FlashBwdSm90(BwdKernelBase):
             # warpgroup w may write its next part
             for w in cutlass.range_constexpr(num_wg):
                 cute.arch.cp_async_bulk_wait_group(num_wg - 1 - w, read=True)
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+                cute.arch.barrier_arrive(barrier_id=BwdBarrier.DQ_WG + w, number_of_threads=wg_threads)
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for w in cutlass.range_constexpr(num_wg):
-                cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                cute.arch.barrier(barrier_id=BwdBarrier.DQ_WG + num_wg + w, number_of_threads=wg_threads)
                 if cutlass.const_expr(self.cfg.deterministic and w == 0):
                     self.wait_turn(sem, turn)
                 # the whole warp runs the copy (it elects its issuing lane itself)
@@ -414,11 +404,11 @@ class FlashBwdSm90(BwdKernelBase):
         """fused_dq_cast, dQ writer warp: (head, m_block) into the converters' one-slot mailbox
         once this CTA's reduce-adds of that tile have landed (deterministic: only the last turn's);
         head -1: no more tiles. The slot is free once they have read the previous message."""
-        cute.arch.barrier(barrier_id=_BAR_CVT_EMPTY, number_of_threads=32 + _CVT_THREADS)
+        cute.arch.barrier(barrier_id=BwdBarrier.CVT_EMPTY, number_of_threads=32 + _CVT_THREADS)
         if lane == 0:
             cvt_mail[0] = head
             cvt_mail[1] = m_block
-        cute.arch.barrier_arrive(barrier_id=_BAR_CVT_FULL, number_of_threads=32 + _CVT_THREADS)
+        cute.arch.barrier_arrive(barrier_id=BwdBarrier.CVT_FULL, number_of_threads=32 + _CVT_THREADS)
 
     @cute.jit
     def convert_dq(self, mdQ, mdQaccum_ld, mdQsem, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch, seqlen_q,
@@ -442,16 +432,16 @@ class FlashBwdSm90(BwdKernelBase):
         sCvt_flat = cute.make_tensor(sCvt.iterator, cute.make_layout(DQ_CAST_STAGES * chunk_elems))
         tCsC = cute.group_modes(sCvt, 0, 2)
         # the slot starts free
-        cute.arch.barrier_arrive(barrier_id=_BAR_CVT_EMPTY, number_of_threads=mail_threads)
+        cute.arch.barrier_arrive(barrier_id=BwdBarrier.CVT_EMPTY, number_of_threads=mail_threads)
         k = Int32(0)  # chunks loaded so far: ring stage k % stages, phase (k // stages) % 2
         head = Int32(0)
         while head >= 0:
-            cute.arch.barrier(barrier_id=_BAR_CVT_FULL, number_of_threads=mail_threads)
+            cute.arch.barrier(barrier_id=BwdBarrier.CVT_FULL, number_of_threads=mail_threads)
             head = cvt_mail[0]
             m_block = cvt_mail[1]
             owner = Int32(0)
             if head >= 0:
-                cute.arch.barrier_arrive(barrier_id=_BAR_CVT_EMPTY, number_of_threads=mail_threads)
+                cute.arch.barrier_arrive(barrier_id=BwdBarrier.CVT_EMPTY, number_of_threads=mail_threads)
                 owner = Int32(1)  # deterministic: the writer posts only its last turns
                 if cutlass.const_expr(not self.cfg.deterministic):
                     if warp == 2:
@@ -465,8 +455,8 @@ class FlashBwdSm90(BwdKernelBase):
                         if lane == 0:
                             cvt_mail[2] = Int32(old == count - 1)
                     # warp 3 reads the verdict after this barrier; warp 2 writes the next one only
-                    # after both have met the writer's next message (_BAR_CVT_FULL)
-                    cute.arch.barrier(barrier_id=_BAR_CVT_CHUNK, number_of_threads=_CVT_THREADS)
+                    # after both have met the writer's next message (BwdBarrier.CVT_FULL)
+                    cute.arch.barrier(barrier_id=BwdBarrier.CVT_CHUNK, number_of_threads=_CVT_THREADS)
                     owner = cvt_mail[2]
             if owner != 0:
                 gAcc = cute.local_tile(mdQaccum_ld[None, None, head, batch], (DQ_CAST_ROWS, self.hdim),
@@ -499,7 +489,7 @@ class FlashBwdSm90(BwdKernelBase):
                             col = idx % vecs_per_row
                             cute.autovec_copy(rOut, cute.local_tile(gdQ_row, (_CVT_VEC,), (col,)))
                     # every converter thread is done with this stage: it may be loaded again
-                    cute.arch.barrier(barrier_id=_BAR_CVT_CHUNK, number_of_threads=_CVT_THREADS)
+                    cute.arch.barrier(barrier_id=BwdBarrier.CVT_CHUNK, number_of_threads=_CVT_THREADS)
                 k = k + chunks
 
     @cute.jit
@@ -539,7 +529,7 @@ class FlashBwdSm90(BwdKernelBase):
         other parts are the same layout at an offset; it must be whole swizzle periods (1 KiB at
         most) for one atom to serve them all. Both are checked here, at trace time, and so is
         that a thread of each warp of warpgroup w holds dQ accumulator elements only in part w."""
-        if _BAR_DQ_WG + 2 * self.num_consumer_wg > 16:
+        if BwdBarrier.DQ_WG + 2 * self.num_consumer_wg > NUM_NAMED_BARRIERS:
             raise ValueError(f"dq_per_wg: {self.num_consumer_wg} warpgroups need more than 16 named barriers")
         shape = self.dq_part_shape()
         ident = cute.make_identity_tensor(self.dq_acc_shape())
@@ -729,14 +719,14 @@ class FlashBwdSm90(BwdKernelBase):
             rdK.store((acc_dK.load() * softmax_scale).to(self.dtype))
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdV.store(acc_dV.load().to(self.dtype))
-        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdBarrier.DS, number_of_threads=self.num_consumer_threads)
         st_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
                                       self.dtype)
         st_copy = cute.make_tiled_copy_C(st_atom, tiled_mma_dkv).get_slice(tidx)
         cute.copy(st_atom, st_copy.retile(rdK), st_copy.partition_D(sK))
         cute.copy(st_atom, st_copy.retile(rdV), st_copy.partition_D(sV))
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdBarrier.DS, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx, seq,
                        seqlen_k)
 
@@ -832,7 +822,7 @@ class FlashBwdSm90(BwdKernelBase):
             self.ds_free_barrier()
             cute.copy(dS_copy_atom, dS_copy.retile(rdS), tdSsdS_i)
             cute.arch.fence_view_async_shared()
-        cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdBarrier.DS, number_of_threads=self.num_consumer_threads)
         if cutlass.const_expr(self.cfg.dk_rs and not self.cfg.ds_before_dv and not self.cfg.dv_after_ds):
             # dV done (it ran under the dS^T stores and the barrier): P^T leaves the registers
             # before the dQ accumulator joins dS^T (fp16 + softcap at hdim 128 spilled 16 bytes
@@ -860,18 +850,18 @@ class FlashBwdSm90(BwdKernelBase):
         # hand dQ to the writer warp once it has finished reading the previous tile (with
         # dq_per_wg: this warpgroup's part, on this warpgroup's barriers)
         if cutlass.const_expr(self.cfg.dq_per_wg):
-            cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
+            cute.arch.barrier(barrier_id=BwdBarrier.DQ_WG + wg, number_of_threads=128 + 32)
         else:
-            cute.arch.barrier(barrier_id=_BAR_DQ_EMPTY, number_of_threads=dq_threads)
+            cute.arch.barrier(barrier_id=BwdBarrier.DQ_EMPTY, number_of_threads=dq_threads)
         if cutlass.const_expr(not self.cfg.scale_in_ds):
             acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
         cute.copy(dQ_copy, dQ_copy.retile(acc_dQ), tdQsdQ)
         cute.arch.fence_view_async_shared()
         if cutlass.const_expr(self.cfg.dq_per_wg):
-            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+            cute.arch.barrier_arrive(barrier_id=BwdBarrier.DQ_WG + self.num_consumer_wg + wg,
                                      number_of_threads=128 + 32)
         else:
-            cute.arch.barrier_arrive(barrier_id=_BAR_DQ_FULL, number_of_threads=dq_threads)
+            cute.arch.barrier_arrive(barrier_id=BwdBarrier.DQ_FULL, number_of_threads=dq_threads)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
         if cutlass.const_expr(not self.cfg.dv_after_ds):
@@ -900,7 +890,7 @@ class FlashBwdSm90(BwdKernelBase):
         (wait_group 0) before arriving at the previous step's "written" barrier, which this
         warpgroup has passed, so no barrier is needed."""
         if cutlass.const_expr(self.cfg.ds_stages == 1):
-            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=self.num_consumer_threads)
+            cute.arch.barrier(barrier_id=BwdBarrier.DS, number_of_threads=self.num_consumer_threads)
 
     @staticmethod
     def check_chunks(rc_layout, a_layout, st_layout, num_chunks: int, chunk_cols: int):

@@ -77,23 +77,11 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper.barriers import BwdWideBarrier
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
 from flashhopper.hopper.layout import smem_struct
 from flashhopper.hopper.mma import issue_gemm
-
-# Named barriers over all consumer threads (0 is __syncthreads; bwd.py uses 1 for its dS tile).
-_BAR_PDS_FREE = 2  # every warpgroup's GEMMs of the previous query block are done reading sP/sdS
-_BAR_PDS_FULL = 3  # this query block's P and dS are in smem
-_BAR_EPILOGUE = 4  # dK/dV staging in K's and V's buffers: nobody reads K/V any more / tile written
-_BAR_DQ_TURN = 5  # deterministic: this CTA's turn to add dQ of the query block came / is done
-# sdp_by_gemm: warpgroup 0's own P columns are in smem (its 128 threads)
-_BAR_WG_PDS = 6
-# sdp_by_gemm: warpgroup 0's P is in smem (warpgroup 0 arrives, warpgroup 1 waits)
-_BAR_P_FULL = 8
-# dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, id 9 + w) / full (w -> writer,
-# id 9 + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
-_BAR_DQ_WG = 9
 
 
 class FlashBwdWideSm90(BwdKernelBase):
@@ -477,7 +465,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 tQrdS_s = self.pds_buffer(tQrdS, pds)
                 if cutlass.const_expr(self.cfg.ds_stages == 1):
                     # every warpgroup's GEMMs of the previous query block are done with sP / sdS
-                    cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+                    cute.arch.barrier(barrier_id=BwdWideBarrier.PDS_FREE,
+                                      number_of_threads=self.num_consumer_threads)
                 if wg == 0:
                     # a thread's key columns are thread 0's (compile-time) plus one offset: the bounds
                     # shifted once per row, each element compared against an immediate (hopper/mask.py)
@@ -491,12 +480,13 @@ class FlashBwdWideSm90(BwdKernelBase):
                     cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
                     # generic-proxy smem writes, read next by WGMMA (async proxy) and by ldmatrix
                     cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=_BAR_P_FULL,
+                    cute.arch.barrier_arrive(barrier_id=BwdWideBarrier.P_FULL,
                                              number_of_threads=self.num_consumer_threads)
                     # this warpgroup's dV^T reads what all its threads wrote
-                    cute.arch.barrier(barrier_id=_BAR_WG_PDS, number_of_threads=128)
+                    cute.arch.barrier(barrier_id=BwdWideBarrier.WG_PDS, number_of_threads=128)
                 else:
-                    cute.arch.barrier(barrier_id=_BAR_P_FULL, number_of_threads=self.num_consumer_threads)
+                    cute.arch.barrier(barrier_id=BwdWideBarrier.P_FULL,
+                                      number_of_threads=self.num_consumer_threads)
                 issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s, zero_init=False)
                 if wg != 0:
                     # dS = P (dP - D), P as warpgroup 0's thread held it, under dV^T
@@ -506,7 +496,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                     rdS = self.ds_from_rounded_p(acc_S, rP, d_row, softmax_scale)
                     cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
                     cute.arch.fence_view_async_shared()
-                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                cute.arch.barrier(barrier_id=BwdWideBarrier.PDS_FULL,
+                                  number_of_threads=self.num_consumer_threads)
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
                 warpgroup.wait_group(0)
                 # dV^T has read dO (and dP long before)
@@ -566,7 +557,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 # two buffers the first barrier goes: this step's buffer was last read two steps back,
                 # and every warpgroup finished those GEMMs before it arrived at the last step's "full".
                 if cutlass.const_expr(self.cfg.ds_stages == 1):
-                    cute.arch.barrier(barrier_id=_BAR_PDS_FREE, number_of_threads=self.num_consumer_threads)
+                    cute.arch.barrier(barrier_id=BwdWideBarrier.PDS_FREE,
+                                      number_of_threads=self.num_consumer_threads)
                 cute.copy(st_atom, st_copy.retile(rP), self.pds_buffer(tPsP, pds))
                 cute.copy(st_atom, st_copy.retile(rdS), self.pds_buffer(tdSsdS, pds))
                 # generic-proxy smem writes, read next by WGMMA (async proxy)
@@ -574,7 +566,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                 tVrP_s = self.pds_buffer(tVrP, pds)
                 tKrdS_s = self.pds_buffer(tKrdS, pds)
                 tQrdS_s = self.pds_buffer(tQrdS, pds)
-                cute.arch.barrier(barrier_id=_BAR_PDS_FULL, number_of_threads=self.num_consumer_threads)
+                cute.arch.barrier(barrier_id=BwdWideBarrier.PDS_FULL,
+                                  number_of_threads=self.num_consumer_threads)
                 # dQ first, so its atomics run under dV and dK
                 issue(tiled_mma_dq, acc_dQ, tQrdS_s, tQrK[0], zero_init=True)
                 issue(tiled_mma_dkv, acc_dV, tVrdO[None, None, None, do_state.index], tVrP_s,
@@ -641,7 +634,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         rdV.store(acc_dV.load().to(self.dtype))
         # Every warpgroup's S / dP read all head-dim columns of its keys' K / V rows, and its dQ
         # all keys of its K columns: each has waited for its own GEMMs, this waits for the others'.
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdWideBarrier.EPILOGUE, number_of_threads=self.num_consumer_threads)
         # The fragments are (hdim, keys), the buffers (keys, hdim) with hdim contiguous: the
         # transposing stmatrix writes each 8 x 8 block into the (hdim, keys) view of the buffer.
         st_t_atom = cute.make_copy_atom(
@@ -651,7 +644,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.copy(st_t_atom, st_t_copy.retile(rdV), st_t_copy.partition_D(L.transpose_view(sV)))
         # generic-proxy smem writes, read next by the TMA unit (async proxy)
         cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdWideBarrier.EPILOGUE, number_of_threads=self.num_consumer_threads)
         self.store_dkv(mdK, mdV, sK, sV, tma_atom_dK, tma_atom_dV, n_block, head_kv, batch, tidx, seq,
                        seqlen_k)
 
@@ -725,7 +718,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                 dst = dq_copy.partition_D(
                     cute.local_tile(tdQsdQ_c[h], (self.tile_m, self.dq_slot_cols), (0, box)))
             if cutlass.const_expr(first or self.cfg.dq_slots):
-                cute.arch.barrier(barrier_id=_BAR_DQ_WG + wg, number_of_threads=128 + 32)
+                cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + wg, number_of_threads=128 + 32)
             if cutlass.const_expr(h == 0 and not self.cfg.scale_in_ds):
                 acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
             if cutlass.const_expr(self.dq_halves == 1):
@@ -739,7 +732,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(last or self.cfg.dq_slots):
                 # generic-proxy smem writes, read next by the TMA unit (async proxy)
                 cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + self.num_consumer_wg + wg,
+                cute.arch.barrier_arrive(barrier_id=BwdWideBarrier.DQ_WG + self.num_consumer_wg + wg,
                                          number_of_threads=128 + 32)
 
     @cute.jit
@@ -803,12 +796,12 @@ class FlashBwdWideSm90(BwdKernelBase):
             m_block = m_min + step % num_m
             for w in cutlass.range_constexpr(num_wg):
                 cute.arch.cp_async_bulk_wait_group(num_wg - 1 - w, read=True)
-                cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
+                cute.arch.barrier_arrive(barrier_id=BwdWideBarrier.DQ_WG + w, number_of_threads=wg_threads)
             if cutlass.const_expr(self.cfg.deterministic):
                 sem = mdQsem[None, head, batch].iterator + m_block
                 turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             for w in cutlass.range_constexpr(num_wg):
-                cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + num_wg + w, number_of_threads=wg_threads)
                 if cutlass.const_expr(self.cfg.deterministic and w == 0):
                     self.wait_turn(sem, turn)
                 for c in cutlass.range_constexpr(self.dq_chunks):
@@ -846,8 +839,10 @@ class FlashBwdWideSm90(BwdKernelBase):
                         # of half-turns a step, so half h is always slot half h); with a ring of R
                         # boxes the half-turn R back used this box
                         cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
-                        cute.arch.barrier_arrive(barrier_id=_BAR_DQ_WG + w, number_of_threads=wg_threads)
-                        cute.arch.barrier(barrier_id=_BAR_DQ_WG + num_wg + w, number_of_threads=wg_threads)
+                        cute.arch.barrier_arrive(barrier_id=BwdWideBarrier.DQ_WG + w,
+                                                 number_of_threads=wg_threads)
+                        cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + num_wg + w,
+                                          number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
@@ -935,14 +930,14 @@ class FlashBwdWideSm90(BwdKernelBase):
             sem = mdQsem[None, head, batch].iterator + m_block
             turn = self.dq_turn(m_block, n_block, seqlen_q, seqlen_k, window_left, window_right)
             self.wait_turn(sem, turn)
-        cute.arch.barrier(barrier_id=_BAR_DQ_TURN, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_TURN, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
     def dq_turn_pass(self, mdQsem, m_block, head, batch, tidx):
         """Deterministic mode: once every consumer thread's dQ atomics of `m_block` are issued,
         pass the turn to the next key block (a gpu-scope release after the barrier covers the
         other threads' atomics too)."""
-        cute.arch.barrier(barrier_id=_BAR_DQ_TURN, number_of_threads=self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_TURN, number_of_threads=self.num_consumer_threads)
         if tidx == 0:
             cute.arch.fence_acq_rel_gpu()
             cute.arch.atomic_add(mdQsem[None, head, batch].iterator + m_block, Int32(1), sem="release",

@@ -34,16 +34,10 @@ from flashhopper.hopper import fwd_cluster as C
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
+from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, FwdBarrier
 from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 from flashhopper.hopper.opaque import opaque as _opaque
 
-# Named barrier ids (0 is __syncthreads). Ping-pong uses one per consumer warpgroup.
-_BAR_EPILOGUE = 1
-_BAR_PINGPONG = 2
-# FwdConfig.wg_epilogue: warpgroup w's own epilogue barrier (128 threads), after the ping-pong ids
-_BAR_EPILOGUE_WG = 5
-# varlen: all consumers meet after zeroing V's rows past the sequence (zero_v_past_keys)
-_BAR_V_ZERO = 8
 _SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 class FlashFwdSm90:
@@ -876,7 +870,7 @@ class FlashFwdSm90:
             # staged its last part there, which only a meeting of both ensures has been read.
             o_stage = (v_state.index + wg) % 2
             if n_max - n_min == 1:
-                cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+                cute.arch.barrier(barrier_id=FwdBarrier.EPILOGUE, number_of_threads=self.num_consumer_threads)
             sO_wg = sO[None, None, o_stage]
             # the stage's last fill: one ring turn back for warpgroup 0, one step for warpgroup 1
             # (in phase with v only when v is 1)
@@ -887,7 +881,7 @@ class FlashFwdSm90:
         elif cutlass.const_expr(self.cfg.wg_epilogue):
             # O's rows land on the last V stage, which another warpgroup's last P @ V may still
             # read (the shared epilogue's barrier already counts every consumer)
-            cute.arch.barrier(barrier_id=_BAR_EPILOGUE, number_of_threads=self.num_consumer_threads)
+            cute.arch.barrier(barrier_id=FwdBarrier.EPILOGUE, number_of_threads=self.num_consumer_threads)
         return sO_wg, partial(self.signal_o_read, pipe_o, parity, o_stage), wait_v_free
 
     @cute.jit
@@ -1040,7 +1034,7 @@ class FlashFwdSm90:
                 if row >= keys_left and item < items:
                     cute.autovec_copy(zero, cute.local_tile(sV_stage, (1, 8), (row, item % per_row)))
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=_BAR_V_ZERO, number_of_threads=threads)
+            cute.arch.barrier(barrier_id=FwdBarrier.V_ZERO, number_of_threads=threads)
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
@@ -1225,18 +1219,18 @@ class FlashFwdSm90:
     def pingpong_prime(self, wg, active):
         if cutlass.const_expr(self.cfg.pingpong):
             if wg == 0 and active:
-                cute.arch.barrier_arrive(barrier_id=_BAR_PINGPONG, number_of_threads=2 * 128)
+                cute.arch.barrier_arrive(barrier_id=FwdBarrier.PINGPONG_WG, number_of_threads=2 * 128)
 
     @cute.jit
     def pingpong_finish(self, wg, active):
         if cutlass.const_expr(self.cfg.pingpong):
             if wg == 0 and active:
-                cute.arch.barrier(barrier_id=_BAR_PINGPONG, number_of_threads=2 * 128)
+                cute.arch.barrier(barrier_id=FwdBarrier.PINGPONG_WG, number_of_threads=2 * 128)
 
     @cute.jit
     def pingpong_sync(self, wg):
         if cutlass.const_expr(self.cfg.pingpong):
-            cute.arch.barrier(barrier_id=_BAR_PINGPONG + wg, number_of_threads=2 * 128)
+            cute.arch.barrier(barrier_id=FwdBarrier.PINGPONG_WG + wg, number_of_threads=2 * 128)
 
     @cute.jit
     def pingpong_arrive(self, wg):
@@ -1244,7 +1238,7 @@ class FlashFwdSm90:
             nxt = wg + 1
             if nxt == self.num_consumer_wg:
                 nxt = 0
-            cute.arch.barrier_arrive(barrier_id=_BAR_PINGPONG + nxt, number_of_threads=2 * 128)
+            cute.arch.barrier_arrive(barrier_id=FwdBarrier.PINGPONG_WG + nxt, number_of_threads=2 * 128)
 
     @cute.jit
     def epilogue(self, acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
@@ -1291,11 +1285,11 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.wg_epilogue):
             part = cute.arch.make_warp_uniform(tidx // 128)
             rows, row_block = 64, m_block * self.num_consumer_wg + part
-            barrier_id, threads = _BAR_EPILOGUE_WG + part, 128
+            barrier_id, threads = FwdBarrier.EPILOGUE_WG + part, 128
             first_warp = tidx % 128 < 32
         else:
             part, rows, row_block = 0, self.tile_m, m_block
-            barrier_id, threads = _BAR_EPILOGUE, self.num_consumer_threads
+            barrier_id, threads = FwdBarrier.EPILOGUE, self.num_consumer_threads
             first_warp = tidx < 32
         if cutlass.const_expr(self.cfg.o_buffer):
             if first_warp:  # the previous store from this part of sO must be done reading it
@@ -1369,7 +1363,7 @@ class FlashFwdSm90:
         """One warpgroup's 64 rows of the sO layout (the TMA store's smem side with wg_epilogue).
         The other parts must be the same layout at whole-KiB offsets, so that the swizzle, which
         acts on address bits, lines up for every part; checked at trace time."""
-        if _BAR_EPILOGUE_WG + self.num_consumer_wg > 16:
+        if FwdBarrier.EPILOGUE_WG + self.num_consumer_wg > NUM_NAMED_BARRIERS:
             raise ValueError(f"wg_epilogue: {self.num_consumer_wg} warpgroups need more than 16 "
                              "named barriers")
         parts = cute.zipped_divide(sO_layout.outer, (64, self.hdim_v))
