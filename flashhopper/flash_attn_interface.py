@@ -109,14 +109,17 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     if out_partial.dim() != 5 or lse_partial.shape != out_partial.shape[:-1]:
         raise ValueError(f"out_partial {tuple(out_partial.shape)} must be (splits, b, s, h, d) and "
                          f"lse_partial {tuple(lse_partial.shape)} its first four extents")
+    import torch
+
     from flashhopper.splitkv import merge_by_lse
 
+    if out is None:  # the merge written in out_dtype: no cast of its own
+        out = torch.empty(out_partial.shape[1:], dtype=out_dtype or out_partial.dtype,
+                          device=out_partial.device)
+        return merge_by_lse(out_partial, lse_partial.float(), dim=0, out=out)
     merged, lse = merge_by_lse(out_partial, lse_partial.float(), dim=0)
-    merged = merged.to(out_dtype or out_partial.dtype)
-    if out is not None:
-        out.copy_(merged)
-        merged = out
-    return merged, lse
+    out.copy_(merged.to(out_dtype or out_partial.dtype))
+    return out, lse
 
 
 __all__ = ["flash_attn_combine", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",

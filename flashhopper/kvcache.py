@@ -19,7 +19,7 @@ from functools import partial
 
 import torch
 
-from flashhopper import validation
+from flashhopper import splitkv, validation
 from flashhopper.reference import attention_ref
 from flashhopper.validation import (
     check_backend,
@@ -94,72 +94,94 @@ def flash_attn_with_kvcache(
     _check_cache(q, k_cache, v_cache)
     s_cache = k_cache.shape[1]
     s_new = _check_new(k, v, k_cache, v_cache, batch)
-    lens = _int32_vector("cache_seqlens", cache_seqlens, batch, q.device, default=None)
-    idx = _int32_vector("cache_batch_idx", cache_batch_idx, batch, q.device, default="arange")
-    left = _int32_vector("cache_leftpad", cache_leftpad, batch, q.device, default=0)
+    lens = _int32_vector("cache_seqlens", cache_seqlens, batch, q.device, required=True)
+    idx = _int32_vector("cache_batch_idx", cache_batch_idx, batch, q.device)  # None: item i in row i
+    left = _int32_vector("cache_leftpad", cache_leftpad, batch, q.device)  # None: 0
     if page_table is not None:
         _check_page_table(page_table, batch, q.device, cache_batch_idx)
     rows_of = partial(_cache_rows, idx=idx, page_table=page_table, rows_per_item=s_cache)
     if s_new:
-        new_rows = rows_of(lens.long()[:, None] + torch.arange(s_new, device=q.device)[None])
+        positions = (lens[:, None].long() if s_new == 1  # int64 for index_copy_
+                     else torch.add(torch.arange(s_new, device=q.device), lens[:, None]))
+        new_rows = rows_of(positions)
         for cache, t in ((k_cache, k), (v_cache, v)):
             flat = cache.view(-1, *cache.shape[2:])
             flat.index_copy_(0, new_rows.reshape(-1), t.reshape(-1, *t.shape[2:]))
-    used_k = lens + s_new - left
-    starts_k = idx * s_cache + left
-    if packed_q:
-        cu_q, q_rows = cu_seqlens_q, q
-    else:
-        cu_q = torch.arange(batch + 1, device=q.device, dtype=torch.int32) * q.shape[1]
-        q_rows = q.reshape(batch * q.shape[1], *q.shape[2:])
+    used_k = lens + s_new if s_new else lens
+    used_k = used_k if left is None else used_k - left
     if out is not None:
         if out.shape != q.shape[:-1] + v_cache.shape[-1:] or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"out has shape {tuple(out.shape)}, dtype {out.dtype}; accepted: "
                              f"{tuple(q.shape[:-1] + v_cache.shape[-1:])}, {q.dtype} on {q.device}")
     k_rows = k_cache.view(-1, *k_cache.shape[2:])
     v_rows = v_cache.view(-1, *v_cache.shape[2:])
-    if page_table is not None and backend != "reference":
-        # the kernels read a contiguous cache: each item's positions gathered into one first
-        k_rows, v_rows, s_cache = _gather_pages(k_rows, v_rows, page_table, s_cache)
-        starts_k = torch.arange(batch, device=q.device, dtype=torch.int32) * s_cache + left
     if backend == "reference":
         limit = s_cache if page_table is None else s_cache * page_table.shape[1]  # positions of an item
+        cu_q = cu_seqlens_q if packed_q else torch.arange(batch + 1, device=q.device) * q.shape[1]
+        q_rows = q if packed_q else q.reshape(batch * q.shape[1], *q.shape[2:])
+        left = torch.zeros(batch, dtype=torch.int32, device=q.device) if left is None else left
         o, lse = _reference(q_rows, k_rows, v_rows, cu_q, rows_of, limit, left, used_k, scale, causal, window,
                             softcap)
         o = o.to(q.dtype)
-    else:
-        validation.require_hopper(q, backend)
-        if validation.needs_grad(q, k_cache, v_cache):
-            raise NotImplementedError("flash_attn_with_kvcache is inference only (no backward); detach the "
-                                      "inputs, or train with flash_attn_func / flash_attn_varlen_func")
-        validation.check_varlen_call(q, k_cache, v_cache)
-        validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
-        from flashhopper import splitkv
-        from flashhopper.hopper import forward_varlen
+        if out is not None:
+            out.view(o.shape).copy_(o)
+        return _returned(q, o, lse, out, batch, packed_q, return_lse)
+    validation.require_hopper(q, backend)
+    if validation.needs_grad(q, k_cache, v_cache):
+        raise NotImplementedError("flash_attn_with_kvcache is inference only (no backward); detach the "
+                                  "inputs, or train with flash_attn_func / flash_attn_varlen_func")
+    validation.check_varlen_call(q, k_cache, v_cache)
+    from flashhopper.hopper import forward_varlen
 
-        layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
-        if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
-            rows, cu_rows, per_seq, starts, used = splitkv.rearrange(layout, q, starts_k, used_k)
-            # one query at the end of its keys: causal is no mask (and a chunk has no end to align to)
-            o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, starts, per_seq, None, used,
-                                                scale, False, window, softcap)
-            o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2])
-            o = o.to(q.dtype)
-            if out is not None:
-                out.copy_(o)
-            o = out if out is not None else o
-            return (o, lse) if return_lse else o
-        # the kernel reads each sequence's key start and used length; the (b + 1)-th start is unused
+    if page_table is not None:  # the kernels read a contiguous cache: each item's positions gathered into one
+        k_rows, v_rows, s_cache = _gather_pages(k_rows, v_rows, page_table, s_cache)
+        idx = None  # item i's positions from row i * s_cache of the copy
+    q_rows = q if packed_q else q.reshape(batch * q.shape[1], *q.shape[2:])
+    validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
+    starts_k = _key_starts(batch, s_cache, idx, left)  # None: item i's keys from row i * s_cache
+    layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
+    if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
+        rows, cu_rows, per_seq, starts, used = splitkv.rearrange(layout, q, starts_k, used_k,
+                                                                 item_rows=s_cache)
+        # one query at the end of its keys: causal is no mask (and a chunk has no end to align to)
+        o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, starts, per_seq, None, used, scale,
+                                            False, window, softcap)
+        target = out if out is not None else torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype,
+                                                         device=q.device)
+        o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,
+                                 return_lse=return_lse)
+        return (o, lse) if return_lse else o
+    # the kernel reads each sequence's key start and used length; the (b + 1)-th start is unused
+    if starts_k is None:
+        starts = splitkv.multiples(batch + 1, s_cache, q.device)
+    else:
         starts = torch.cat([starts_k, starts_k[-1:]])
-        o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
-        o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale,
-                                causal, window, softcap, out=o_rows)
+    cu_q = cu_seqlens_q if packed_q else splitkv.multiples(batch + 1, q.shape[1], q.device)
+    o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
+    o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale, causal,
+                            window, softcap, out=o_rows)
     if out is not None and o.data_ptr() != out.data_ptr():
         out.view(o.shape).copy_(o)
+    return _returned(q, o, lse, out, batch, packed_q, return_lse)
+
+
+def _returned(q, o, lse, out, batch, packed_q, return_lse):
+    """What the call returns from the varlen forward's o (rows) and lse (hq, rows): out where given,
+    else o in q's layout; lse as (b, hq, s_q) with unpacked queries (views, no kernel)."""
     o = out if out is not None else (o if packed_q else o.view(*q.shape[:-1], o.shape[-1]))
     if not packed_q:
         lse = lse.view(q.shape[2], batch, q.shape[1]).transpose(0, 1)
     return (o, lse) if return_lse else o
+
+
+def _key_starts(batch, s_cache, idx, left):
+    """The cache row of each item's first key, int32 (b,): idx * s_cache + left; None where that is
+    i * s_cache (no cache_batch_idx, no cache_leftpad), left to the callers to make in fewer kernels."""
+    if idx is None and left is None:
+        return None
+    if idx is None:
+        return left if batch == 1 else splitkv.multiples(batch, s_cache, left.device).add_(left)
+    return idx * s_cache if left is None else torch.add(left, idx, alpha=s_cache)
 
 
 def _check_q(q, cu_seqlens_q, max_seqlen_q):
@@ -222,15 +244,13 @@ def _check_new(k, v, k_cache, v_cache, batch) -> int:
     return k.shape[1]
 
 
-def _int32_vector(name, x, batch, device, default):
-    """An int32 (batch,) tensor on `device` from x (an int, or such a tensor); `default` when x is None
-    ("arange": 0 .. batch - 1; None: x is required)."""
+def _int32_vector(name, x, batch, device, required=False):
+    """An int32 (batch,) tensor on `device` from x (an int, or such a tensor); None when x is None and
+    not required (the callers spell the default without a tensor)."""
     if x is None:
-        if default is None:
+        if required:
             raise ValueError(f"{name} is required: an int or an int32 tensor of shape ({batch},)")
-        if default == "arange":
-            return torch.arange(batch, device=device, dtype=torch.int32)
-        return torch.full((batch,), default, device=device, dtype=torch.int32)
+        return None
     if isinstance(x, int) and not isinstance(x, bool) and name == "cache_seqlens":
         if x < 0:
             raise ValueError(f"cache_seqlens must be >= 0, got {x}")
@@ -259,20 +279,25 @@ def _gather_pages(k_rows, v_rows, page_table, page_size):
     table's whole span once more than the attention does: a stopgap until the kernels take the page
     table themselves. Returns (k rows, v rows, positions per item)."""
     positions = page_table.shape[1] * page_size
-    pages = page_table.long().clamp(0, k_rows.shape[0] // page_size - 1)
-    grid = torch.arange(positions, device=page_table.device)
-    rows = (pages[:, grid // page_size] * page_size + grid % page_size).reshape(-1)
+    pages = page_table.clamp(0, k_rows.shape[0] // page_size - 1)
+    slots = torch.arange(page_size, device=page_table.device)
+    rows = torch.add(slots, pages[..., None], alpha=page_size).reshape(-1)  # int64: page * page_size + slot
     return k_rows.index_select(0, rows), v_rows.index_select(0, rows), positions
 
 
 def _cache_rows(positions, idx, page_table, rows_per_item):
-    """Rows of the cache viewed as (rows, heads_k, headdim) that hold (b, n) positions of each item:
-    contiguous, item i's row idx[i] from row idx[i] * s_cache; paged (rows_per_item = page_size),
-    position p of item i in page page_table[i, p // page_size] at slot p % page_size."""
+    """Rows (int64) of the cache viewed as (rows, heads_k, headdim) that hold (b, n) int64 positions of
+    each item: contiguous, item i's positions from row idx[i] * s_cache (idx None: i * s_cache); paged
+    (rows_per_item = page_size), position p of item i in page page_table[i, p // page_size] at slot
+    p % page_size."""
     if page_table is None:
-        return idx.long()[:, None] * rows_per_item + positions
-    pages = page_table.long().gather(1, torch.div(positions, rows_per_item, rounding_mode="floor"))
-    return pages * rows_per_item + positions % rows_per_item
+        if idx is None:
+            if positions.shape[0] == 1:
+                return positions
+            idx = torch.arange(positions.shape[0], device=positions.device)
+        return torch.add(positions, idx[:, None], alpha=rows_per_item)
+    pages = page_table.gather(1, torch.div(positions, rows_per_item, rounding_mode="floor"))
+    return torch.add(positions % rows_per_item, pages, alpha=rows_per_item)
 
 
 def _reference(q_rows, k_rows, v_rows, cu_q, rows_of, limit, left, used_k, scale, causal, window, softcap):

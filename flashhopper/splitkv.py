@@ -81,51 +81,74 @@ def plan_for(q, heads_k: int, capacity: int, window, num_splits: int, pack_gqa,
                 pack_gqa=pack_gqa, sms=sms)
 
 
-def rearrange(layout: DecodeLayout, q, starts_k, used_k):
+def multiples(count: int, step: int, device, out=None):
+    """int32 (count,): 0, step, 2 * step, ... in one kernel (into `out` where given; torch.arange refuses
+    a step of 0)."""
+    if out is None:
+        out = torch.empty(count, dtype=torch.int32, device=device)
+    return out.zero_() if step == 0 else torch.arange(0, count * step, step, out=out)
+
+
+def rearrange(layout: DecodeLayout, q, starts_k, used_k, *, item_rows: int = 0):
     """(q rows, cu_seqlens_q, rows per sequence, key starts with one spare, used keys) for the varlen
-    forward: sequence i * splits + j is item i's chunk j. q: (b, 1, hq, d); starts_k / used_k: int32
-    (b,) on q's device."""
+    forward: sequence i * splits + j is item i's chunk j. q: (b, 1, hq, d); used_k: int32 (b,) on q's
+    device; starts_k: the same, or None for item i's keys from row i * item_rows. The starts and the
+    used lengths share one buffer (the spare start, never read, is the first used length)."""
     b, _, hq, d = q.shape
     rows = q
     if layout.pack_gqa:  # query head h = kv head h // g, member h % g: g rows of the kv head
         rows = q.reshape(b, layout.heads_k, hq // layout.heads_k, d).transpose(1, 2)
-    per_item, s = rows.shape[1], layout.splits
-    q_rows = rows[:, None].expand(b, s, *rows.shape[1:]).reshape(b * s * per_item, rows.shape[2], d)
-    cu_q = torch.arange(b * s + 1, device=q.device, dtype=torch.int32) * per_item
-    offsets = torch.arange(s, device=q.device, dtype=torch.int32) * layout.chunk
-    starts = (starts_k[:, None] + offsets[None]).reshape(-1)
-    used = (used_k[:, None] - offsets[None]).clamp(0, layout.chunk).reshape(-1).to(torch.int32)
-    return q_rows, cu_q, per_item, torch.cat([starts, starts[-1:]]), used
+    per_item, s, chunk, n = rows.shape[1], layout.splits, layout.chunk, b * layout.splits
+    q_rows = rows[:, None].expand(b, s, *rows.shape[1:]).reshape(n * per_item, rows.shape[2], d)
+    cu_q = multiples(n + 1, per_item, q.device)
+    bounds = torch.empty(max(2 * n, n + 1), dtype=torch.int32, device=q.device)
+    starts, used = bounds[:n].view(b, s), bounds[n:2 * n].view(b, s)
+    if starts_k is None and b == 1:  # item 0 from row 0: its chunks' offsets are the starts
+        offsets = multiples(s, chunk, q.device, out=bounds[:s])
+    else:
+        offsets = multiples(s, chunk, q.device)
+        if starts_k is None:
+            starts_k = multiples(b, item_rows, q.device)
+        torch.add(starts_k[:, None], offsets, out=starts)
+    torch.sub(used_k[:, None], offsets, out=used).clamp_(0, chunk)
+    return q_rows, cu_q, per_item, bounds[:n + 1], bounds[n:2 * n]
 
 
-def merge_by_lse(o, lse, dim: int):
+def merge_by_lse(o, lse, dim: int, *, out=None, lse_out=None, return_lse: bool = True):
     """Partial outputs o (..., dv) over disjoint key sets, merged along `dim` by their fp32 LSEs (o's
-    shape without the last extent): (out fp32, lse). A part with no key (-inf) weighs nothing; a
-    row with no key in any part gets 0 and -inf."""
-    top = lse.amax(dim=dim, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    weights = torch.exp(lse - top)  # -inf -> 0
-    total = weights.sum(dim=dim)
-    divisor = torch.where(total > 0, total, torch.ones_like(total))
-    out = (o.float() * weights[..., None]).sum(dim=dim) / divisor[..., None]
-    return out, top.squeeze(dim) + torch.log(total)  # log 0 = -inf: no key anywhere
+    shape without the last extent), in fp32 (o's dtype where wider): (out, lse), each written into
+    `out` (any float dtype) / `lse_out` (fp32) where given (any strides: the unpacking and the cast
+    cost no kernel of their own), else new fp32 tensors; lse None without return_lse. A part with no
+    key (-inf) weighs nothing; a row with no key in any part gets 0 and -inf."""
+    top = lse.amax(dim=dim, keepdim=True).nan_to_num_(0.0, 0.0, 0.0)  # as where(isfinite(top), top, 0)
+    weights = (lse - top).exp_()  # -inf -> 0
+    total = weights.sum(dim=dim)  # 0 (no key anywhere) or at least 1 (the top part weighs 1)
+    if return_lse:  # log 0 = -inf: no key anywhere
+        lse_out = torch.add(total.log(), top.squeeze(dim), out=lse_out)
+    merged = (o * weights[..., None]).sum(dim=dim)
+    out = torch.div(merged, total.clamp_min_(1.0)[..., None], out=out)  # 0 / 1 where no key
+    return out, (lse_out if return_lse else None)
 
 
-def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int):
+def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int, *, out=None, return_lse: bool = True):
     """The varlen forward's (o (b * splits * rows, heads, dv), lse (heads, b * splits * rows)) merged
-    over the splits by their LSE in fp32 and unpacked: (out (b, 1, hq, dv) fp32, lse (b, hq, 1)).
-    A query that saw no key in any split gets 0 and -inf."""
-    s, heads = layout.splits, o.shape[1]
+    over the splits by their LSE in fp32 and unpacked: (out (b, 1, hq, dv), lse (b, hq, 1) fp32, or
+    None without return_lse). out: written in place where given (any float dtype, any strides), else
+    a new fp32 tensor. A query that saw no key in any split gets 0 and -inf."""
+    s, heads, dv = layout.splits, o.shape[1], o.shape[-1]
     rows = o.shape[0] // (batch * s)
-    o = o.view(batch, s, rows, heads, o.shape[-1]).float()
+    o = o.view(batch, s, rows, heads, dv)
     lse = lse.view(heads, batch, s, rows).permute(1, 2, 3, 0)  # (b, s, rows, heads)
+    if out is None:
+        out = torch.empty(batch, 1, heads_q, dv, dtype=torch.float32, device=o.device)
+    lse_out = torch.empty(batch, heads_q, 1, dtype=torch.float32, device=o.device) if return_lse else None
+    # views of the results in the rows' layout: query head h is row h % rows of head h // rows
+    out_rows = out[:, 0].unflatten(1, (heads, rows)).transpose(1, 2)  # (b, rows, heads, dv)
+    lse_rows = lse_out[..., 0].unflatten(1, (heads, rows)).transpose(1, 2) if return_lse else None
     if s > 1:
-        out, lse = merge_by_lse(o, lse, dim=1)
+        merge_by_lse(o, lse, dim=1, out=out_rows, lse_out=lse_rows, return_lse=return_lse)
     else:
-        out, lse = o[:, 0], lse[:, 0]
-    if layout.pack_gqa:  # (b, g, hk, ...) -> (b, hk, g, ...) -> query heads
-        out = out.transpose(1, 2).reshape(batch, heads_q, out.shape[-1])
-        lse = lse.transpose(1, 2).reshape(batch, heads_q)
-    else:
-        out, lse = out.view(batch, heads_q, out.shape[-1]), lse.view(batch, heads_q)
-    return out[:, None], lse[:, :, None]
+        out_rows.copy_(o[:, 0])
+        if return_lse:
+            lse_rows.copy_(lse[:, 0])
+    return out, lse_out

@@ -1,0 +1,181 @@
+"""The kernels' path of flash_attn_with_kvcache on the CPU, the varlen kernel replaced: the aten ops
+around it that would each launch a device kernel, counted (a decode call's launches must not grow
+back); with a float64 stand-in for the kernel, the call equal to the reference backend; and
+splitkv.merge_by_lse equal to its first formula."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import flashhopper.hopper
+from flashhopper import kvcache, splitkv, validation
+from flashhopper.reference import attention_ref
+
+# launches besides the attention kernel (forward_varlen's own seqused_q included) of one call, 32 query
+# heads over 8 KV heads, hdim 128, bf16; before the launches were cut: 40, 48, 40 and 53
+LAUNCHES = {"1 x 8k": 15, "1 x 8k, append": 19, "8 x 32k": 17, "1 x 8k, paged 16": 20}
+FREE = {"empty", "empty_strided", "empty_like", "new_empty", "_unsafe_view", "lift_fresh"}  # no kernel
+
+
+class Launches(TorchDispatchMode):
+    """Records the aten ops that read or write device memory (not views, allocations, metadata): on
+    CUDA each launches one kernel, as every op on this path does (a composite that launches several,
+    torch.logsumexp say, would count as one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        returns = func._schema.returns
+        view = bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+        if not (view or func._schema.name.split("::")[1] in FREE):
+            self.ops.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None):
+    """forward_varlen but its kernel: seqused_q from cu_seqlens_q where not given, the outputs."""
+    if used_q is None:
+        used_q = cu_q[1:] - cu_q[:-1]
+    out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype) if out is None else out
+    return out, torch.empty(q.shape[1], q.shape[0])
+
+
+def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal, window, softcap, out=None):
+    """forward_varlen on the CPU: sequence n's rows against keys starts[n] .. starts[n] + used_k[n] in
+    float64, rounded to q's dtype as the kernel's output is; what it is given checked first."""
+    n = cu_q.shape[0] - 1
+    for t, length in ((cu_q, n + 1), (starts, n + 1), (used_k, n)):
+        assert t.dtype == torch.int32 and t.shape == (length,) and t.is_contiguous()
+    used_q = cu_q[1:] - cu_q[:-1] if used_q is None else used_q
+    o = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
+    for i in range(n):
+        rows, a, u = slice(int(cu_q[i]), int(cu_q[i]) + int(used_q[i])), int(starts[i]), int(used_k[i])
+        assert int(used_q[i]) <= max_q and 0 <= a and a + max(u, 0) <= k.shape[0]
+        if u > 0 and rows.stop > rows.start:
+            o_, l_ = attention_ref(q[None, rows], k[None, a:a + u], v[None, a:a + u], scale, causal, window,
+                                   softcap)
+            o[rows], lse[:, rows] = o_[0], l_[0]
+    return (o.to(q.dtype) if out is None else out.copy_(o)), lse.float()
+
+
+@pytest.fixture()
+def cpu_kernels(monkeypatch):
+    """flash_attn_with_kvcache's kernel path on CPU tensors, as on 132 SMs (the tests set forward_varlen)."""
+    monkeypatch.setattr(validation, "require_hopper", lambda q, backend="hopper": None)
+    monkeypatch.setattr(validation, "check_varlen_call", lambda *args, **kwargs: None)
+    monkeypatch.setattr(splitkv, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("case", list(LAUNCHES))
+def test_decode_launches(cpu_kernels, case):
+    cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _no_kernel)
+    (b, context), hq, hk, d = ((8, 32768) if case == "8 x 32k" else (1, 8192)), 32, 8, 128
+    page = 16 if "paged" in case else None
+    cache = (b * context // page, page) if page else (b, context)
+    kw = dict(q=torch.randn(b, 1, hq, d).to(torch.bfloat16), cache_seqlens=torch.full((b,), context - 1,
+                                                                                       dtype=torch.int32))
+    kw["k_cache"], kw["v_cache"] = (torch.empty(*cache, hk, d, dtype=torch.bfloat16) for _ in range(2))
+    if page:
+        kw["page_table"] = torch.arange(b * context // page, dtype=torch.int32).view(b, -1)
+    if "append" in case:
+        kw["k"], kw["v"] = (torch.randn(b, 1, hk, d).to(torch.bfloat16) for _ in range(2))
+    with Launches() as launches:
+        kvcache.flash_attn_with_kvcache(**kw, causal=True)
+    assert "_local_scalar_dense" not in launches.ops  # no host sync: CUDA graphs capture the call
+    assert len(launches.ops) <= LAUNCHES[case], launches.ops
+
+
+def _cases():
+    """(name, call kwargs) over one small cache: decode with every arrangement, appends, cache_batch_idx,
+    cache_leftpad, a paged cache, more than one query token, packed queries."""
+    g = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    b, hq, hk, d, s_cache = 3, 8, 2, 32, 700
+    lens = torch.tensor([650, 0, 129], dtype=torch.int32)
+    one = dict(cache_seqlens=lens)
+    idx, left = torch.tensor([3, 0, 1], dtype=torch.int32), torch.tensor([0, 0, 40], dtype=torch.int32)
+    for hints in ({}, {"num_splits": 5}, {"num_splits": 5, "pack_gqa": False}, {"num_splits": 1},
+                  {"num_splits": 1, "pack_gqa": False}):
+        yield f"decode {hints}", dict(q=rand(b, 1, hq, d), cache_seqlens=lens, **hints)
+    yield "one item", dict(q=rand(1, 1, hq, d), cache_seqlens=lens[:1], num_splits=4)
+    yield "append, idx, left", dict(q=rand(b, 1, hq, d), k=rand(b, 1, hk, d), v=rand(b, 1, hk, d),
+                                    cache_batch_idx=idx, cache_leftpad=left, cache_seqlens=lens, num_splits=3)
+    yield "left", dict(q=rand(b, 1, hq, d), cache_leftpad=left, cache_seqlens=lens, softcap=5.0)
+    yield "one item, left, append 2", dict(q=rand(1, 1, hq, d), k=rand(1, 2, hk, d), v=rand(1, 2, hk, d),
+                                           cache_leftpad=left[2:], cache_seqlens=lens[2:], num_splits=4)
+    yield "queries 3, out", dict(q=rand(b, 3, hq, d), k=rand(b, 3, hk, d), v=rand(b, 3, hk, d),
+                                 cache_batch_idx=idx, out=True, **one)
+    cu = torch.tensor([0, 1, 1, 5], dtype=torch.int32)
+    yield "packed", dict(q=rand(5, hq, d), cu_seqlens_q=cu, max_seqlen_q=4, cache_leftpad=left, **one)
+    table = torch.randperm(b * s_cache // 7, generator=g).to(torch.int32).view(b, -1)
+    paged = dict(page_table=table, caches=(b * s_cache // 7, 7), **one)
+    yield "paged 7", dict(q=rand(b, 1, hq, d), k=rand(b, 1, hk, d), v=rand(b, 1, hk, d), **paged)
+    yield "paged 7, queries 2", dict(q=rand(b, 2, hq, d), k=rand(b, 2, hk, d), v=rand(b, 2, hk, d),
+                                     cache_leftpad=left, **paged)
+    yield "int seqlens, idx, out", dict(q=rand(b, 1, hq, d), cache_seqlens=300, cache_batch_idx=idx, out=True)
+
+
+@pytest.mark.parametrize("name,kw", list(_cases()), ids=[name for name, _ in _cases()])
+def test_kernel_path_equals_reference(cpu_kernels, name, kw):
+    """The call as the kernels' path arranges it, with the stand-in for the varlen kernel, against
+    backend="reference" (bf16 roundings apart): outputs, LSEs, and the appended caches."""
+    cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _varlen_stand_in)
+    g = torch.Generator().manual_seed(1)
+    q = kw["q"]
+    shape = kw.pop("caches", (4, 700))
+    caches = [torch.randn(*shape, 2, q.shape[-1], generator=g).to(torch.bfloat16) for _ in range(2)]
+    results = []
+    for backend in ("reference", "auto"):
+        k_cache, v_cache = (c.clone() for c in caches)
+        call = dict(kw, out=torch.full(q.shape, float("nan"), dtype=q.dtype)) if kw.get("out") else kw
+        got = kvcache.flash_attn_with_kvcache(k_cache=k_cache, v_cache=v_cache, causal=True, return_lse=True,
+                                              backend=backend, **call)
+        if kw.get("out"):
+            assert got[0] is call["out"]
+        results.append((*got, k_cache, v_cache))
+    (want, want_lse, *want_caches), (out, lse, *caches) = results
+    torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(caches, want_caches, strict=True))
+
+
+def _merge_first_form(o, lse, dim):
+    """merge_by_lse as first written (a9538dd)."""
+    top = lse.amax(dim=dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    weights = torch.exp(lse - top)
+    total = weights.sum(dim=dim)
+    divisor = torch.where(total > 0, total, torch.ones_like(total))
+    out = (o.float() * weights[..., None]).sum(dim=dim) / divisor[..., None]
+    return out, top.squeeze(dim) + torch.log(total)
+
+
+def test_merge_by_lse_equals_its_first_form():
+    g = torch.Generator().manual_seed(0)
+    o = torch.randn(5, 6, 4, 3, 16, generator=g, dtype=torch.float64).float().double()  # fp32 values
+    lse = torch.randn(5, 6, 4, 3, generator=g, dtype=torch.float64) * 30
+    lse[torch.rand(lse.shape, generator=g) < 0.3] = float("-inf")  # parts with no key
+    lse[:, 2] = float("-inf")  # rows with no key in any part
+    o[:, 2] = torch.randn(o[:, 2].shape, generator=g, dtype=torch.float64)  # garbage where no key: weighs 0
+    lse[0, 3, 1, 2] = float("nan")  # propagates as it did
+    for dim in (0, 1):  # the parts along dim 0, and along dim 1 of a transposed view
+        parts = (o.transpose(0, 1), lse.transpose(0, 1)) if dim else (o, lse)
+        want, want_lse = _merge_first_form(*parts, dim)
+        got, got_lse = splitkv.merge_by_lse(*parts, dim)
+        torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-13, equal_nan=True)
+        torch.testing.assert_close(got_lse, want_lse, rtol=1e-13, atol=1e-13, equal_nan=True)
+    clean = torch.where(lse.isnan(), 0.0, lse)
+    out, merged = splitkv.merge_by_lse(o, clean, dim=0)
+    assert not out.isnan().any() and not merged.isnan().any()
+    assert (out[2] == 0).all() and torch.isneginf(merged[2]).all()
+    # into a strided bf16 target, the LSE skipped: the same values, rounded once
+    target = torch.empty(6, 4, 16, 3, dtype=torch.bfloat16).transpose(2, 3)
+    got, none = splitkv.merge_by_lse(o, clean, dim=0, out=target, return_lse=False)
+    assert got is target and none is None and torch.equal(target, out.to(torch.bfloat16))
