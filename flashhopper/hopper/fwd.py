@@ -772,20 +772,16 @@ class FlashFwdSm90:
         coord0_rc = L.acc_rows_cols(tiled_mma_qk.get_slice(0).partition_C(cS))
 
         num_rows = cute.size(acc_S_rc, mode=[0])
-        row_max = cute.make_rmem_tensor(num_rows, Float32)
-        row_sum = cute.make_rmem_tensor(num_rows, Float32)
-        row_scale = cute.make_rmem_tensor(num_rows, Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
+        softmax = S.OnlineSoftmax(num_rows, scale_log2, shift=self.p_shift)
+        softmax.reset()
         acc_O.fill(0.0)
 
         pipe_q.consumer_wait(q_state)
 
         to_probs = partial(
             self.scores_to_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, coord_rc=coord_rc, coord0_rc=coord0_rc,
-            row_max=row_max, row_sum=row_sum, row_scale=row_scale, m_block=m_block, seqlen_q=seqlen_q,
-            seqlen_k=seqlen_k, window_left=window_left, window_right=window_right,
-            scale_log2=scale_log2, softcap_pre=softcap_pre,
+            softmax=softmax, m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            window_left=window_left, window_right=window_right, softcap_pre=softcap_pre,
         )
         lazy = None
         if cutlass.const_expr(self.cfg.lazy_max_active):
@@ -795,11 +791,10 @@ class FlashFwdSm90:
             acc_P = cute.make_rmem_tensor(acc_S.layout, Float32)
             tOrP_alt = cute.make_rmem_tensor(tOrP.layout, self.dtype)
             block_sum = cute.make_rmem_tensor(num_rows, Float32)
-            lazy = (partial(self.lazy_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, acc_P=acc_P, row_max=row_max,
-                            block_sum=block_sum, scale_log2=scale_log2),
+            lazy = (partial(self.lazy_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, acc_P=acc_P, softmax=softmax,
+                            block_sum=block_sum),
                     partial(self.lazy_settle, acc_S=acc_S, acc_S_rc=acc_S_rc, acc_O_rc=acc_O_rc,
-                            row_max=row_max, row_sum=row_sum, row_scale=row_scale, block_sum=block_sum,
-                            scale_log2=scale_log2),
+                            softmax=softmax, block_sum=block_sum),
                     block_sum,
                     partial(self.issue_gemm, tiled_mma_pv, acc_O, tCrB=tOrV, zero_init=False),
                     tOrP_alt)
@@ -815,7 +810,7 @@ class FlashFwdSm90:
         loop = partial(self.mainloop, lazy=lazy, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
                        issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
                        acc_O_rc=acc_O_rc, tOrP=tOrP, flush_pv=flush_pv,
-                       row_scale=row_scale, row_sum=row_sum, wg=wg, m_block=m_block, n_min=n_min,
+                       softmax=softmax, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state, sV=sV if self.cfg.varlen else None,
                        tidx=tidx)
@@ -834,10 +829,9 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.o_in_v_ring):
             sO_wg, signal_o, wait_v_free = self.o_in_v_staging(sO, pipe_v, pipe_o, q_state, v_state, wg,
                                                                n_min, n_max)
-        epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2,
-                           coord_rc, mO, mLSE, sO_wg, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch,
-                           seqlen_q, signal_o=signal_o, before_smem=wait_v_free, v_descale=v_descale,
-                           varlen_out=varlen_out)
+        epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, softmax, coord_rc, mO, mLSE, sO_wg,
+                           tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=signal_o,
+                           before_smem=wait_v_free, v_descale=v_descale, varlen_out=varlen_out)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
@@ -885,18 +879,18 @@ class FlashFwdSm90:
         return sO_wg, partial(self.signal_o_read, pipe_o, parity, o_stage), wait_v_free
 
     @cute.jit
-    def finish_tile(self, acc_O, acc_O_rc, lse, row_max, row_sum, row_scale, scale_log2, coord_rc, mO, mLSE,
-                    sO, tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=None,
-                    before_smem=None, v_descale=None, varlen_out=None):
-        S.finalize(row_max, row_sum, row_scale, lse, scale_log2, shift=self.p_shift, out_scale=v_descale)
-        S.rescale_rows(acc_O_rc, row_scale)
+    def finish_tile(self, acc_O, acc_O_rc, lse, softmax, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv,
+                    tidx, m_block, head, batch, seqlen_q, signal_o=None, before_smem=None, v_descale=None,
+                    varlen_out=None):
+        softmax.finalize(lse, out_scale=v_descale)
+        softmax.rescale(acc_O_rc)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                       m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem,
                       varlen_out=varlen_out)
 
     @cute.jit
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
-                 row_scale, row_sum, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
+                 softmax, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
                  window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None, sV=None,
                  tidx=None, flush_pv=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
@@ -906,12 +900,11 @@ class FlashFwdSm90:
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
                            issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
-                           acc_O_rc=acc_O_rc, tOrP=tOrP, row_scale=row_scale, row_sum=row_sum, wg=wg,
-                           flush_pv=flush_pv)
+                           acc_O_rc=acc_O_rc, tOrP=tOrP, softmax=softmax, wg=wg, flush_pv=flush_pv)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP=tOrP, row_scale=row_scale, wg=wg, flush_pv=flush_pv)
+                           tOrP=tOrP, softmax=softmax, wg=wg, flush_pv=flush_pv)
         # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
         # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
         # run alone, its P @ V is issued in the next step.
@@ -1002,7 +995,7 @@ class FlashFwdSm90:
             if num_blocks > 0:
                 if cutlass.const_expr(self.cfg.rescale_o_before_pv and not idle):
                     # the last block's row scale (the last step left it for the next one)
-                    S.rescale_rows(acc_O_rc, row_scale)
+                    softmax.rescale(acc_O_rc)
                 pipe_v.consumer_wait(v_state)
                 if cutlass.const_expr(not idle):
                     issue_pv(v_state.index)
@@ -1070,8 +1063,7 @@ class FlashFwdSm90:
     @cute.jit
     def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
                         mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, coord0_rc,
-                        row_max, row_sum, row_scale, m_block, seqlen_q, seqlen_k, window_left,
-                        window_right, scale_log2, softcap_pre):
+                        softmax, m_block, seqlen_q, seqlen_k, window_left, window_right, softcap_pre):
         if cutlass.const_expr(self.has_softcap):
             for j in cutlass.range(cute.size(acc_S), unroll_full=True):
                 acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
@@ -1079,18 +1071,17 @@ class FlashFwdSm90:
             M.apply_mask(acc_S_rc, coord_rc, coord0_rc, m_block, n_block, seqlen_q, seqlen_k,
                          window_left, window_right, self.tile_m, self.tile_n, self.has_left,
                          self.has_right, mask_seqlen)
-        S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=is_first,
-                              shift=self.p_shift)
+        softmax.step(acc_S_rc, is_first=is_first)
 
     @cute.jit
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                     acc_S, acc_O_rc, tOrP, row_scale, row_sum, wg, lazy=None,
+                     acc_S, acc_O_rc, tOrP, softmax, wg, lazy=None,
                      p_cur=None, p_next=None, flush_pv=None):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
-        `rescale_o_before_pv` here, after QK^T(n) is issued (under that GEMM; `row_scale` still
+        `rescale_o_before_pv` here, after QK^T(n) is issued (under that GEMM; the row scale still
         holds block n+1's scale, the previous step waited for its P @ V), otherwise at the end of
         the previous step (the peeled first block's scale is 1 and O is 0).
         """
@@ -1098,7 +1089,7 @@ class FlashFwdSm90:
         self.pingpong_sync(wg)
         issue_qk(k_state.index)
         if cutlass.const_expr(self.cfg.rescale_o_before_pv):
-            S.rescale_rows(acc_O_rc, row_scale)
+            softmax.rescale(acc_O_rc)
         pipe_v.consumer_wait(v_state)
         if cutlass.const_expr(p_cur is not None):
             lazy[3](tCrA=p_cur, stage=v_state.index)
@@ -1121,7 +1112,7 @@ class FlashFwdSm90:
         # GEMM to be done, in the middle of the exp2s (or before them). Tying the arrive to the
         # exp2 results keeps the wait after all of them, so they run under this warpgroup's P @ V.
         if cutlass.const_expr(self.cfg.late_k_release):
-            self.release_after(pipe_k, k_state, row_sum, lazy[2] if lazy_step else None)
+            self.release_after(pipe_k, k_state, softmax.row_sum, lazy[2] if lazy_step else None)
         warpgroup.wait_group(0)
         if cutlass.const_expr(flush_pv is not None):
             flush_pv()  # before O takes this block's row scale below
@@ -1130,22 +1121,20 @@ class FlashFwdSm90:
             lazy[1](need_exact=need_exact, p_next=p_next)
         else:
             if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
-                S.rescale_rows(acc_O_rc, row_scale)
+                softmax.rescale(acc_O_rc)
             acc_to_operand_a(acc_S, tOrP)
 
     @cute.jit
-    def lazy_probs(self, p_next, acc_S, acc_S_rc, acc_P, row_max, block_sum, scale_log2):
+    def lazy_probs(self, p_next, acc_S, acc_S_rc, acc_P, softmax, block_sum):
         """FwdConfig.lazy_max, before the previous P @ V is waited for: P against the running max as
         it is, converted into the next P @ V operand; returns whether this thread needs the exact
         step (the caller votes after that wait)."""
-        need = S.lazy_softmax_block(acc_S_rc, L.acc_rows_cols(acc_P), row_max, block_sum, scale_log2,
-                                    Float32(2.0 ** LAZY_MAX_LOG2))
+        need = softmax.lazy_block(acc_S_rc, L.acc_rows_cols(acc_P), block_sum, Float32(2.0 ** LAZY_MAX_LOG2))
         acc_to_operand_a(acc_P, p_next)
         return need
 
     @cute.jit
-    def lazy_settle(self, need_exact, p_next, acc_S, acc_S_rc, acc_O_rc, row_max, row_sum, row_scale,
-                    block_sum, scale_log2):
+    def lazy_settle(self, need_exact, p_next, acc_S, acc_S_rc, acc_O_rc, softmax, block_sum):
         """After the previous P @ V is done: a warp with a row that needs it redoes the block exactly
         from S (new max, O rescaled, P converted again); the others add their block sums. The
         vote keeps the branch warp-uniform; no WGMMA is in flight here."""
@@ -1156,16 +1145,16 @@ class FlashFwdSm90:
             p_words = cute.recast_tensor(p_next, Int32)
             old = p_words.load()
             keep_old = Int32(0)
-            if row_sum[0] < Float32(0.0):
+            if softmax.row_sum[0] < Float32(0.0):
                 keep_old = Int32(-1)
-            S.online_softmax_step(acc_S_rc, row_max, row_sum, row_scale, scale_log2, is_first=False)
-            S.rescale_rows(acc_O_rc, row_scale)
+            softmax.step(acc_S_rc, is_first=False)  # lazy_max is not built for FP8: shift 0
+            softmax.rescale(acc_O_rc)
             acc_to_operand_a(acc_S, p_next)
             for j in cutlass.range_constexpr(cute.size(p_words)):
                 p_words[j] = p_words[j] ^ ((old[j] ^ p_words[j]) & keep_old)
         else:
-            for r in cutlass.range_constexpr(cute.size(row_sum)):
-                row_sum[r] = row_sum[r] + block_sum[r]
+            for r in cutlass.range_constexpr(cute.size(softmax.row_sum)):
+                softmax.row_sum[r] = softmax.row_sum[r] + block_sum[r]
 
     @cute.jit
     def release_after(self, pipe, state, row_sum, block_sum=None):
@@ -1185,7 +1174,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, tOrP, row_scale, wg, flush_pv=None):
+                    acc_S, acc_O_rc, tOrP, softmax, wg, flush_pv=None):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -1194,7 +1183,7 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
-        S.rescale_rows(acc_O_rc, row_scale)
+        softmax.rescale(acc_O_rc)
         acc_to_operand_a(acc_S, tOrP)
         pipe_v.consumer_wait(v_state)
         self.pingpong_sync(wg)

@@ -141,3 +141,54 @@ def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
                 else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True) - Float32(shift))
                 * Float32(LN2)
             )
+
+
+class OnlineSoftmax:
+    """The online softmax of the rows one thread owns: running max and sum, and `row_scale`, the
+    factor by which the output accumulated so far must be multiplied after the last step (1 / l
+    after `finalize`). Plain Python over the jitted steps above: built and called while tracing,
+    its tensors live in registers. `scale_log2` folds the softmax scale (or softcap) and log2(e);
+    `shift`: FP8's (online_softmax_step)."""
+
+    def __init__(self, num_rows: int, scale_log2: Float32, shift: float = 0.0, _tensors=None):
+        if _tensors is None:
+            _tensors = tuple(cute.make_rmem_tensor(num_rows, Float32) for _ in range(3))
+        self.row_max, self.row_sum, self.row_scale = _tensors
+        self.num_rows = num_rows
+        self.scale_log2 = scale_log2
+        self.shift = shift
+
+    # carried through the DSL's run-time `if` / loops like the tensors it holds
+    def __extract_mlir_values__(self):
+        parts = (self.row_max, self.row_sum, self.row_scale, self.scale_log2)
+        self._counts = [len(cutlass.extract_mlir_values(x)) for x in parts]
+        return [v for x in parts for v in cutlass.extract_mlir_values(x)]
+
+    def __new_from_mlir_values__(self, values):
+        parts, rebuilt = (self.row_max, self.row_sum, self.row_scale, self.scale_log2), []
+        for x, n in zip(parts, self._counts):
+            rebuilt.append(cutlass.new_from_mlir_values(x, values[:n]))
+            values = values[n:]
+        return OnlineSoftmax(self.num_rows, rebuilt[3], self.shift, _tensors=tuple(rebuilt[:3]))
+
+    def reset(self):
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    def step(self, acc_S_rc: cute.Tensor, is_first: bool):
+        """One block of scores into probabilities (online_softmax_step)."""
+        online_softmax_step(acc_S_rc, self.row_max, self.row_sum, self.row_scale, self.scale_log2,
+                            is_first=is_first, shift=self.shift)
+
+    def rescale(self, acc_O_rc: cute.Tensor):
+        """The output so far times this step's row scale."""
+        rescale_rows(acc_O_rc, self.row_scale)
+
+    def lazy_block(self, acc_S_rc: cute.Tensor, p_rc: cute.Tensor, block_sum: cute.Tensor, limit: Float32):
+        """lazy_softmax_block against the running max."""
+        return lazy_softmax_block(acc_S_rc, p_rc, self.row_max, block_sum, self.scale_log2, limit)
+
+    def finalize(self, lse: cute.Tensor, out_scale: Float32 | None = None):
+        """1/l (times out_scale) into row_scale, the LSE into `lse` (finalize)."""
+        finalize(self.row_max, self.row_sum, self.row_scale, lse, self.scale_log2, shift=self.shift,
+                 out_scale=out_scale)
