@@ -45,7 +45,6 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import DQ_CAST_ROWS, DQ_CAST_STAGES
 from flashhopper.hopper import layout as L
-from flashhopper.hopper import mask as M
 from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, BwdBarrier
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
@@ -679,7 +678,7 @@ class FlashBwdSm90(BwdKernelBase):
             free_test = "keys" if cutlass.const_expr(self.has_softcap and self.hdim >= 128) else "none"
             masked_probs = partial(self.make_probs, limits=limits, probs=probs, test=masked_test)
             free_probs = partial(self.make_probs, limits=limits, probs=probs, test=free_test)
-            m_right, m_left = self.mask_run_bounds(n_block, m_min, num_m, diag, seqlen_k, window_left,
+            m_right, m_left = self.blocks.m_mask_runs(n_block, m_min, num_m, diag, seqlen_k, window_left,
                                                    window_right)
             # Per query head of the group: [m_min, m_right) masked (the causal / right-window edge;
             # every step of the ragged last key block), [m_right, m_left) mask-free, [m_left, m_end)
@@ -949,29 +948,6 @@ class FlashBwdSm90(BwdKernelBase):
             if len(offsets) != 1:
                 raise ValueError(f"mask_runs: thread {t}'s accumulator coordinates are not thread 0's "
                                  f"plus one offset ({sorted(offsets)})")
-
-    @cute.jit
-    def mask_run_bounds(self, n_block, m_min, num_m, diag, seqlen_k, window_left, window_right):
-        """mask_runs: [m_min, m_right) and [m_left, m_min + num_m) are the query blocks that need
-        the mask for this key block, the blocks between see all of its keys. A query block needs
-        it when its lowest query does not see the highest key (causal / right window) or its
-        highest query does not see the lowest key (left window); in the ragged last key block
-        every step does (keys past seqlen_k). Padded queries past seqlen_q need nothing: their
-        LSE is +inf, so P is 0 there anyway."""
-        m_end = m_min + num_m
-        n0 = n_block * self.tile_n
-        m_right = m_min
-        if cutlass.const_expr(self.has_right):
-            # lowest m with m * tile_m + diag + right >= n0 + tile_n - 1
-            m_right = M.floor_div(n0 + self.tile_n - 1 - diag - window_right + self.tile_m - 1, self.tile_m)
-            m_right = cutlass.max(m_min, cutlass.min(m_end, m_right))
-        m_right = m_end if n0 + self.tile_n > seqlen_k else m_right
-        m_left = m_end
-        if cutlass.const_expr(self.has_left):
-            # lowest m with (m + 1) * tile_m - 1 + diag - left > n0
-            m_left = M.floor_div(n0 + 1 - diag + window_left, self.tile_m)
-            m_left = cutlass.max(m_right, cutlass.min(m_end, m_left))
-        return m_right, m_left
 
     @cute.jit
     def row_limits(self, m_block, coord0_rc, n_block, key_off, query_off, diag, seqlen_k, window_left,

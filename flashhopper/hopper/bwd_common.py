@@ -11,6 +11,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
+from flashhopper.hopper import mask as M
 from flashhopper.hopper.opaque import opaque
 
 # BwdConfig.dq_rows_interleaved, per 8-row group: query row r0 + 4 r1 at tile row 2 r0 + r1 (the
@@ -60,8 +61,9 @@ class BwdKernelBase:
         self.do_stages = cfg.num_do_stages  # the Q ring's depth except in the wide kernel
         self.num_consumer_wg = cfg.num_consumer_wg
         self.num_consumer_threads = 128 * cfg.num_consumer_wg
-        self.has_right = cfg.causal or cfg.local
-        self.has_left = cfg.local
+        # which sides of the visibility rule are bounded, and its block arithmetic (mask.BlockInfo)
+        self.blocks = M.BlockInfo.of(cfg, cfg.tile_m, cfg.tile_n)
+        self.has_right, self.has_left = self.blocks.has_right, self.blocks.has_left
         self.has_softcap = cfg.softcap
 
     def dq_rows_view(self, mdQaccum):
@@ -162,7 +164,7 @@ class BwdKernelBase:
         if cutlass.const_expr(self.cfg.lpt):
             n_block, head_kv, batch = self.lpt_launch_coords(n_block, head_kv, batch, seqlen_q, seqlen_k,
                                                              ratio)
-        m_min, m_max = self.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
+        m_min, m_max = self.blocks.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
         num_m = cutlass.max(m_max - m_min, 0)
         num_steps = num_m * ratio
         return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq
@@ -179,24 +181,6 @@ class BwdKernelBase:
         """Varlen: whether key block n_block (from cta_work) holds keys of its sequence; the CTAs of
         the blocks past a shorter sequence's end do nothing."""
         return n_block >= 0 and n_block * self.tile_n < seqlen_k
-
-    @cute.jit
-    def m_block_range(self, n_block, seqlen_q, seqlen_k, window_left, window_right):
-        """[m_min, m_max): query blocks with at least one query that sees a key of this block.
-
-        Key j is visible from query i iff j <= i + d + right and j >= i + d - left, with
-        d = seqlen_k - seqlen_q (causal: right = 0).
-        """
-        diag = seqlen_k - seqlen_q
-        m_max = (seqlen_q + self.tile_m - 1) // self.tile_m
-        m_min = Int32(0)
-        if cutlass.const_expr(self.has_right):
-            first_q = n_block * self.tile_n - diag - window_right  # lowest query that sees key n*N
-            m_min = cutlass.max(m_min, first_q // self.tile_m if first_q > 0 else Int32(0))
-        if cutlass.const_expr(self.has_left):
-            last_q = (n_block + 1) * self.tile_n - 1 - diag + window_left  # highest query seeing the block
-            m_max = cutlass.min(m_max, (last_q // self.tile_m + 1) if last_q >= 0 else Int32(0))
-        return m_min, m_max
 
     @cute.jit
     def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
@@ -296,32 +280,14 @@ class BwdKernelBase:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def last_n_block(self, m_block, seqlen_q, seqlen_k, window_right):
-        """Highest key block whose CTA visits query block `m_block` (consistent with
-        m_block_range: key block n starts at query block (n * tile_n - diag - right) // tile_m)."""
-        x = (m_block + 1) * self.tile_m + seqlen_k - seqlen_q + window_right
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
-        return cutlass.min((x + self.tile_n - 1) // self.tile_n - 1, num_n - 1)
-
-    @cute.jit
-    def first_n_block(self, m_block, seqlen_q, seqlen_k, window_left):
-        """Lowest key block whose CTA visits query block `m_block` (consistent with
-        m_block_range): only a left window cuts key blocks off below."""
-        n_first = Int32(0)
-        if cutlass.const_expr(self.has_left):
-            lowest_key = m_block * self.tile_m + seqlen_k - seqlen_q - window_left
-            n_first = lowest_key // self.tile_n if lowest_key > 0 else Int32(0)
-        return n_first
-
-    @cute.jit
     def dq_turn(self, m_block, n_block, seqlen_q, seqlen_k, window_left, window_right):
         """Deterministic mode: how many key blocks add their dQ tile of `m_block` before `n_block`
         does. Descending with a right bound (causal/local): the key block on the query block's
         diagonal goes first, it reaches this query block before the lower key blocks do (they
         start lower); ascending otherwise."""
-        turn = n_block - self.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
+        turn = n_block - self.blocks.first_n_block(m_block, seqlen_q, seqlen_k, window_left)
         if cutlass.const_expr(self.has_right):
-            turn = self.last_n_block(m_block, seqlen_q, seqlen_k, window_right) - n_block
+            turn = self.blocks.last_n_block(m_block, seqlen_q, seqlen_k, window_right) - n_block
         return turn
 
     @cute.jit
@@ -389,7 +355,7 @@ def lpt_coords(linear, num_n, pairs, section, min_fn=min):
 
 def dq_contributors(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, has_right: bool, has_left: bool,
                     window_left, window_right, min_fn=min, max_fn=max):
-    """Key blocks whose CTA visits query block `m_block`: BwdKernelBase.first_n_block ..
+    """Key blocks whose CTA visits query block `m_block`: mask.BlockInfo.first_n_block ..
     last_n_block (all of them without that bound). Plain arithmetic: Python ints on the host
     (tests), Int32 in the kernel (no Python branch on a value: the kernel's is traced); meaningful
     where the count is positive (a visited block)."""

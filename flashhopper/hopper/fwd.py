@@ -57,9 +57,9 @@ class FlashFwdSm90:
         self.num_consumer_wg = cfg.num_consumer_wg
         self.num_consumer_threads = 128 * cfg.num_consumer_wg
         self.num_threads = cfg.num_threads
-        # causal is a right window of 0; the kernel only needs to know which sides are bounded
-        self.has_right = cfg.causal or cfg.local
-        self.has_left = cfg.local
+        # which sides of the visibility rule are bounded, and its block arithmetic (mask.BlockInfo)
+        self.blocks = M.BlockInfo.of(cfg, cfg.tile_m, cfg.tile_n)
+        self.has_right, self.has_left = self.blocks.has_right, self.blocks.has_left
         self.has_softcap = cfg.softcap
         self.cluster_m = cfg.cluster_m
         # O stores per tile: one per consumer warpgroup with wg_epilogue, else one for the tile
@@ -345,14 +345,11 @@ class FlashFwdSm90:
             num_pairs = num_heads * mQ.shape[3]
         num_tiles = num_m_blocks * num_pairs
         seq_bounds = partial(self.seq_bounds, mCuQ=mCuQ, mCuK=mCuK, mUsedQ=mUsedQ, mUsedK=mUsedK)
-        varlen_blocks = partial(M.n_block_range, window_left=window_left, window_right=window_right,
-                                tile_m=self.tile_m, tile_n=self.tile_n, has_left=self.has_left,
-                                has_right=self.has_right)
+        varlen_blocks = partial(self.blocks.n_block_range, window_left=window_left, window_right=window_right)
         bidx, _, _ = cute.arch.block_idx()
         grid_size = cute.arch.grid_dim()[0]
-        block_range = partial(M.n_block_range, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                              window_left=window_left, window_right=window_right, tile_m=self.tile_m,
-                              tile_n=self.tile_n, has_left=self.has_left, has_right=self.has_right)
+        block_range = partial(self.blocks.n_block_range, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                              window_left=window_left, window_right=window_right)
         coords = partial(self.tile_coords, num_m_blocks=num_m_blocks, num_pairs=num_pairs,
                          num_heads=num_heads, l2_section=l2_section)
         # static schedule: this CTA's first tile and the stride (a cluster tile is a pair of
@@ -938,15 +935,8 @@ class FlashFwdSm90:
         # Remaining blocks, highest first, in three runs so that no runtime branch sits between
         # a WGMMA issue and its wait (ptxas would serialize the pipeline there):
         # blocks crossing the causal/right-window edge, mask-free blocks, left-window blocks.
-        diag = seqlen_k - seqlen_q
-        n_lo_right = n_top
-        if cutlass.const_expr(self.has_right):
-            n_lo_right = cutlass.max(n_min, M.floor_div(m_block * self.tile_m + diag + window_right + 1,
-                                                        self.tile_n))
-        n_hi_left = n_min
-        if cutlass.const_expr(self.has_left):
-            last_row_first_key = (m_block + 1) * self.tile_m - 1 + diag - window_left
-            n_hi_left = cutlass.max(n_min, M.floor_div(last_row_first_key + self.tile_n - 1, self.tile_n))
+        n_lo_right, n_hi_left = self.blocks.n_mask_runs(m_block, n_min, n_top, seqlen_q, seqlen_k,
+                                                        window_left, window_right)
         count_right = cutlass.max(n_top - n_lo_right, 0)
         if cutlass.const_expr(self.has_right):
             for i in cutlass.range(count_right, unroll=1):

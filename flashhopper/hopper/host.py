@@ -19,7 +19,7 @@ def softmax_constants(softmax_scale: float, softcap: float) -> tuple[float, floa
 
 def host_m_block_range(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, has_right: bool,
                        has_left: bool, window_left: int, window_right: int) -> tuple[int, int]:
-    """BwdKernelBase.m_block_range on the host (Python ints)."""
+    """mask.BlockInfo.m_block_range on the host (Python ints)."""
     diag = seqlen_k - seqlen_q
     m_max = (seqlen_q + tile_m - 1) // tile_m
     m_min = 0

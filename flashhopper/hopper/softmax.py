@@ -166,7 +166,7 @@ class OnlineSoftmax:
 
     def __new_from_mlir_values__(self, values):
         parts, rebuilt = (self.row_max, self.row_sum, self.row_scale, self.scale_log2), []
-        for x, n in zip(parts, self._counts):
+        for x, n in zip(parts, self._counts, strict=True):
             rebuilt.append(cutlass.new_from_mlir_values(x, values[:n]))
             values = values[n:]
         return OnlineSoftmax(self.num_rows, rebuilt[3], self.shift, _tensors=tuple(rebuilt[:3]))
