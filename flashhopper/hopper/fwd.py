@@ -37,8 +37,8 @@ from flashhopper.hopper import softmax as S
 from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, FwdBarrier
 from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 from flashhopper.hopper.opaque import opaque as _opaque
+from flashhopper.hopper.tile_scheduler import SCHED_STAGES, FwdTileScheduler
 
-_SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
 
 class FlashFwdSm90:
     def __init__(self, cfg: FwdConfig):
@@ -82,7 +82,7 @@ class FlashFwdSm90:
         window_left: Int32,
         window_right: Int32,
         num_ctas: Int32,  # grid size: all tiles, or one CTA per SM when persistent
-        l2_section: Int32,  # (head, batch) pairs whose tiles are interleaved (see tile_coords)
+        l2_section: Int32,  # (head, batch) pairs whose tiles are interleaved (FwdTileScheduler.coords)
         mQd: cute.Tensor | None,  # FP8: (b, hk) fp32 descales of Q, K, V (any strides); else None
         mKd: cute.Tensor | None,
         mVd: cute.Tensor | None,
@@ -136,8 +136,8 @@ class FlashFwdSm90:
             "mbar_K": mem[cutlass.Int64, 2 * self.num_stages],
             "mbar_V": mem[cutlass.Int64, 2 * self.num_stages],
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
-            "mbar_sched": mem[cutlass.Int64, 2 * _SCHED_STAGES],
-            "sTile": mem[Int32, _SCHED_STAGES],
+            "mbar_sched": mem[cutlass.Int64, 2 * SCHED_STAGES],
+            "sTile": mem[Int32, SCHED_STAGES],
         }
         if cutlass.const_expr(self.transposer):  # the ring V is loaded into as stored: its mbarriers
             fields["mbar_Vt"] = mem[cutlass.Int64, 2 * self.cfg.vt_stages]
@@ -323,11 +323,11 @@ class FlashFwdSm90:
             # FP8 the transposer threads read each tile too
             readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.transposer else 0)
             pipe_sched = pipeline.PipelineAsync.create(
-                num_stages=_SCHED_STAGES, producer_group=producer,
+                num_stages=SCHED_STAGES, producer_group=producer,
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
-            sTile = storage.sTile.get_tensor(cute.make_layout(_SCHED_STAGES))
+            sTile = storage.sTile.get_tensor(cute.make_layout(SCHED_STAGES))
         # with a cluster: no producer may multicast into the peer, nor arrive on its barriers,
         # before the peer's barriers are initialized (cluster-wide arrive / wait)
         pipeline.pipeline_init_arrive(cluster_shape_mn=kv_cluster, is_relaxed=True)
@@ -343,23 +343,19 @@ class FlashFwdSm90:
         else:
             num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
             num_pairs = num_heads * mQ.shape[3]
-        num_tiles = num_m_blocks * num_pairs
         seq_bounds = partial(self.seq_bounds, mCuQ=mCuQ, mCuK=mCuK, mUsedQ=mUsedQ, mUsedK=mUsedK)
         varlen_blocks = partial(self.blocks.n_block_range, window_left=window_left, window_right=window_right)
         bidx, _, _ = cute.arch.block_idx()
         grid_size = cute.arch.grid_dim()[0]
         block_range = partial(self.blocks.n_block_range, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                               window_left=window_left, window_right=window_right)
-        coords = partial(self.tile_coords, num_m_blocks=num_m_blocks, num_pairs=num_pairs,
-                         num_heads=num_heads, l2_section=l2_section)
-        # static schedule: this CTA's first tile and the stride (a cluster tile is a pair of
-        # query blocks; both CTAs of a cluster walk the same pairs)
-        tile_first, tile_stride, rank = bidx, grid_size, 0
-        if cutlass.const_expr(cluster):
-            rank, tile_first, tile_stride, num_tiles, num_m_pairs = C.schedule(
-                self.cluster_m, bidx, grid_size, num_m_blocks, num_pairs)
-            coords = partial(self.cluster_tile_coords, rank=rank, num_m_blocks=num_m_pairs,
-                             num_pairs=num_pairs, num_heads=num_heads, l2_section=l2_section)
+        # this CTA's tiles (a cluster tile is a pair of query blocks; both CTAs of a cluster walk
+        # the same pairs)
+        sched = FwdTileScheduler(has_right=self.has_right, cluster_m=self.cluster_m if cluster else 1,
+                                 num_m_blocks=num_m_blocks, num_pairs=num_pairs, num_heads=num_heads,
+                                 l2_section=l2_section, bidx=bidx, grid_size=grid_size, counter=mTileCounter,
+                                 pipe=pipe_sched, slots=sTile)
+        num_tiles, rank = sched.num_tiles, sched.rank
 
         # Both roles walk the same static tile sequence (tile = blockIdx.x, += gridDim.x); the
         # pipeline states carry over from tile to tile.
@@ -380,13 +376,13 @@ class FlashFwdSm90:
                 if cutlass.const_expr(dynamic):
                     lane = cute.arch.lane_idx()
                     sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                               _SCHED_STAGES)
+                                                               SCHED_STAGES)
                     while tile < num_tiles:
-                        self.publish_tile(pipe_sched, sTile, sched_state, tile, lane)
+                        sched.publish(sched_state, tile, lane)
                         sched_state.advance()
                         # claim the next tile now: the atomic's latency hides under this tile's loads
-                        nxt = self.claim_tile(mTileCounter, grid_size, lane)
-                        m_block, head, batch = coords(tile)
+                        nxt = sched.claim(lane)
+                        m_block, head, batch = sched.coords(tile)
                         n_min, n_max = block_range(m_block)
                         q_state, k_state, v_state = self.produce(
                             mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
@@ -394,13 +390,13 @@ class FlashFwdSm90:
                             q_state, k_state, v_state, pipe_o=pipe_o)
                         tile = nxt
                     # this CTA's last claim is done (it returned an index past the last tile)
-                    self.retire_cta(mTileCounter, grid_size, lane)
+                    sched.retire(lane)
                     # the end marker (an index past the last tile) lets the consumers leave
-                    self.publish_tile(pipe_sched, sTile, sched_state, tile, lane)
+                    sched.publish(sched_state, tile, lane)
                 else:
-                    tile = tile_first
+                    tile = sched.first
                     while tile < num_tiles:
-                        m_block, head, batch = coords(tile)
+                        m_block, head, batch = sched.coords(tile)
                         if cutlass.const_expr(varlen):
                             off_q, len_q, off_k, len_k = seq_bounds(batch)
                             if m_block * self.tile_m < len_q:  # else a tile past its sequence's end
@@ -415,7 +411,7 @@ class FlashFwdSm90:
                                 mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                 pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
                                 q_state, k_state, v_state, rank=rank, pipe_o=pipe_o)
-                        tile += tile_stride
+                        tile += sched.stride
                     if cutlass.const_expr(cluster):
                         # the peer's consumers arrive on our empty barriers until they release
                         # their last stage: stay until every stage is empty again
@@ -424,8 +420,8 @@ class FlashFwdSm90:
             if cutlass.const_expr(self.transposer):
                 if warp_idx > 0:
                     # warps 1-3: V^T for the consumers, block by block in the order the TMA loads V
-                    self.transpose_tiles(storage, sVt_layout, sV_layout, pipe_vt, pipe_v, pipe_sched, sTile,
-                                         tidx - 32, tile_first, tile_stride, num_tiles, coords, block_range)
+                    self.transpose_tiles(storage, sVt_layout, sV_layout, pipe_vt, pipe_v, sched, tidx - 32,
+                                         block_range)
         else:
             if cutlass.const_expr(self.cfg.reg_realloc):
                 cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
@@ -439,23 +435,23 @@ class FlashFwdSm90:
                 self.pingpong_prime(consumer_wg, True)
             tile = bidx
             if cutlass.const_expr(dynamic):
-                sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, _SCHED_STAGES)
-                tile = self.read_tile(pipe_sched, sTile, sched_state)
+                sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
+                tile = sched.read(sched_state)
                 sched_state.advance()
                 while tile < num_tiles:
-                    m_block, head, batch = coords(tile)
+                    m_block, head, batch = sched.coords(tile)
                     n_min, n_max = block_range(m_block)
                     q_state, k_state, v_state = self.consume(
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
                         pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
-                    tile = self.read_tile(pipe_sched, sTile, sched_state)
+                    tile = sched.read(sched_state)
                     sched_state.advance()
             else:
-                tile = tile_first
+                tile = sched.first
                 while tile < num_tiles:
-                    m_block, head, batch = coords(tile)
+                    m_block, head, batch = sched.coords(tile)
                     if cutlass.const_expr(varlen):
                         off_q, len_q, off_k, len_k = seq_bounds(batch)
                         if m_block * self.tile_m < len_q:
@@ -472,7 +468,7 @@ class FlashFwdSm90:
                             pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                             scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
                             pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
-                    tile += tile_stride
+                    tile += sched.stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
                 if (tidx - 128) % 128 < 32:
@@ -484,8 +480,7 @@ class FlashFwdSm90:
                     cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def transpose_tiles(self, storage, sVt_layout, sV_layout, pipe_vt, pipe_v, pipe_sched, sTile, tid,
-                        tile_first, tile_stride, num_tiles, coords, block_range):
+    def transpose_tiles(self, storage, sVt_layout, sV_layout, pipe_vt, pipe_v, sched, tid, block_range):
         """FP8, warps 1-3 of the producer warpgroup (`tid` 0..95): every V block of this CTA's tiles
         from sVt into sV as V^T (hopper/fp8.py), in the tile order of the producer warp and its V
         order (highest key block first)."""
@@ -493,22 +488,22 @@ class FlashFwdSm90:
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
         vt_base = storage.sVt.data_ptr().toint()
         v_base = storage.sV.data_ptr().toint()
-        tile_blocks = partial(self.transpose_tile, coords=coords, block_range=block_range,
+        tile_blocks = partial(self.transpose_tile, coords=sched.coords, block_range=block_range,
                               sVt_layout=sVt_layout, sV_layout=sV_layout, vt_base=vt_base, v_base=v_base,
                               pipe_vt=pipe_vt, pipe_v=pipe_v, tid=tid)
         if cutlass.const_expr(self.cfg.dynamic_sched):
-            sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, _SCHED_STAGES)
-            tile = self.read_tile(pipe_sched, sTile, sched_state)
+            sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
+            tile = sched.read(sched_state)
             sched_state.advance()
-            while tile < num_tiles:
+            while tile < sched.num_tiles:
                 vt_state, v_state = tile_blocks(tile, vt_state=vt_state, v_state=v_state)
-                tile = self.read_tile(pipe_sched, sTile, sched_state)
+                tile = sched.read(sched_state)
                 sched_state.advance()
         else:
-            tile = tile_first
-            while tile < num_tiles:
+            tile = sched.first
+            while tile < sched.num_tiles:
                 vt_state, v_state = tile_blocks(tile, vt_state=vt_state, v_state=v_state)
-                tile += tile_stride
+                tile += sched.stride
 
     @cute.jit
     def transpose_tile(self, tile, coords, block_range, sVt_layout, sV_layout, vt_base, v_base, pipe_vt,
@@ -545,71 +540,6 @@ class FlashFwdSm90:
         in the packed tensors."""
         off_q, off_k = mCuQ[batch], mCuK[batch]
         return off_q, mUsedQ[batch], off_k, mUsedK[batch]
-
-    @cute.jit
-    def publish_tile(self, pipe_sched, sTile, state, tile, lane):
-        """Producer: hand `tile` to the consumers (one lane; mbarrier arrives count threads)."""
-        if lane == 0:
-            pipe_sched.producer_acquire(state)
-            sTile[state.index] = tile
-            pipe_sched.producer_commit(state)
-
-    @cute.jit
-    def claim_tile(self, mTileCounter, grid_size, lane):
-        """The next tile of this CTA: the first grid_size tiles are the CTAs' own, the rest are
-        handed out in order by a global counter."""
-        claimed = Int32(0)
-        if lane == 0:
-            claimed = cute.arch.atomic_add(mTileCounter.iterator, Int32(1))
-        return cute.arch.shuffle_sync(claimed, 0) + grid_size
-
-    @cute.jit
-    def retire_cta(self, mTileCounter, grid_size, lane):
-        """Put the counter back to zero for the next launch, instead of a memset before each one.
-
-        Called once per CTA, by the lane that claims tiles, after its last claim. Slot 1 counts
-        the CTAs done claiming; the last one zeroes both slots: every other CTA has made its last
-        atomic on slot 0 before its increment of slot 1 (acq_rel, gpu scope: those claims happen
-        before the last CTA's stores), and none touches the counter again in this launch."""
-        if lane == 0:
-            retired = cute.arch.atomic_add(mTileCounter.iterator + 1, Int32(1), sem="acq_rel", scope="gpu")
-            if retired == grid_size - 1:
-                mTileCounter[0] = Int32(0)
-                mTileCounter[1] = Int32(0)
-
-    @cute.jit
-    def read_tile(self, pipe_sched, sTile, state):
-        """Consumers: the next tile index from the producer."""
-        pipe_sched.consumer_wait(state)
-        tile = sTile[state.index]
-        pipe_sched.consumer_release(state)
-        return tile
-
-    @cute.jit
-    def tile_coords(self, tile, num_m_blocks, num_pairs, num_heads, l2_section):
-        """tile index -> (m_block, head, batch).
-
-        (head, batch) pairs are taken `l2_section` at a time (sized on the host so that their K
-        and V fit in L2 together); inside a section the pair varies fastest. Without a right
-        bound (no causal/window) the section is 1 pair, i.e. m fastest. With one, m runs from
-        the last query block down: those tiles see the most keys, so the longest go first.
-        """
-        per_section = num_m_blocks * l2_section
-        section = tile // per_section
-        local = tile - section * per_section
-        pairs_here = cutlass.min(l2_section, num_pairs - section * l2_section)
-        m_idx = local // pairs_here
-        pair = section * l2_section + local - m_idx * pairs_here
-        m_block = m_idx
-        if cutlass.const_expr(self.has_right):
-            m_block = num_m_blocks - 1 - m_idx
-        return m_block, pair % num_heads, pair // num_heads
-
-    @cute.jit
-    def cluster_tile_coords(self, tile, rank, num_m_blocks, num_pairs, num_heads, l2_section):
-        """cluster tile index -> (this CTA's m_block, head, batch): the pair's block `rank`."""
-        m_pair, head, batch = self.tile_coords(tile, num_m_blocks, num_pairs, num_heads, l2_section)
-        return m_pair * self.cluster_m + rank, head, batch
 
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,

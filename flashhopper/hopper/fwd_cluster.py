@@ -45,12 +45,3 @@ def kv_tma_op(cluster_m: int):
 def mcast_mask(cluster_m: int):
     """Every CTA of the cluster receives each half."""
     return cutlass.Int16((1 << cluster_m) - 1)
-
-
-@cute.jit
-def schedule(cluster_m: cutlass.Constexpr[int], bidx, grid_size, num_m_blocks, num_pairs):
-    """(rank in cluster, first cluster tile, stride, number of cluster tiles, query-block pairs):
-    a cluster tile is a pair of query blocks of one (head, batch); clusters stride over them."""
-    rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-    num_m_pairs = (num_m_blocks + cluster_m - 1) // cluster_m
-    return rank, bidx // cluster_m, grid_size // cluster_m, num_m_pairs * num_pairs, num_m_pairs

@@ -138,7 +138,7 @@ def _persistent_zeros(shape, dtype, device) -> torch.Tensor:
 def _tile_counter(device) -> torch.Tensor:
     """The dynamic scheduler's counter for the current stream on `device`: 2 int32 (the next
     tile to hand out, the CTAs done claiming), zeroed once here. The kernel leaves it at zero
-    when it finishes (FlashFwdSm90.retire_cta), so launches need no memset; the static schedule
+    when it finishes (FwdTileScheduler.retire), so launches need no memset; the static schedule
     never touches it. Launches on one stream run in order, so one counter per stream is enough;
     two streams must not share one (their kernels may run at the same time).
 
