@@ -46,9 +46,6 @@ REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # FP8: the producer warpgroup also transposes V in shared memory (8 words in flight per thread)
 FP8_REG_SPLIT = {2: (224, 48)}
 
-# BwdConfig.fused_dq_cast: rows of fp32 dQ per conversion chunk, and chunks in flight
-DQ_CAST_ROWS = 16
-DQ_CAST_STAGES = 2
 
 
 def register_pool(num_warpgroups: int) -> int:
@@ -466,15 +463,6 @@ class BwdConfig(_KernelConfig):
     # it reads that row's O and dO, instead of a fill kernel before it: one kernel and its launch
     # gap fewer; the bytes written are the same (BwdPreprocessZeroDq).
     pre_zero_dq: bool = False
-    # kv_split "keys" with dq_per_wg: dQ comes out of the main kernel in the input dtype, with no
-    # cast kernel after it. The dQ writer warp posts each tile whose reduce-adds have landed to the
-    # producer warpgroup's two idle warps, which count it per (batch, query head, query block) (a
-    # gpu-scope acq_rel counter in the zeroed semaphore tensor); the CTA that brings the count to the
-    # number of key blocks that see the query block loads the fp32 sum
-    # back by TMA (from L2: it was just written) in 16-row chunks through a 2-stage smem ring and
-    # store it converted. The cast kernel read the whole accumulator from DRAM after the kernel:
-    # ~48 us at every grid point, ~12% of the backward at 512 (docs/decisions.md).
-    fused_dq_cast: bool = False
     # dO (and D row) ring depth for kv_split "hdim"; 0 means num_stages (the Q ring's depth). FA3
     # runs hdim 256 at 64 x 80 with one dO stage: two would not fit next to 80 keys of K and V.
     do_stages: int = 0
@@ -614,8 +602,6 @@ class BwdConfig(_KernelConfig):
             dq //= self.num_consumer_wg * self.num_dq_chunks
             if self.dq_slot_ring:  # ring boxes of half a part each
                 dq = dq // 2 * self.dq_slot_ring
-        if self.fused_dq_cast:  # the converters' fp32 chunk ring, its 2 mbarriers, the mailbox
-            dq += DQ_CAST_STAGES * DQ_CAST_ROWS * self.hdim * 4 + 8 * DQ_CAST_STAGES + 16
         return 1024 + kv + q_do + rows + ds + dq + 8 * (2 + 2 * stages)
 
     def dq_halves_fit(self) -> bool:
@@ -632,7 +618,7 @@ class BwdConfig(_KernelConfig):
 
     def dq_rows_fit(self) -> bool:
         """Whether the dQ tile's rows can be interleaved in smem (dq_rows_interleaved)."""
-        return not (self.dq_accum_head_major or self.dq_transposed or self.fused_dq_cast
+        return not (self.dq_accum_head_major or self.dq_transposed
                     or (self.kv_split == "hdim" and not self.dq_tma))
 
     def check(self) -> None:
@@ -682,19 +668,12 @@ class BwdConfig(_KernelConfig):
         if self.dq_rows_interleaved and not self.dq_rows_fit():
             raise ValueError("dq_rows_interleaved needs a smem dQ tile written in row pairs (dq_tma in the "
                              "wide kernel; not dq_transposed, whose stores do not conflict), the (b, sq, h, "
-                             "d) accumulator (its view merges batch into the rows) and no fused_dq_cast "
-                             "(which reads the accumulator in query order)")
+                             "d) accumulator (its view merges batch into the rows)")
         if self.mask_runs and self.kv_split != "keys":
             raise ValueError("mask_runs exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py)")
         if self.dq_per_wg and self.kv_split != "keys":
             raise ValueError("dq_per_wg exists only for kv_split 'keys' (hdim 64 / 96 / 128, hopper/bwd.py); "
                              "kv_split 'hdim' adds dQ with atomics from the consumer warpgroups")
-        if self.fused_dq_cast and not (self.kv_split == "keys" and self.dq_per_wg):
-            raise ValueError("fused_dq_cast exists only for kv_split 'keys' with dq_per_wg (hdim 64 / 96 / "
-                             "128, hopper/bwd.py): its dQ writer warp posts the landed tiles")
-        if self.fused_dq_cast and self.tile_m % DQ_CAST_ROWS:
-            raise ValueError(f"fused_dq_cast: tile_m {self.tile_m} must be a multiple of the "
-                             f"{DQ_CAST_ROWS}-row conversion chunk")
         if self.num_stages < 1 or self.num_do_stages < 1:
             raise ValueError(f"num_stages {self.num_stages} and do_stages {self.do_stages} must be >= 1")
         if self.hdim % (8 * self.num_consumer_wg):
@@ -717,7 +696,7 @@ class BwdConfig(_KernelConfig):
     def _check_varlen(self) -> None:
         """What the varlen backward (first version: one CTA per key block, no launch reordering) is
         built for."""
-        unsupported = {"lpt": self.lpt, "fused_dq_cast": self.fused_dq_cast, "pdl": self.pdl,
+        unsupported = {"lpt": self.lpt, "pdl": self.pdl,
                        "pre_zero_dq": self.pre_zero_dq, "dq_rows_interleaved": self.dq_rows_interleaved,
                        "dq_accum_head_major": self.dq_accum_head_major,
                        "kv_split 'hdim' without dq_tma": self.kv_split == "hdim" and not self.dq_tma}

@@ -200,7 +200,7 @@ def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: b
 
 # Varlen backward (first version, not yet timed): the dense kernel of the mask for long sequences,
 # with what varlen does not take turned off (BwdConfig._check_varlen)
-_BWD_VARLEN_OFF = {"lpt": False, "fused_dq_cast": False, "pdl": False, "pre_zero_dq": False,
+_BWD_VARLEN_OFF = {"lpt": False, "pdl": False, "pre_zero_dq": False,
                    "dq_rows_interleaved": False, "dq_accum_head_major": False}
 
 

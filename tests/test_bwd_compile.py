@@ -517,7 +517,7 @@ def test_backward_lpt_compiles(hdim, mask, fields):
     assert report["sass"]["HGMMA"] == default["sass"]["HGMMA"]
 
 
-# BwdConfig.fused_dq_cast: dQ converted inside the main kernel (hopper/bwd.py convert_dq)
+# deterministic mode's dQ turns: the key blocks that visit a query block, counted on the host
 def _brute_force_visits(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr):
     from flashhopper.hopper.host import host_m_block_range
 
@@ -530,13 +530,12 @@ def _brute_force_visits(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr):
     return visits
 
 
-def test_dq_contributors_match_the_key_blocks_that_visit():
-    """The count the last key block of a query block waits for, and the host's test for query
-    blocks nobody visits, against the visits of every key block's m_block_range."""
+def test_visiting_key_blocks_match_the_key_blocks_that_visit():
+    """BlockInfo.first_n_block .. last_n_block (deterministic mode's turns), by its host twin, against
+    the visits of every key block's m_block_range."""
     import random
 
-    from flashhopper.hopper.bwd_common import dq_contributors
-    from flashhopper.hopper.host import every_q_block_visited
+    from flashhopper.hopper.host import host_visiting_key_blocks
 
     rng = random.Random(7)
     big = 1 << 30  # runtime._UNBOUNDED
@@ -551,42 +550,10 @@ def test_dq_contributors_match_the_key_blocks_that_visit():
                 visits = _brute_force_visits(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr)
                 for m, v in enumerate(visits):
                     if v:
-                        assert dq_contributors(m, sq, sk, tile_m, tile_n, has_right, has_left, wl, wr) == v
+                        assert host_visiting_key_blocks(m, sq, sk, tile_m, tile_n, has_right, has_left, wl,
+                                                        wr) == v
                         checked += 1
-                every = every_q_block_visited(sq, sk, tile_m, tile_n, has_right, has_left, wl, wr)
-                assert every == all(visits), (sq, sk, tile_m, has_right, has_left, wl, wr)
     assert checked > 10000
-
-
-@pytest.mark.parametrize(("hdim", "mask", "fields"), [
-    (64, "none", {}), (64, "causal", {}), (96, "local", {}), (128, "none", {}), (128, "causal", {}),
-    (128, "softcap", {}), (128, "causal", {"deterministic": True}), (64, "causal", {"pre_zero_dq": True}),
-    (128, "causal", {"lpt": True})])
-def test_backward_fused_dq_cast_compiles(hdim, mask, fields):
-    """The converter warps add no WGMMA, wait or spill to the kernel; they convert a chunk of
-    DQ_CAST_ROWS rows in a loop with one 16-byte store per 8 elements, inside the producer
-    warpgroup's 24 registers (32 would not fit the CTA's register pool: config.register_pool)."""
-    from flashhopper.config import DQ_CAST_ROWS
-
-    cfg = bwd_config("bf16", hdim, fused_dq_cast=True, **fields, **MASKS[mask])
-    report = inspect_kernel("bwd", dtype="bf16", hdim=hdim, fused_dq_cast=True, **fields, **MASKS[mask])
-    _check_keys_report(report, cfg, mask)
-    sass = report["sass"]
-    default = inspect_kernel("bwd", dtype="bf16", hdim=hdim, **fields, **MASKS[mask])["sass"]
-    assert (sass["HGMMA"], sass["HGMMA_WAITS"]) == (default["HGMMA"], default["HGMMA_WAITS"])
-    assert sorted(sass["USETMAXREG"]) == [24, 240] == sorted([cfg.producer_regs, cfg.consumer_regs])
-    assert sass["STG.128"] - default["STG.128"] == cfg.tile_m // DQ_CAST_ROWS  # one store loop a chunk
-    assert sass["UTMALDG"] - default["UTMALDG"] >= 2  # the chunk loads (first, then one ahead)
-
-
-def test_fused_dq_cast_is_refused_where_it_does_not_exist():
-    with pytest.raises(ValueError, match="fused_dq_cast exists only"):
-        bwd_config("bf16", 256, fused_dq_cast=True)
-    with pytest.raises(ValueError, match="fused_dq_cast exists only"):
-        bwd_config("bf16", 128, fused_dq_cast=True, dq_per_wg=False)
-    cfg = bwd_config("bf16", 128, causal=True, fused_dq_cast=True)
-    assert cfg.smem_bytes() <= SMEM_CAPACITY
-    assert 128 * cfg.producer_regs + 256 * cfg.consumer_regs <= 65536
 
 
 @pytest.mark.parametrize("mask", list(MASKS))
@@ -724,8 +691,6 @@ def test_dq_rows_interleaved_is_refused_where_it_does_not_apply():
         bwd_config("bf16", 192, dq_accum_head_major=True, dq_rows_interleaved=True)
     with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
         bwd_config("bf16", 128, dq_rows_interleaved=True)  # dQ^T: its 4-byte stores do not conflict
-    with pytest.raises(ValueError, match="dq_rows_interleaved needs a smem dQ tile"):
-        bwd_config("bf16", 128, causal=True, fused_dq_cast=True, dq_rows_interleaved=True)
 
 
 @pytest.mark.parametrize(("hdim", "mask", "waits"), [

@@ -623,54 +623,6 @@ def test_backward_pre_zero_dq(d, b, sq, sk, hq, hk, causal, window, softcap, mon
         run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
 
 
-_FUSED_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
-    (1, 1, 1, 2, 2, False, (-1, -1), 0.0),
-    (1, 1, 17, 2, 2, False, (-1, -1), 0.0),
-    (2, 17, 17, 4, 2, True, (-1, -1), 0.0),
-    (2, 300, 517, 4, 2, False, (-1, -1), 0.0),
-    (2, 517, 300, 2, 2, True, (-1, -1), 0.0),  # sq > sk: the first query blocks see no key
-    (1, 1000, 17, 2, 2, True, (-1, -1), 0.0),  # almost every query block unvisited: dQ must be 0
-    (1, 1000, 1000, 4, 1, True, (-1, -1), 0.0),
-    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
-    (1, 17, 1000, 2, 2, False, (100, 20), 0.0),  # the keys no query sees at the start
-    (1, 1000, 1500, 8, 1, True, (256, 0), 0.0),
-    (1, 4097, 4097, 1, 1, True, (-1, -1), 0.0),
-]
-
-
-@pytest.mark.variant
-@pytest.mark.parametrize("fields", [{}, {"pre_zero_dq": False}])
-@pytest.mark.parametrize("d", [64, 96, 128])
-@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _FUSED_CASES)
-def test_backward_fused_dq_cast(d, fields, b, sq, sk, hq, hk, causal, window, softcap, monkeypatch):
-    """dQ converted inside the main kernel (BwdConfig.fused_dq_cast): its output starts as NaN
-    wherever every query block is visited (runtime.poison), so a tile nobody converted shows;
-    where some is not, it must come out 0."""
-    monkeypatch.setattr(runtime, "poison", True)
-    with runtime.bwd_config_overrides(fused_dq_cast=True, **fields):
-        run_case(b, sq, sk, hq, hk, d, causal=causal, window=window, softcap=softcap)
-
-
-@pytest.mark.variant
-@pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (128, False, (-1, -1)),
-                                             (96, False, (300, 40)), (128, True, (-1, -1))])
-def test_fused_dq_cast_deterministic_matches_the_cast_kernel(d, causal, window):
-    """Deterministic mode fixes the fp32 sums, so the in-kernel conversion must give the cast
-    kernel's dQ bit for bit (both round to nearest even), and repeat itself."""
-    q, k, v, dout = make_inputs(2, 2000, 2000, 8, 2, d, torch.bfloat16, "bshd", 5)
-    grads = {}
-    for fused in (False, True, True):
-        with runtime.bwd_config_overrides(fused_dq_cast=fused):
-            qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-            out = flash_attn_func(qg, kg, vg, causal=causal, window_size=window, deterministic=True)
-            got = torch.autograd.grad(out, (qg, kg, vg), dout)
-        if fused in grads:
-            assert all(torch.equal(a, b) for a, b in zip(grads[fused], got, strict=True))
-        grads[fused] = got
-    for a, b in zip(grads[False], grads[True], strict=True):
-        assert torch.equal(a, b)
-
-
 # hdim 256 splits S / dP by GEMM (sdp_by_gemm, dispatched) except under softcap,
 # which keeps the split by keys: that kernel without softcap too, as formerly dispatched
 @pytest.mark.variant

@@ -113,10 +113,10 @@ def test_backward_overrides_are_not_served_from_the_cache(bwd_launches):
     assert bwd_launches.pop()[0] == default
 
 
-@pytest.mark.parametrize("override", [{"tile_m": 80}, {"dq_accum_head_major": True}, {"fused_dq_cast": True}])
+@pytest.mark.parametrize("override", [{"tile_m": 80}, {"dq_accum_head_major": True}])
 def test_backward_override_wins_over_the_per_call_choice_it_rules_out(bwd_launches, override):
     """hdim 128 causal <= 1k takes 64-row steps with interleaved dQ rows per call; an override those
-    rows do not fit (80-row steps, a head-major or fused-cast dQ) drops them instead of failing."""
+    rows do not fit (80-row steps, a head-major dQ) drops them instead of failing."""
     q, k, v = _tensors(1, 512, 512, 2, 2, 128)
     lse = torch.zeros(1, 2, 512)
     with runtime.bwd_config_overrides(**override):

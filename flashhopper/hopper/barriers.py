@@ -30,11 +30,6 @@ class BwdBarrier(enum.IntEnum):
     # BwdConfig.dq_per_wg: warpgroup w's own pair instead of DQ_EMPTY / DQ_FULL, 128 + 32 threads each:
     # DQ_WG + w = its dQ part is empty (writer -> w), DQ_WG + num_consumer_wg + w = full (w -> writer)
     DQ_WG = 4
-    # BwdConfig.fused_dq_cast: dQ writer <-> converter warps mailbox (full, empty: 32 + 64 threads), and
-    # the two converter warps between fp32 chunks (64 threads)
-    CVT_FULL = 13
-    CVT_EMPTY = 14
-    CVT_CHUNK = 15
 
 
 class BwdWideBarrier(enum.IntEnum):

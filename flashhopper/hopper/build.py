@@ -91,11 +91,10 @@ def _fake_bwd(cfg: BwdConfig):
 
     sem = cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
                                         (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4)
-    dq = t4(sq, h) if cfg.fused_dq_cast else None
     # dq_rows_interleaved: the accumulator's rows are padded to whole query blocks (_dq_accum)
     dq_accum = t4(cute.sym_int() if cfg.dq_rows_interleaved else sq, h, cutlass.Float32)
     return (t4(sq, h), t4(sk, hk), t4(sk, hk), t4(sq, h), rows(), rows(), dq_accum,
-            sem, dq, t4(sk, hk), t4(sk, hk))
+            sem, t4(sk, hk), t4(sk, hk))
 
 
 def _fake_bwd_varlen(cfg: BwdConfig):

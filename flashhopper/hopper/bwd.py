@@ -43,16 +43,12 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from flashhopper.config import DQ_CAST_ROWS, DQ_CAST_STAGES
 from flashhopper.hopper import layout as L
 from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, BwdBarrier
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import k_smem_layout
 from flashhopper.hopper.layout import smem_struct
 from flashhopper.hopper.mma import issue_gemm, issue_gemm_pair
-
-_CVT_THREADS = 64
-_CVT_VEC = 8  # fp32 elements a converter thread takes at a time: one 16-byte store of 16-bit dQ
 
 
 class FlashBwdSm90(BwdKernelBase):
@@ -67,8 +63,7 @@ class FlashBwdSm90(BwdKernelBase):
         mLSE: cute.Tensor,  # (b, h, sq_pad) fp32: LSE * log2(e); +inf for padded / key-less rows
         mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
         mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
-        mdQsem: cute.Tensor,  # (b, h, m_blocks) int32 zeros (deterministic, fused_dq_cast), else any
-        mdQ: Optional[cute.Tensor],  # noqa: UP045 (the DSL reads it)  (b, sq, h, d) out with fused_dq_cast
+        mdQsem: cute.Tensor,  # (b, h, m_blocks) int32 zeros (deterministic), else any
         mdK: cute.Tensor,  # (b, sk, hk, d)
         mdV: cute.Tensor,  # (b, sk, hk, d)
         scale_log2: Float32,
@@ -91,8 +86,6 @@ class FlashBwdSm90(BwdKernelBase):
             L.select_modes(t, [1, 3, 2, 0]) for t in (mQ, mK, mV, mdO, mdQaccum, mdK, mdV)
         ]
         mLSE, mD, mdQsem = [L.select_modes(t, [2, 1, 0]) for t in (mLSE, mD, mdQsem)]
-        if cutlass.const_expr(self.cfg.fused_dq_cast != (mdQ is not None)):
-            raise ValueError("mdQ is the output of fused_dq_cast: pass it exactly when the config has it")
         K_, MN_ = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         atoms = (self.num_consumer_wg, 1, 1)
         # keys are the M dimension of S^T, dP^T, dK, dV; the warpgroups split the keys
@@ -130,13 +123,8 @@ class FlashBwdSm90(BwdKernelBase):
         # per-query LSE and D of each Q / dO stage ride on the same TMA barriers as Q and dO
         # (stages 128-byte aligned: TMA destinations)
         sRow_layout = cute.make_layout((self.tile_m, self.num_stages), stride=(1, self.cfg.row_stride))
-        # fused_dq_cast: fp32 chunks of a finished dQ tile, row-major, unswizzled (the converters read
-        # consecutive 16-byte vectors: no bank conflicts)
-        sCvt_layout = cute.make_layout((DQ_CAST_ROWS, self.hdim, DQ_CAST_STAGES),
-                                       stride=(self.hdim, 1, DQ_CAST_ROWS * self.hdim))
 
-        SharedStorage = self.shared_storage(sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout,
-                                            sCvt_layout)
+        SharedStorage = self.shared_storage(sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout)
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.select(sQ_layout, mode=[0, 1])
@@ -158,12 +146,6 @@ class FlashBwdSm90(BwdKernelBase):
             cpasync.CopyReduceBulkTensorTileS2GOp(),
             self.dq_rows_view(mdQaccum), tma_dQ_layout, self.dq_part_shape())
 
-        tma_atom_cvt, tma_cvt = None, None
-        if cutlass.const_expr(self.cfg.fused_dq_cast):
-            mdQ = L.select_modes(mdQ, [1, 3, 2, 0])
-            tma_atom_cvt, tma_cvt = cpasync.make_tiled_tma_atom(
-                load_op, mdQaccum, cute.select(sCvt_layout, mode=[0, 1]), (DQ_CAST_ROWS, self.hdim))
-
         grid = self.grid(mK, mUsedK, max_seqlen_k)
         self.kernel(
             tma_Q, tma_K, tma_V, tma_dO, tma_LSE, tma_D, tma_dQ, mdQsem, tma_dK, tma_dV,
@@ -172,13 +154,13 @@ class FlashBwdSm90(BwdKernelBase):
             scale_log2, softcap_pre, softmax_scale, window_left, window_right,
             sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
-            SharedStorage, mdQ, tma_cvt, tma_atom_cvt, sCvt_layout,
+            SharedStorage,
             mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK if self.cfg.varlen else None,
             mdV if self.cfg.varlen else None,
         ).launch(grid=grid, block=[128 * (1 + self.num_consumer_wg), 1, 1], stream=stream,
                  min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
 
-    def shared_storage(self, sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout, sCvt_layout):
+    def shared_storage(self, sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout):
         """The kernel's shared memory (layout.smem_struct: built from a dict)."""
         mem, align = cute.struct.MemRange, cute.struct.Align
         fields = {
@@ -194,10 +176,6 @@ class FlashBwdSm90(BwdKernelBase):
             "sLSE": align[mem[Float32, cute.cosize(sRow_layout)], 128],
             "sD": align[mem[Float32, cute.cosize(sRow_layout)], 128],
         }
-        if self.cfg.fused_dq_cast:  # last, so that the other buffers keep their offsets
-            fields["mbar_cvt"] = mem[cutlass.Int64, DQ_CAST_STAGES]
-            fields["cvt_mail"] = mem[Int32, 4]
-            fields["sCvt"] = align[mem[Float32, cute.cosize(sCvt_layout)], 128]
         return smem_struct(fields)
 
     @cute.kernel
@@ -211,7 +189,7 @@ class FlashBwdSm90(BwdKernelBase):
                sdS_layout: cute.ComposedLayout, sdQ_layout: cute.ComposedLayout, sRow_layout: cute.Layout,
                tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
-               SharedStorage: cutlass.Constexpr, mdQ, mdQaccum_ld, tma_atom_cvt, sCvt_layout: cute.Layout,
+               SharedStorage: cutlass.Constexpr,
                mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK_rows, mdV_rows):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -230,15 +208,6 @@ class FlashBwdSm90(BwdKernelBase):
         sD = storage.sD.get_tensor(sRow_layout)
 
         pipe_kv, pipe_q, pipe_do = self.make_pipelines(storage, sK_layout, sQ_layout)
-        cvt_mbar, cvt_mail, sCvt = None, None, None
-        if cutlass.const_expr(self.cfg.fused_dq_cast):
-            cvt_mbar = storage.mbar_cvt.data_ptr()
-            cvt_mail = storage.cvt_mail.get_tensor(cute.make_layout(4))
-            sCvt = storage.sCvt.get_tensor(sCvt_layout)
-            if tidx == 64:  # the first converter thread issues their TMA loads
-                for s in cutlass.range_constexpr(DQ_CAST_STAGES):
-                    cute.arch.mbarrier_init(cvt_mbar + s, 1)
-                cute.arch.mbarrier_init_fence()
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
@@ -254,9 +223,8 @@ class FlashBwdSm90(BwdKernelBase):
             tma_atom_dK=tma_atom_dK, tma_atom_dV=tma_atom_dV, scale_log2=scale_log2, softcap_pre=softcap_pre,
             softmax_scale=softmax_scale, window_left=window_left, window_right=window_right,
             tiled_mma_sdp=tiled_mma_sdp, tiled_mma_dkv=tiled_mma_dkv, tiled_mma_dk=tiled_mma_dk,
-            tiled_mma_dq=tiled_mma_dq, mdQ=mdQ, mdQaccum_ld=mdQaccum_ld, tma_atom_cvt=tma_atom_cvt,
-            warp_idx=warp_idx, tidx=tidx, sQ=sQ, sdO=sdO, sK=sK, sV=sV, sdS=sdS, sdQ=sdQ, sLSE=sLSE, sD=sD,
-            pipe_kv=pipe_kv, pipe_q=pipe_q, pipe_do=pipe_do, cvt_mbar=cvt_mbar, cvt_mail=cvt_mail, sCvt=sCvt,
+            tiled_mma_dq=tiled_mma_dq, warp_idx=warp_idx, tidx=tidx, sQ=sQ, sdO=sdO, sK=sK, sV=sV, sdS=sdS,
+            sdQ=sdQ, sLSE=sLSE, sD=sD, pipe_kv=pipe_kv, pipe_q=pipe_q, pipe_do=pipe_do,
             n_block=n_block, head_kv=head_kv, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, ratio=ratio,
             m_min=m_min, num_m=num_m, num_steps=num_steps, seq=seq)
         if cutlass.const_expr(self.cfg.varlen):
@@ -269,8 +237,8 @@ class FlashBwdSm90(BwdKernelBase):
     def roles(self, mQ, mK, mV, mdO, mLSE, mD, mdQaccum, mdQsem, mdK, mdV, tma_atom_Q, tma_atom_K, tma_atom_V,
               tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dQ, tma_atom_dK, tma_atom_dV, scale_log2,
               softcap_pre, softmax_scale, window_left, window_right, tiled_mma_sdp, tiled_mma_dkv,
-              tiled_mma_dk, tiled_mma_dq, mdQ, mdQaccum_ld, tma_atom_cvt, warp_idx, tidx, sQ, sdO, sK, sV,
-              sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do, cvt_mbar, cvt_mail, sCvt, n_block, head_kv, batch,
+              tiled_mma_dk, tiled_mma_dq, warp_idx, tidx, sQ, sdO, sK, sV,
+              sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch,
               seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq):
         """The warps' roles for this CTA's key block (the producer warpgroup's warps, the consumer
         warpgroups)."""
@@ -284,14 +252,10 @@ class FlashBwdSm90(BwdKernelBase):
                 if cutlass.const_expr(self.cfg.dq_per_wg):
                     self.write_dq_per_wg(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
                                          m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left,
-                                         window_right, cvt_mail, seq)
+                                         window_right, seq)
                 else:
                     self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
                                   m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq)
-            if cutlass.const_expr(self.cfg.fused_dq_cast):
-                if warp_idx >= 2:
-                    self.convert_dq(mdQ, mdQaccum_ld, mdQsem, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch,
-                                    seqlen_q, seqlen_k, window_left, window_right, tidx - 64)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
@@ -333,8 +297,7 @@ class FlashBwdSm90(BwdKernelBase):
 
     @cute.jit
     def write_dq_per_wg(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
-                        num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, cvt_mail=None,
-                        seq=None):
+                        num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
         """BwdConfig.dq_per_wg: warpgroup w's part of each step's dQ tile (dq_part_shape) is added
         with its own TMA reduce-add as soon as w has written it (its dQ-full barrier), and w may
         overwrite it once that TMA has read it (its dQ-empty barrier): the warpgroups meet the
@@ -346,8 +309,6 @@ class FlashBwdSm90(BwdKernelBase):
         wg_threads = 128 + 32
         num_wg = self.num_consumer_wg
         part = self.dq_part_shape()
-        fused = self.cfg.fused_dq_cast
-        prev_head, prev_m = Int32(0), Int32(0)
         for step in cutlass.range(num_steps, unroll=1):
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
@@ -374,133 +335,9 @@ class FlashBwdSm90(BwdKernelBase):
                 cute.arch.cp_async_bulk_commit_group()
             if cutlass.const_expr(self.cfg.deterministic):
                 self.pass_turn_when_landed(sem, lane)
-                if cutlass.const_expr(fused):
-                    # the turns run 0 .. count - 1: the last one has the finished tile
-                    count = self.dq_contributors(m_block, seqlen_q, seqlen_k, window_left, window_right)
-                    if turn == count - 1:
-                        self.post_dq_tile(cvt_mail, head, m_block, lane)
-            elif cutlass.const_expr(fused):
-                # the previous step's parts have landed by now (a step's time after their issue):
-                # the converters count them. No gpu-scope fence here: one (MEMBAR.GPU) per step in
-                # this warp cost 2-17% on the H200, very likely by also waiting for the reduce-adds
-                # just issued, which holds back the next step's dQ-empty arrivals.
-                if step > 0:
-                    cute.arch.cp_async_bulk_wait_group(num_wg, read=False)
-                    self.post_dq_tile(cvt_mail, prev_head, prev_m, lane)
-                prev_head, prev_m = head, m_block
             cute.arch.sync_warp()
         # smem must outlive the last reads
         cute.arch.cp_async_bulk_wait_group(0, read=True)
-        if cutlass.const_expr(fused):
-            if cutlass.const_expr(not self.cfg.deterministic):
-                if num_steps > 0:
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    self.post_dq_tile(cvt_mail, prev_head, prev_m, lane)
-            self.post_dq_tile(cvt_mail, Int32(-1), Int32(0), lane)  # no more tiles
-
-    @cute.jit
-    def post_dq_tile(self, cvt_mail, head, m_block, lane):
-        """fused_dq_cast, dQ writer warp: (head, m_block) into the converters' one-slot mailbox
-        once this CTA's reduce-adds of that tile have landed (deterministic: only the last turn's);
-        head -1: no more tiles. The slot is free once they have read the previous message."""
-        cute.arch.barrier(barrier_id=BwdBarrier.CVT_EMPTY, number_of_threads=32 + _CVT_THREADS)
-        if lane == 0:
-            cvt_mail[0] = head
-            cvt_mail[1] = m_block
-        cute.arch.barrier_arrive(barrier_id=BwdBarrier.CVT_FULL, number_of_threads=32 + _CVT_THREADS)
-
-    @cute.jit
-    def convert_dq(self, mdQ, mdQaccum_ld, mdQsem, tma_atom_cvt, sCvt, cvt_mbar, cvt_mail, batch, seqlen_q,
-                   seqlen_k, window_left, window_right, t):
-        """fused_dq_cast, warps 2 and 3 (t = 0..63): for each landed tile the dQ writer posts, warp 2
-        counts it (a gpu-scope acq_rel add on the query block's counter: release, so that whoever
-        counts last sees our reduce-adds, which the writer saw land before it posted; acquire, so
-        that if that is us we see everyone's), and if this key block was the last to land, load the
-        finished fp32 sum by TMA in DQ_CAST_ROWS-row chunks (a DQ_CAST_STAGES ring, the next chunk
-        in flight while this one converts) and store it in the output dtype, _CVT_VEC elements a
-        thread at a time (two 16-byte smem loads, one 16-byte store). Warp 2 issues the loads."""
-        if cutlass.const_expr(self.cfg.pdl):
-            cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: dQaccum and its counters
-        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-        lane = cute.arch.lane_idx()
-        mail_threads = 32 + _CVT_THREADS
-        chunks = self.tile_m // DQ_CAST_ROWS
-        chunk_elems = DQ_CAST_ROWS * self.hdim
-        vecs_per_row = self.hdim // _CVT_VEC
-        chunk_bytes = chunk_elems * 4
-        sCvt_flat = cute.make_tensor(sCvt.iterator, cute.make_layout(DQ_CAST_STAGES * chunk_elems))
-        tCsC = cute.group_modes(sCvt, 0, 2)
-        # the slot starts free
-        cute.arch.barrier_arrive(barrier_id=BwdBarrier.CVT_EMPTY, number_of_threads=mail_threads)
-        k = Int32(0)  # chunks loaded so far: ring stage k % stages, phase (k // stages) % 2
-        head = Int32(0)
-        while head >= 0:
-            cute.arch.barrier(barrier_id=BwdBarrier.CVT_FULL, number_of_threads=mail_threads)
-            head = cvt_mail[0]
-            m_block = cvt_mail[1]
-            owner = Int32(0)
-            if head >= 0:
-                cute.arch.barrier_arrive(barrier_id=BwdBarrier.CVT_EMPTY, number_of_threads=mail_threads)
-                owner = Int32(1)  # deterministic: the writer posts only its last turns
-                if cutlass.const_expr(not self.cfg.deterministic):
-                    if warp == 2:
-                        cute.arch.fence_acq_rel_gpu()
-                        old = Int32(0)
-                        if lane == 0:
-                            old = cute.arch.atomic_add(mdQsem[None, head, batch].iterator + m_block, Int32(1),
-                                                       sem="acq_rel", scope="gpu")
-                        old = cute.arch.shuffle_sync(old, 0)
-                        count = self.dq_contributors(m_block, seqlen_q, seqlen_k, window_left, window_right)
-                        if lane == 0:
-                            cvt_mail[2] = Int32(old == count - 1)
-                    # warp 3 reads the verdict after this barrier; warp 2 writes the next one only
-                    # after both have met the writer's next message (BwdBarrier.CVT_FULL)
-                    cute.arch.barrier(barrier_id=BwdBarrier.CVT_CHUNK, number_of_threads=_CVT_THREADS)
-                    owner = cvt_mail[2]
-            if owner != 0:
-                gAcc = cute.local_tile(mdQaccum_ld[None, None, head, batch], (DQ_CAST_ROWS, self.hdim),
-                                       (None, 0))
-                if warp == 2:
-                    # the count acquired the other CTAs' landed reduce-adds; our loads are async-proxy
-                    cute.arch.fence_acq_rel_gpu()
-                    cute.arch.fence_proxy("async.global")
-                    self.load_dq_chunk(tma_atom_cvt, gAcc, tCsC, cvt_mbar, m_block * chunks, k, chunk_bytes,
-                                       lane)
-                for c in cutlass.range_constexpr(chunks):
-                    if cutlass.const_expr(c + 1 < chunks):
-                        if warp == 2:
-                            self.load_dq_chunk(tma_atom_cvt, gAcc, tCsC, cvt_mbar, m_block * chunks + c + 1,
-                                               k + c + 1, chunk_bytes, lane)
-                    kc = k + c
-                    stage = kc % DQ_CAST_STAGES
-                    cute.arch.mbarrier_wait(cvt_mbar + stage, (kc // DQ_CAST_STAGES) % 2)
-                    row0 = m_block * self.tile_m + c * DQ_CAST_ROWS
-                    for j in cutlass.range(chunk_elems // _CVT_VEC // _CVT_THREADS, unroll=1):
-                        idx = t + j * _CVT_THREADS
-                        row = idx // vecs_per_row
-                        rAcc = cute.make_rmem_tensor((_CVT_VEC,), Float32)
-                        cute.autovec_copy(cute.local_tile(sCvt_flat, (_CVT_VEC,),
-                                                          (stage * (chunk_elems // _CVT_VEC) + idx,)), rAcc)
-                        rOut = cute.make_rmem_tensor((_CVT_VEC,), self.dtype)
-                        rOut.store(rAcc.load().to(self.dtype))
-                        if row0 + row < seqlen_q:
-                            gdQ_row = mdQ[row0 + row, None, head, batch]
-                            col = idx % vecs_per_row
-                            cute.autovec_copy(rOut, cute.local_tile(gdQ_row, (_CVT_VEC,), (col,)))
-                    # every converter thread is done with this stage: it may be loaded again
-                    cute.arch.barrier(barrier_id=BwdBarrier.CVT_CHUNK, number_of_threads=_CVT_THREADS)
-                k = k + chunks
-
-    @cute.jit
-    def load_dq_chunk(self, tma_atom_cvt, gAcc, tCsC, cvt_mbar, chunk, k, chunk_bytes: int, lane):
-        """fused_dq_cast, warp 2: TMA load of fp32 dQ rows chunk * DQ_CAST_ROWS.. into ring stage
-        k % DQ_CAST_STAGES (rows past seqlen_q arrive as zeros and are not stored)."""
-        stage = k % DQ_CAST_STAGES
-        if lane == 0:
-            cute.arch.mbarrier_arrive_and_expect_tx(cvt_mbar + stage, chunk_bytes)
-        tCsA, tCgA = cpasync.tma_partition(tma_atom_cvt, 0, cute.make_layout(1), tCsC,
-                                           cute.group_modes(gAcc, 0, 2))
-        cute.copy(tma_atom_cvt, tCgA[None, chunk], tCsA[None, stage], tma_bar_ptr=cvt_mbar + stage)
 
     def dq_part_shape(self) -> tuple[int, int]:
         """(rows, cols) of the smem dQ tile that one TMA reduce-add covers: the whole tile, or with

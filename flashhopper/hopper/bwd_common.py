@@ -291,13 +291,6 @@ class BwdKernelBase:
         return turn
 
     @cute.jit
-    def dq_contributors(self, m_block, seqlen_q, seqlen_k, window_left, window_right):
-        """BwdConfig.fused_dq_cast: how many key blocks add a dQ tile of query block `m_block`
-        (>= 1 for every query block some CTA visits)."""
-        return dq_contributors(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.has_right,
-                               self.has_left, window_left, window_right, cutlass.min, cutlass.max)
-
-    @cute.jit
     def wait_turn(self, sem, turn):
         """Deterministic mode: spin (gpu-scope acquire) until query block's semaphore `sem` says
         the key blocks before this one have added their dQ (`turn`, from dq_turn)."""
@@ -351,23 +344,3 @@ def lpt_coords(linear, num_n, pairs, section, min_fn=min):
     size = min_fn(section, pairs - first)
     r = linear - first * num_n
     return r // size, first + r % size
-
-
-def dq_contributors(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, has_right: bool, has_left: bool,
-                    window_left, window_right, min_fn=min, max_fn=max):
-    """Key blocks whose CTA visits query block `m_block`: mask.BlockInfo.first_n_block ..
-    last_n_block (all of them without that bound). Plain arithmetic: Python ints on the host
-    (tests), Int32 in the kernel (no Python branch on a value: the kernel's is traced); meaningful
-    where the count is positive (a visited block)."""
-    num_n = (seqlen_k + tile_n - 1) // tile_n
-    last = num_n - 1
-    if has_right:
-        x = (m_block + 1) * tile_m + seqlen_k - seqlen_q + window_right
-        last = min_fn((x + tile_n - 1) // tile_n - 1, num_n - 1)
-    first = 0
-    if has_left:
-        lowest_key = m_block * tile_m + seqlen_k - seqlen_q - window_left
-        first = max_fn(lowest_key, 0) // tile_n
-    return last - first + 1
-
-

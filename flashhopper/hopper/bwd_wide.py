@@ -130,7 +130,6 @@ class FlashBwdWideSm90(BwdKernelBase):
         mD: cute.Tensor,  # (b, h, sq_pad) fp32: rowsum(dO * O), 0 for padded rows
         mdQaccum: cute.Tensor,  # (b, sq, h, d) fp32, zero on entry
         mdQsem: cute.Tensor,  # (b, h, m_blocks) int32 zeros (deterministic), else any int32 tensor
-        mdQ: None,  # fused_dq_cast's output: hopper/bwd.py only (BwdConfig.check)
         mdK: cute.Tensor,  # (b, sk, hk, d)
         mdV: cute.Tensor,  # (b, sk, hk, d)
         scale_log2: Float32,

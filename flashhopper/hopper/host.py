@@ -32,21 +32,18 @@ def host_m_block_range(n_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, 
     return m_min, m_max
 
 
-def every_q_block_visited(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, has_right: bool,
-                          has_left: bool, window_left: int, window_right: int) -> bool:
-    """Whether every query block is visited by some key block's CTA (BwdConfig.fused_dq_cast: a
-    block nobody visits gets no dQ store, so the caller must zero dQ first). The key blocks' query
-    ranges are nondecreasing in both ends and consecutive ones overlap or touch (windows >= 0), so
-    their union is one interval: it is enough that the range of the first key block any query sees
-    starts at 0 and that of the last one ends at the last query block."""
-    num_m = (seqlen_q + tile_m - 1) // tile_m
-    diag = seqlen_k - seqlen_q
-    # keys some query sees: j in [i + diag - left, i + diag + right] for some i < seqlen_q
-    first_key = max(0, diag - window_left) if has_left else 0
-    last_key = min(seqlen_k - 1, seqlen_q - 1 + diag + window_right) if has_right else seqlen_k - 1
-    if num_m == 0 or first_key > last_key:
-        return num_m == 0
-    args = (seqlen_q, seqlen_k, tile_m, tile_n, has_right, has_left, window_left, window_right)
-    lo0, hi0 = host_m_block_range(first_key // tile_n, *args)
-    lo1, hi1 = host_m_block_range(last_key // tile_n, *args)
-    return lo0 < hi0 and lo0 == 0 and lo1 < hi1 and hi1 == num_m
+def host_visiting_key_blocks(m_block: int, seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int,
+                             has_right: bool, has_left: bool, window_left: int, window_right: int) -> int:
+    """How many key blocks' CTAs visit query block `m_block`: mask.BlockInfo.first_n_block ..
+    last_n_block on the host (Python ints), which deterministic mode's dQ turns count on; meaningful
+    where the count is positive (a visited block)."""
+    num_n = (seqlen_k + tile_n - 1) // tile_n
+    last = num_n - 1
+    if has_right:
+        x = (m_block + 1) * tile_m + seqlen_k - seqlen_q + window_right
+        last = min((x + tile_n - 1) // tile_n - 1, num_n - 1)
+    first = 0
+    if has_left:
+        lowest_key = m_block * tile_m + seqlen_k - seqlen_q - window_left
+        first = max(lowest_key, 0) // tile_n
+    return last - first + 1

@@ -20,7 +20,7 @@ from flashhopper import plan
 from flashhopper.artifact import CompiledArtifact
 from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, fwd_grid, key_of_position
 from flashhopper.hopper import kernel_cache
-from flashhopper.hopper.host import PRE_ROWS_PER_CTA, every_q_block_visited, softmax_constants
+from flashhopper.hopper.host import PRE_ROWS_PER_CTA, softmax_constants
 from flashhopper.plan import bwd_config, fwd_config
 
 _TORCH_TO_NAME = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float8_e4m3fn: "e4m3"}
@@ -32,7 +32,7 @@ persistent_ctas_cap: int | None = None
 
 _bwd_overrides: dict = {}
 # test hook (the GPU tests turn it on for every call): every output and workspace a kernel must
-# write in full (out, LSE; dK, dV, a fused dQ; the preprocess's rows; the dQ accumulator the
+# write in full (out, LSE; dK, dV; the preprocess's rows; the dQ accumulator the
 # preprocess clears) is filled with NaN first, so an element a kernel misses, or reads before its
 # producer wrote it, shows as NaN in the result
 poison = False
@@ -351,19 +351,11 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
             pre(out, dout, lse, lse_log2, d_rows)
         dq_accum_all = _dq_accum(q, cfg, torch.zeros)
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
-    if deterministic or cfg.fused_dq_cast:  # turns, or landed tiles, per query block
+    if deterministic:  # turns per query block
         dq_sem = torch.zeros((b, h, sq_pad // cfg.tile_m), dtype=torch.int32, device=q.device)
     else:  # never read: any int32 tensor will do, and a view costs no allocation or memset (nor a
         # cached tensor, which CUDA graph capture would have to account for)
         dq_sem = lse_log2.view(torch.int32)[:, :, :1]
-    dq = None
-    if cfg.fused_dq_cast:
-        # the kernel stores every query block some key block sees; the others (queries with no
-        # key, at the ends of some masks) must read 0
-        every = every_q_block_visited(sq, k.shape[1], cfg.tile_m, cfg.tile_n, causal or local, local, wl, wr)
-        dq = (torch.empty if every else torch.zeros)(q.shape, dtype=q.dtype, device=q.device)
-        if every and poison:
-            dq.fill_(_NAN)
     if dk is None:
         dk = torch.empty_like(k)
         if poison:
@@ -373,10 +365,8 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         if poison:
             dv.fill_(_NAN)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dq, dk, dv, scale_log2, softcap_pre,
+    fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dk, dv, scale_log2, softcap_pre,
        softmax_scale, wl, wr, None, None, None, None, None, None)  # the varlen arguments
-    if dq is not None:
-        return dq, dk, dv
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
     return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
 
@@ -434,7 +424,7 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         dq_sem = lse_log2.view(torch.int32)[:, :, :1]
     fn = get_kernel(cfg)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q[None], k[None], v[None], dout[None], lse_log2, d_rows, dq_accum, dq_sem, None, dk[None], dv[None],
+    fn(q[None], k[None], v[None], dout[None], lse_log2, d_rows, dq_accum, dq_sem, dk[None], dv[None],
        scale_log2, softcap_pre, softmax_scale, wl, wr, cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q,
        max(int(max_seqlen_k), 1))
     # the kernel already applied the softmax scale
