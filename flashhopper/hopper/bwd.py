@@ -212,8 +212,7 @@ class FlashBwdSm90(BwdKernelBase):
         pipeline.pipeline_init_wait()
 
         seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ) if cutlass.const_expr(self.cfg.varlen) else None
-        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq = self.cta_work(
-            mQ, mK, window_left, window_right, seqs)
+        work = self.cta_work(mQ, mK, window_left, window_right, seqs)
         roles = partial(
             self.roles, mQ=mQ, mK=mK, mV=mV, mdO=mdO, mLSE=mLSE, mD=mD, mdQaccum=mdQaccum, mdQsem=mdQsem,
             mdK=mdK_rows if cutlass.const_expr(self.cfg.varlen) else mdK,
@@ -225,10 +224,9 @@ class FlashBwdSm90(BwdKernelBase):
             tiled_mma_sdp=tiled_mma_sdp, tiled_mma_dkv=tiled_mma_dkv, tiled_mma_dk=tiled_mma_dk,
             tiled_mma_dq=tiled_mma_dq, warp_idx=warp_idx, tidx=tidx, sQ=sQ, sdO=sdO, sK=sK, sV=sV, sdS=sdS,
             sdQ=sdQ, sLSE=sLSE, sD=sD, pipe_kv=pipe_kv, pipe_q=pipe_q, pipe_do=pipe_do,
-            n_block=n_block, head_kv=head_kv, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, ratio=ratio,
-            m_min=m_min, num_m=num_m, num_steps=num_steps, seq=seq)
+            work=work)
         if cutlass.const_expr(self.cfg.varlen):
-            if self.has_keys(n_block, seqlen_k):  # else a key block past the sequence's end
+            if self.has_keys(work.n_block, work.seqlen_k):  # else a key block past the sequence's end
                 roles()
         else:
             roles()
@@ -238,8 +236,7 @@ class FlashBwdSm90(BwdKernelBase):
               tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dQ, tma_atom_dK, tma_atom_dV, scale_log2,
               softcap_pre, softmax_scale, window_left, window_right, tiled_mma_sdp, tiled_mma_dkv,
               tiled_mma_dk, tiled_mma_dq, warp_idx, tidx, sQ, sdO, sK, sV,
-              sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch,
-              seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq):
+              sdS, sdQ, sLSE, sD, pipe_kv, pipe_q, pipe_do, work):
         """The warps' roles for this CTA's key block (the producer warpgroup's warps, the consumer
         warpgroups)."""
         if warp_idx < 4:
@@ -247,27 +244,25 @@ class FlashBwdSm90(BwdKernelBase):
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
-                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seq)
+                             pipe_q, pipe_do, work)
             if warp_idx == 1:
                 if cutlass.const_expr(self.cfg.dq_per_wg):
-                    self.write_dq_per_wg(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
-                                         m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left,
-                                         window_right, seq)
+                    self.write_dq_per_wg(mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right)
                 else:
-                    self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio,
-                                  m_min, num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq)
+                    self.write_dq(mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
                          tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do,
-                         tidx - 128, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q,
-                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right, seq)
+                         tidx - 128, work, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
-    def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
-                 num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
+    def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right):
         """One warp: add each step's smem dQ tile into dQaccum with a TMA reduce (rows past
         seqlen_q are clipped by the TMA unit)."""
+        n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, seq = (
+            work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
+            work.seqlen_q, work.seqlen_k, work.seq)
         if cutlass.const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
@@ -296,13 +291,15 @@ class FlashBwdSm90(BwdKernelBase):
             cute.arch.sync_warp()
 
     @cute.jit
-    def write_dq_per_wg(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min,
-                        num_m, num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
+    def write_dq_per_wg(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right):
         """BwdConfig.dq_per_wg: warpgroup w's part of each step's dQ tile (dq_part_shape) is added
         with its own TMA reduce-add as soon as w has written it (its dQ-full barrier), and w may
         overwrite it once that TMA has read it (its dQ-empty barrier): the warpgroups meet the
         writer, not each other. Deterministic: one semaphore turn per query block covers all parts,
         issued in warpgroup order, and is handed on once all of them have landed in gmem."""
+        n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, seq = (
+            work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
+            work.seqlen_q, work.seqlen_k, work.seq)
         if cutlass.const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
@@ -389,8 +386,10 @@ class FlashBwdSm90(BwdKernelBase):
     @cute.jit
     def consume(self, sLSE, sD, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sdS, sdQ,
                 tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq, pipe_kv, pipe_q, pipe_do, tidx,
-                n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, scale_log2,
-                softcap_pre, softmax_scale, window_left, window_right, seq=None):
+                work, scale_log2, softcap_pre, softmax_scale, window_left, window_right):
+        n_block, head_kv, batch, m_min, num_m, num_steps, seqlen_q, seqlen_k, seq = (
+            work.n_block, work.head_kv, work.batch, work.m_min, work.num_m, work.num_steps, work.seqlen_q,
+            work.seqlen_k, work.seq)
         wg = cute.arch.make_warp_uniform(tidx // 128)
         wg_sdp = tiled_mma_sdp.get_slice(wg * 128)
         wg_dkv = tiled_mma_dkv.get_slice(wg * 128)

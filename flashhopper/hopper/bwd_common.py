@@ -51,6 +51,29 @@ class SeqRows:
         return self._pad_q[opaque(self._batch)]
 
 
+class CtaWork:
+    """One backward CTA's work, fixed for its life: its key block, KV head and batch (with varlen the
+    sequence, and `seq` its SeqRows, else None), the lengths (varlen: the sequence's used ones), the
+    query heads per KV head, and its steps: num_m query blocks from m_min for each of the `ratio`
+    query heads, num_steps in all, query block fastest. Run-time values read, never reassigned, inside
+    the kernel's run-time `if` and loops: they need not carry it."""
+
+    FIELDS = ("n_block", "head_kv", "batch", "seqlen_q", "seqlen_k", "ratio", "m_min", "num_m", "num_steps",
+              "seq")
+
+    def __init__(self, **values):
+        if set(values) != set(self.FIELDS):
+            raise TypeError(f"CtaWork takes {self.FIELDS}, got {sorted(values)}")
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def __extract_mlir_values__(self):
+        return []
+
+    def __new_from_mlir_values__(self, values):
+        return self
+
+
 class BwdKernelBase:
     def __init__(self, cfg: BwdConfig):
         cfg.check()
@@ -145,12 +168,12 @@ class BwdKernelBase:
         return pipe_kv, pipe_q, pipe_do
 
     @cute.jit
-    def cta_work(self, mQ, mK, window_left, window_right, seqs=None):
+    def cta_work(self, mQ, mK, window_left, window_right, seqs=None) -> CtaWork:
         """This CTA's key block (launch order, or LPT's), its KV head and batch, and the query
         steps it walks: (query head in the group, query block) pairs, query block fastest.
         Varlen (`seqs`: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, padded row offsets) the
-        batch is the sequence, the lengths its used ones, and the last value its SeqRows (else
-        None); a key block past the sequence's end comes out negative or >= its key blocks."""
+        batch is the sequence, the lengths its used ones, and `seq` its SeqRows (else None); a key
+        block past the sequence's end comes out negative or >= its key blocks."""
         n_block, head_kv, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
@@ -167,7 +190,8 @@ class BwdKernelBase:
         m_min, m_max = self.blocks.m_block_range(n_block, seqlen_q, seqlen_k, window_left, window_right)
         num_m = cutlass.max(m_max - m_min, 0)
         num_steps = num_m * ratio
-        return n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq
+        return CtaWork(n_block=n_block, head_kv=head_kv, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                       ratio=ratio, m_min=m_min, num_m=num_m, num_steps=num_steps, seq=seq)
 
     @cute.jit
     def consumer_tidx(self):
@@ -184,13 +208,15 @@ class BwdKernelBase:
 
     @cute.jit
     def produce(self, mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q, tma_atom_K,
-                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, n_block,
-                head_kv, batch, ratio, m_min, num_m, num_steps, seq=None):
+                tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv, pipe_q, pipe_do, work: CtaWork):
         """Warp 0: K and V of this key block once, then Q + LSE row and dO + D row of every
         (query head, query block) step into the two rings, query block fastest. The dO ring has
         its own depth (`do_stages`) only in the wide kernel; otherwise it steps with the Q ring.
         Varlen (`seq`): the tiles start at the sequence's rows; those past its end are the next
         sequence's (or TMA's zero fill), which the masks and the +inf LSE rows keep out."""
+        n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seq = (
+            work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
+            work.seq)
         one = cute.make_layout(1)
         kv_tile = (self.tile_n, self.hdim)
         gK = cute.local_tile(self.seq_rows(mK, head_kv, batch, seq, "k"), kv_tile, (n_block, 0))

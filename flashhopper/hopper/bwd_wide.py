@@ -276,8 +276,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         pipeline.pipeline_init_wait()
 
         seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ) if cutlass.const_expr(self.cfg.varlen) else None
-        n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m, num_steps, seq = self.cta_work(
-            mQ, mK, window_left, window_right, seqs)
+        work = self.cta_work(mQ, mK, window_left, window_right, seqs)
         roles = partial(
             self.roles, mQ=mQ, mK=mK, mV=mV, mdO=mdO, mLSE=mLSE, mD=mD, mdQaccum=mdQaccum, mdQsem=mdQsem,
             mdK=mdK_rows if cutlass.const_expr(self.cfg.varlen) else mdK,
@@ -290,10 +289,9 @@ class FlashBwdWideSm90(BwdKernelBase):
             tiled_mma_dkv=tiled_mma_dkv, tiled_mma_dq=tiled_mma_dq, tma_atom_dQ=tma_atom_dQ,
             tiled_mma_dq_part=tiled_mma_dq_part, warp_idx=warp_idx, tidx=tidx, sQ=sQ, sdO=sdO, sK=sK, sV=sV,
             sP=sP, sdS=sdS, sdQ=sdQ, sLSE=sLSE, sD=sD, pipe_kv=pipe_kv, pipe_q=pipe_q, pipe_do=pipe_do,
-            n_block=n_block, head_kv=head_kv, batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, ratio=ratio,
-            m_min=m_min, num_m=num_m, num_steps=num_steps, seq=seq)
+            work=work)
         if cutlass.const_expr(self.cfg.varlen):
-            if self.has_keys(n_block, seqlen_k):  # else a key block past the sequence's end
+            if self.has_keys(work.n_block, work.seqlen_k):  # else a key block past the sequence's end
                 roles()
         else:
             roles()
@@ -303,8 +301,7 @@ class FlashBwdWideSm90(BwdKernelBase):
               tma_atom_dO, tma_atom_LSE, tma_atom_D, tma_atom_dK, tma_atom_dV, scale_log2, softcap_pre,
               softmax_scale, window_left, window_right, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq,
               tma_atom_dQ, tiled_mma_dq_part, warp_idx, tidx, sQ, sdO, sK, sV, sP, sdS, sdQ, sLSE, sD,
-              pipe_kv, pipe_q, pipe_do, n_block, head_kv, batch, seqlen_q, seqlen_k, ratio, m_min, num_m,
-              num_steps, seq):
+              pipe_kv, pipe_q, pipe_do, work):
         """The warps' roles for this CTA's key block (the producer warpgroup's warps, the consumer
         warpgroups)."""
         if warp_idx < 4:
@@ -312,26 +309,25 @@ class FlashBwdWideSm90(BwdKernelBase):
             if warp_idx == 0:
                 self.produce(mQ, mK, mV, mdO, mLSE, mD, sQ, sK, sV, sdO, sLSE, sD, tma_atom_Q,
                              tma_atom_K, tma_atom_V, tma_atom_dO, tma_atom_LSE, tma_atom_D, pipe_kv,
-                             pipe_q, pipe_do, n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seq)
+                             pipe_q, pipe_do, work)
             if cutlass.const_expr(self.cfg.dq_tma):
                 if warp_idx == 1:
                     writer = self.write_dq_slot if self.cfg.dq_slots else self.write_dq
-                    writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                           num_steps, seqlen_q, seqlen_k, window_left, window_right, seq)
+                    writer(mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right)
         else:
             cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
             self.consume(sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO, sP,
                          sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv,
                          pipe_q, pipe_do,
-                         tidx - 128, n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q,
-                         seqlen_k, scale_log2, softcap_pre, softmax_scale, window_left, window_right, seq)
+                         tidx - 128, work, scale_log2, softcap_pre, softmax_scale, window_left, window_right)
 
     @cute.jit
     def consume(self, sLSE, sD, mdQaccum, mdQsem, mdK, mdV, tma_atom_dK, tma_atom_dV, sQ, sK, sV, sdO,
                 sP, sdS, sdQ, tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dq, tiled_mma_dq_part, pipe_kv, pipe_q,
-                pipe_do, tidx,
-                n_block, head_kv, batch, ratio, m_min, num_steps, num_m, seqlen_q, seqlen_k, scale_log2,
-                softcap_pre, softmax_scale, window_left, window_right, seq=None):
+                pipe_do, tidx, work, scale_log2, softcap_pre, softmax_scale, window_left, window_right):
+        n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, seq = (
+            work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
+            work.seqlen_q, work.seqlen_k, work.seq)
         wg = cute.arch.make_warp_uniform(tidx // 128)
         if cutlass.const_expr(self.cfg.pdl and not self.cfg.dq_tma):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the atomics add into the cleared dQaccum
@@ -780,11 +776,13 @@ class FlashBwdWideSm90(BwdKernelBase):
                 self.dq_turn_pass(mdQsem, m_block, head, batch, tidx)
 
     @cute.jit
-    def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                 num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
+    def write_dq(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right):
         """dq_tma, one warp of the producer warpgroup: each warpgroup's dQ part(s) of every step added
         into dQaccum by TMA reduce-adds (rows past seqlen_q clipped by the TMA unit), one bulk group
         per warpgroup in warpgroup order; a part is handed back once its group has been read."""
+        n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, seq = (
+            work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
+            work.seqlen_q, work.seqlen_k, work.seq)
         if cutlass.const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
@@ -815,11 +813,13 @@ class FlashBwdWideSm90(BwdKernelBase):
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, n_block, head_kv, batch, ratio, m_min, num_m,
-                      num_steps, seqlen_q, seqlen_k, window_left, window_right, seq=None):
+    def write_dq_slot(self, mdQaccum, mdQsem, sdQ, tma_atom_dQ, work, window_left, window_right):
         """dq_slots 1: the one smem part goes to the warpgroups in part order (chunk 0 of warpgroup
         0, 1, .., then chunk 1 of each), each time once the previous part's reduce-add has read it;
         the grant and the hand-back are that warpgroup's own barriers."""
+        n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seqlen_q, seqlen_k, seq = (
+            work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
+            work.seqlen_q, work.seqlen_k, work.seq)
         if cutlass.const_expr(self.cfg.pdl):
             cute.arch.griddepcontrol_wait()  # BwdConfig.pdl: the preprocess cleared dQaccum
         lane = cute.arch.lane_idx()
