@@ -72,4 +72,41 @@ def test_layout_choices():
     off = {**base, "num_splits": 1, "pack_gqa": False}
     assert not plan(batch=1, seqlen_q=1, capacity=8192, **off).rearranged
     mha = plan(batch=1, seqlen_q=1, capacity=8192, **{**base, "heads_k": 32})
-    assert not mha.pack_gqa and (mha.splits, mha.chunk) == (5, 1664)
+    assert not mha.pack_gqa and (mha.splits, mha.chunk) == (4, 2048)  # 128 CTAs; 5 splits ran 1.2 waves
+
+
+def _ctas(layout, batch, heads_q):
+    return batch * (layout.heads_k if layout.pack_gqa else heads_q) * layout.splits
+
+
+@pytest.mark.parametrize(("batch", "heads_k", "capacity", "splits"), [
+    (8, 8, 32768, 2),  # 64 CTAs: 2 splits, 128 CTAs in one wave (ceil(132 / 64) = 3 ran 1.45 waves)
+    (1, 8, 8192, 16),  # 8 CTAs: 16 splits of 512 keys, 128 CTAs
+    (1, 1, 65536, 57),  # 1 CTA: many splits (64 at most; 57 is within 0.85 of 64's 0.48 of a wave)
+    (4, 8, 1024, 4),  # 32 CTAs: as many splits as MIN_CHUNK allows, 128 CTAs
+    (17, 8, 32768, 1),  # 136 CTAs, >= 132 SMs: no split
+    (16, 8, 32768, 1),  # 128 CTAs: 0.97 of a wave already
+    (1, 8, 300, 1),  # shorter than two MIN_CHUNKs
+])
+def test_split_count_by_wave_efficiency(batch, heads_k, capacity, splits):
+    base = dict(seqlen_q=1, heads_q=32, window=(-1, -1), num_splits=0, pack_gqa=None, sms=132)
+    layout = splitkv.plan(batch=batch, heads_k=heads_k, capacity=capacity, **base)
+    assert layout.pack_gqa and layout.splits == splits
+    assert layout.splits * layout.chunk >= capacity > (layout.splits - 1) * layout.chunk
+    assert layout.splits == 1 or layout.chunk >= splitkv.MIN_CHUNK
+
+
+def test_wave_efficiency_rule():
+    """FA3's rule: the smallest count within 0.85 of the best efficiency, each count's efficiency as
+    its chunks round it; the edges of the limits."""
+    eff = lambda ctas, n: ctas * n / (-(-ctas * n // 132) * 132)  # noqa: E731
+    assert splitkv.wave_splits(64, 132, 1 << 20, 64) == 2 and eff(64, 3) < 0.85 * eff(64, 2)
+    assert splitkv.wave_splits(120, 132, 1 << 20, 64) == 1  # 0.91 of a wave: within 0.85 of anything
+    assert splitkv.wave_splits(1, 132, 1 << 20, 64) == 55 and splitkv.wave_splits(1, 132, 1 << 20, 1) == 1
+    assert splitkv.wave_splits(5, 132, 1 << 20, 0) == 1  # no room to split: one
+    # 14 splits of 8192 keys round to chunks of 640, i.e. 13 splits (0.79): not taken, 16 is
+    assert splitkv.wave_splits(8, 132, 8192, 32) == 16
+    for ctas in range(1, 132):
+        n = splitkv.wave_splits(ctas, 132, 1 << 20, 64)
+        best = max(eff(ctas, m) for m in range(1, 65))
+        assert eff(ctas, n) >= 0.85 * best and all(eff(ctas, m) < 0.85 * best for m in range(1, n))
