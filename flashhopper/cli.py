@@ -66,8 +66,9 @@ def _print_inspection(r: dict) -> None:
 
 def _cmd_precompile(args) -> int:
     from flashhopper.config import BWD_HDIMS, DTYPES, FP8_DTYPES, SUPPORTED_HDIMS
-    from flashhopper.plan import dispatched_kernels
+    from flashhopper.plan import decode_kernels, dispatched_kernels
     from flashhopper.precompile import precompile
+    from flashhopper.validation import decode_tile_enabled
 
     hdims = args.hdim or list(SUPPORTED_HDIMS)
     if bad := sorted(set(hdims) - set(SUPPORTED_HDIMS)):
@@ -79,6 +80,8 @@ def _cmd_precompile(args) -> int:
         return 2
     configs = dispatched_kernels(args.dtype or DTYPES + FP8_DTYPES, hdims, forward=not args.bwd_only,
                                  backward=args.bwd or args.bwd_only)
+    if not args.bwd_only and (args.decode or decode_tile_enabled()):  # the gated 1-warpgroup decode tile
+        configs += decode_kernels(args.dtype or DTYPES, hdims)
     if args.list:
         for cfg in configs:
             print(cfg)
@@ -407,6 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bwd", action="store_true", help="also the backward kernels (the training set)")
     p.add_argument("--bwd-only", action="store_true", help="only the backward kernels")
     p.add_argument("--jobs", "-j", type=int, help="worker processes (default: one per CPU core)")
+    p.add_argument("--decode", action="store_true",
+                   help="also the 1-warpgroup decode kernels (taken with "
+                        "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1, which also adds them)")
     p.add_argument("--list", action="store_true", help="print the kernels' configs; compile nothing")
     p.add_argument("--json", metavar="FILE", help="also write the counts and times as JSON")
     p.set_defaults(func=_cmd_precompile)

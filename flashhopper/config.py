@@ -90,7 +90,8 @@ class FwdConfig(_KernelConfig):
     tile_n: int = 128
     num_stages: int = 2
     num_consumer_wg: int = 2
-    # scheduling switches (each can be turned off alone for the ablation)
+    # scheduling switches (each can be turned off alone for the ablation); pingpong needs two or more
+    # consumer warpgroups (one: plan.fwd_config_decode's 64-row tile, intra_wg_overlap only)
     intra_wg_overlap: bool = True
     pingpong: bool = True
     # one CTA per SM looping over tiles (otherwise one CTA per tile)
@@ -291,6 +292,10 @@ class FwdConfig(_KernelConfig):
             self._check_varlen()
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
+        if self.pingpong and self.num_consumer_wg < 2:
+            # its turns are 256-thread named barriers (this warpgroup's and the next one's): one
+            # warpgroup alone would wait on them forever (the 1-warpgroup decode tile runs without)
+            raise ValueError("pingpong needs two or more consumer warpgroups to take turns")
         if self.tile_n % 16 or not 16 <= self.tile_n <= 256:
             raise ValueError(f"tile_n {self.tile_n} must be a multiple of 16 in [16, 256] "
                              "(WGMMA N and P @ V k-blocks)")

@@ -143,9 +143,10 @@ def flash_attn_with_kvcache(
     if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
         rows, cu_rows, per_seq, starts, used = splitkv.rearrange(layout, q, starts_k, used_k,
                                                                  item_rows=s_cache)
-        # one query at the end of its keys: causal is no mask (and a chunk has no end to align to)
+        # one query at the end of its keys: causal is no mask (and a chunk has no end to align to);
+        # a few rows a sequence: the decode tile where it is enabled (validation.decode_tile_enabled)
         o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, starts, per_seq, None, used, scale,
-                                            False, window, softcap)
+                                            False, window, softcap, decode=True)
         target = out if out is not None else torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype,
                                                          device=q.device)
         o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,

@@ -198,6 +198,49 @@ def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: b
     return fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv), wl, wr
 
 
+# Decode (first version, compiled and CPU-checked, not yet run on a GPU: used only with
+# FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1, validation.decode_tile_enabled): kvcache's rearranged call
+# (flashhopper/splitkv.py: one query token, a sequence's rows the g query heads of a KV head, or one)
+# has at most a few real rows a tile, and the 128-row tile ran it compute-bound at about twice the
+# memory time. One consumer warpgroup of 64 rows (no ping-pong: it needs two; intra-warpgroup
+# overlap), and a K / V ring as deep as shared memory allows (bytes in flight for a walk over the
+# keys that is bound by memory). (hdim, dv or 0) -> (tile_n, num_stages): 128 keys a block where three
+# or more stages fit, else 64; every entry compiles without spills at the 1-warpgroup register split
+# (tests/test_fwd_compile.py)
+_DECODE_TILES = {(64, 0): (128, 6), (96, 0): (128, 4), (128, 0): (128, 3), (192, 0): (64, 4),
+                 (256, 0): (64, 3), (192, 128): (64, 5)}
+_DECODE = {"tile_m": 64, "num_consumer_wg": 1, "pingpong": False, "intra_wg_overlap": True,
+           "lazy_max": False, "skip_idle_wg": False}
+
+
+@functools.cache
+def fwd_config_decode(dtype: str, hdim: int, causal: bool = False, softcap: bool = False,
+                      dv: int = 0) -> FwdConfig:
+    """The varlen forward's 1-warpgroup decode configuration (the decode call takes no mask; `causal`
+    for the compile checks): the varlen one of the mask with _DECODE's tile and _DECODE_TILES' key
+    blocks and stages."""
+    dv = 0 if dv == hdim else dv
+    tile_n, stages = _DECODE_TILES[hdim, dv]
+    cfg = dataclasses.replace(fwd_config_varlen(dtype, hdim, causal=causal, softcap=softcap, dv=dv),
+                              tile_n=tile_n, num_stages=stages, **_DECODE)
+    cfg.check()
+    return cfg
+
+
+def fwd_plan_decode(dtype: str, hdim: int, softcap: bool, dv: int = 0) -> FwdConfig:
+    """The config of the rearranged decode call (no mask) on the 1-warpgroup tile."""
+    return fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv)
+
+
+def decode_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
+    """Every 1-warpgroup decode config (16-bit, each (hdim, dv) pair, softcap or not): not in
+    dispatched_kernels while FLASHHOPPER_EXPERIMENTAL_DECODE_TILE gates it (`flashhopper precompile
+    --decode` builds them)."""
+    return [fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv)
+            for dtype, hdim in itertools.product((d for d in dtypes if d in DTYPES), hdims)
+            for dv in value_hdims(hdim) for softcap in (False, True)]
+
+
 # Varlen backward (first version, not yet timed): the dense kernel of the mask for long sequences,
 # with what varlen does not take turned off (BwdConfig._check_varlen)
 _BWD_VARLEN_OFF = {"lpt": False, "pdl": False, "pre_zero_dq": False,

@@ -25,6 +25,11 @@ FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
 # the varlen forward likewise (compiled and CPU-checked, not yet run on a GPU)
 VARLEN_GPU_VERIFIED = False
 VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
+# the 1-warpgroup decode tile (plan.fwd_config_decode) for kvcache's rearranged decode, likewise: until
+# it has passed the GPU suite (tests/test_decode_gpu.py) decode keeps the varlen kernel's tile unless
+# this variable is set to 1 (decode_tile_enabled)
+DECODE_TILE_GPU_VERIFIED = False
+DECODE_TILE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -129,6 +134,12 @@ def _require_verified(what: str, verified: bool, opt_in: str) -> None:
     if not verified and os.environ.get(opt_in) != "1":
         raise NotImplementedError(f"the {what} forward has not yet been verified on a GPU; set {opt_in}=1 to "
                                   "run it anyway")
+
+
+def decode_tile_enabled() -> bool:
+    """Whether the rearranged decode runs on the 1-warpgroup tile (DECODE_TILE_GPU_VERIFIED, or opted
+    in by DECODE_TILE_OPT_IN=1); otherwise on the varlen forward's own tile."""
+    return DECODE_TILE_GPU_VERIFIED or os.environ.get(DECODE_TILE_OPT_IN) == "1"
 
 
 def check_split_hdims_call(q, k, v) -> None:

@@ -77,6 +77,8 @@ def test_unsupported_hdim_is_refused():
         ({"hdim": 256, "tile_n": 160, "num_stages": 1}, "accumulators need"),
         ({"dtype": "fp8"}, "dtype"),
         ({"num_consumer_wg": 4, "tile_m": 256}, "num_consumer_wg"),
+        # ping-pong's turns are 256-thread barriers: one warpgroup would wait on them forever
+        ({"num_consumer_wg": 1, "tile_m": 64}, "pingpong needs two or more consumer warpgroups"),
     ],
 )
 def test_invalid_configs_name_the_budget(fields, budget):
@@ -591,3 +593,23 @@ def test_fp8_two_level_budget():
             dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
     with pytest.raises(ValueError, match="pv_two_level are for e4m3"):
         dataclasses.replace(fwd_config("bf16", 64), pv_two_level=True).check()
+
+
+def test_decode_tile_configs_fit():
+    """plan.fwd_config_decode: 64 rows on one warpgroup without ping-pong, at the 1-warpgroup register
+    split, the varlen kernel otherwise, and the K / V ring as deep as shared memory allows."""
+    cfgs = plan.decode_kernels()
+    assert len(cfgs) == 2 * (len(SUPPORTED_HDIMS) + 1) * 2  # dtypes x (hdim, dv) pairs x softcap
+    for cfg in cfgs:
+        cfg.check()
+        varlen = plan.fwd_config_varlen(cfg.dtype, cfg.hdim, softcap=cfg.softcap, dv=cfg.dv)
+        assert (cfg.tile_m, cfg.num_consumer_wg, cfg.pingpong, cfg.intra_wg_overlap) == (64, 1, False, True)
+        assert (cfg.consumer_regs, cfg.producer_regs) == config.REG_SPLIT[1] and cfg.varlen
+        assert dataclasses.replace(cfg, tile_m=varlen.tile_m, num_consumer_wg=varlen.num_consumer_wg,
+                                   tile_n=varlen.tile_n, num_stages=varlen.num_stages, pingpong=True,
+                                   lazy_max=varlen.lazy_max, skip_idle_wg=varlen.skip_idle_wg) == varlen
+        assert cfg.num_stages >= 3 and 128 % cfg.tile_n == 0  # splitkv's 128-key chunks: whole blocks
+        with pytest.raises(ValueError, match="shared memory"):
+            dataclasses.replace(cfg, num_stages=cfg.num_stages + 1).check()
+    assert plan.fwd_plan_decode("bf16", 128, False) == plan.fwd_config_decode("bf16", 128)
+    assert plan.fwd_config_decode("fp16", 192, dv=192) == plan.fwd_config_decode("fp16", 192)

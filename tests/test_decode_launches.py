@@ -36,7 +36,7 @@ class Launches(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None):
+def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None, decode=False):
     """forward_varlen but its kernel: seqused_q from cu_seqlens_q where not given, the outputs."""
     if used_q is None:
         used_q = cu_q[1:] - cu_q[:-1]
@@ -44,10 +44,13 @@ def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None):
     return out, torch.empty(q.shape[1], q.shape[0])
 
 
-def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal, window, softcap, out=None):
+def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal, window, softcap, out=None,
+                     decode=False):
     """forward_varlen on the CPU: sequence n's rows against keys starts[n] .. starts[n] + used_k[n] in
-    float64, rounded to q's dtype as the kernel's output is; what it is given checked first."""
+    float64, rounded to q's dtype as the kernel's output is; what it is given checked first (`decode`:
+    only the rearranged decode, one query token packed or split, with no mask and no out)."""
     n = cu_q.shape[0] - 1
+    assert not decode or (not causal and tuple(window) == (-1, -1) and out is None and used_q is None)
     for t, length in ((cu_q, n + 1), (starts, n + 1), (used_k, n)):
         assert t.dtype == torch.int32 and t.shape == (length,) and t.is_contiguous()
     used_q = cu_q[1:] - cu_q[:-1] if used_q is None else used_q
@@ -179,3 +182,22 @@ def test_merge_by_lse_equals_its_first_form():
     target = torch.empty(6, 4, 16, 3, dtype=torch.bfloat16).transpose(2, 3)
     got, none = splitkv.merge_by_lse(o, clean, dim=0, out=target, return_lse=False)
     assert got is target and none is None and torch.equal(target, out.to(torch.bfloat16))
+
+
+def test_decode_tile_asked_for_only_by_the_rearranged_call(cpu_kernels):
+    """forward_varlen(decode=True) (the 1-warpgroup tile where enabled) from the rearranged decode call
+    only (one query token: packed GQA, split keys or both), never with more query tokens."""
+    asked = []
+
+    def recorded(*args, decode=False, **kwargs):
+        asked.append(decode)
+        return _varlen_stand_in(*args, decode=decode, **kwargs)
+
+    cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", recorded)
+    caches = [torch.randn(2, 700, 2, 32).to(torch.bfloat16) for _ in range(2)]
+    lens = torch.tensor([650, 7], dtype=torch.int32)
+    for sq, hints, rearranged in ((1, {}, True), (1, {"num_splits": 1}, True), (1, {"pack_gqa": False}, True),
+                                  (1, {"num_splits": 1, "pack_gqa": False}, False), (3, {}, False)):
+        q = torch.randn(2, sq, 8, 32).to(torch.bfloat16)
+        kvcache.flash_attn_with_kvcache(q, *caches, cache_seqlens=lens, causal=True, **hints)
+        assert asked.pop() == rearranged and not asked

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from smem_check import assert_smem
 
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
 from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, FwdConfig
@@ -423,3 +424,42 @@ def test_forward_split_hdims_compile(mask, varlen):
     assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask])
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] <= SMEM_CAPACITY
+
+
+# The 1-warpgroup decode tile (plan.fwd_config_decode; kvcache's rearranged decode runs on it only with
+# FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1): 64 rows, no ping-pong, the deep K / V ring. Every config
+# (and causal ones, which the decode call never takes) compiles with one WGMMA wait per commit group, the
+# 1-warpgroup register split, 256 threads, no spills and O stored row by row. Two in the default
+# compile set (hdim 128; hdim 256 with softcap, the most registers); the rest with FH_TEST_FULL=1.
+_DECODE_CHEAP = {("bf16", 128, False), ("bf16", 256, True)}
+
+
+def _decode_params():
+    from flashhopper.plan import decode_kernels, fwd_config_decode
+
+    causal = [fwd_config_decode("bf16", hdim, causal=True, softcap=softcap)
+              for hdim, softcap in ((64, False), (128, True), (256, False))]
+    cheap = lambda cfg: (cfg.dtype, cfg.hdim, cfg.softcap) in _DECODE_CHEAP and not (cfg.causal or cfg.dv)  # noqa: E731
+    return [pytest.param(cfg, id=f"{cfg.dtype}-{cfg.hdim}-{cfg.hdim_v}-{'causal-' * cfg.causal}"
+                                 f"{'softcap' if cfg.softcap else 'none'}",
+                         marks=() if cheap(cfg) else pytest.mark.variant)
+            for cfg in decode_kernels() + causal]
+
+
+@pytest.mark.parametrize("cfg", _decode_params())
+def test_forward_decode_tile_compiles(cfg):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+
+    launch = kernel_launch(cfg)
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=launch["smem"])
+    sass = report["sass"]
+    assert (cfg.tile_m, cfg.num_consumer_wg, cfg.pingpong, cfg.varlen) == (64, 1, False, True)
+    assert launch["block"] == [256, 1, 1] and sass["USETMAXREG"] == [cfg.producer_regs, cfg.consumer_regs]
+    # QK^T: hdim / 16 WGMMAs (N = tile_n), P @ V: tile_n / 16 (N = dv), in each of the mainloop's sites
+    assert sass["HGMMA"] == (2 + cfg.causal) * (cfg.hdim // 16 + cfg.tile_n // 16)
+    assert sass["HGMMA_WAITS"] == _commit_groups(causal=cfg.causal), "ptxas serialized the WGMMAs"
+    assert sass["UTMALDG"] >= 3 and sass["UTMASTG"] == 0  # O row by row (varlen)
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert_smem(report, cfg)  # within the SM (hdim 256's three 64-key stages: all of it), and the model
+    assert (sass["MUFU.TANH"] > 0) == cfg.softcap

@@ -145,6 +145,35 @@ def test_fault_hooks_launch_what_they_say(fwd_launches, monkeypatch, fault):
         assert args[6] == pytest.approx(plain[6] * 1.01)
 
 
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_decode_tile_only_where_opted_in(fwd_launches, monkeypatch, opt_in):
+    """forward_varlen(decode=True), kvcache's rearranged decode: the 1-warpgroup decode config
+    (plan.fwd_plan_decode) and its grid of 64-row tiles only with FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1
+    (validation.decode_tile_enabled) and no mask; the varlen config otherwise, and always without
+    `decode`."""
+    from flashhopper import validation
+
+    monkeypatch.setattr(validation, "DECODE_TILE_GPU_VERIFIED", False)
+    if opt_in:
+        monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, "1")
+    else:
+        monkeypatch.delenv(validation.DECODE_TILE_OPT_IN, raising=False)
+    q = torch.empty(6 * 4, 8, 128, dtype=torch.bfloat16)  # 6 sequences of 4 packed rows, 8 KV heads
+    k, v = (torch.empty(3000, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    cu_q = torch.arange(7, dtype=torch.int32) * 4
+    starts, used = torch.arange(7, dtype=torch.int32) * 500, torch.full((6,), 500, dtype=torch.int32)
+    for decode, causal, softcap in ((True, False, 0.0), (True, False, 5.0), (False, False, 0.0),
+                                    (True, True, 0.0)):
+        runtime.forward_varlen(q, k, v, cu_q, starts, 4, None, used, 0.1, causal, (-1, -1), softcap,
+                               decode=decode)
+        cfg, args = fwd_launches.pop()
+        want = plan.fwd_config_varlen("bf16", 128, causal=causal, softcap=softcap > 0)
+        if decode and opt_in and not causal:
+            want = plan.fwd_config_decode("bf16", 128, softcap=softcap > 0)
+            assert want.tile_m == 64 and want.num_consumer_wg == 1
+        assert cfg == want and args[10] == config.fwd_grid(want, 4, 8 * 6, None) == 8 * 6
+
+
 def test_varlen_launches_its_config_over_the_longest_sequence(fwd_launches):
     """flash_attn_varlen_func's launch: the varlen config of the mask, (1, total, h, d) views of the
     packed tensors, (1, h, total) for LSE, one CTA per (query block of the longest sequence, head,

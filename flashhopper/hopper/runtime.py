@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from flashhopper import plan
+from flashhopper import plan, validation
 from flashhopper.artifact import CompiledArtifact
 from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, fwd_grid, key_of_position
 from flashhopper.hopper import kernel_cache
@@ -241,13 +241,18 @@ def _varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool, dv:
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, seqused_q, seqused_k,
-                   softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None):
+                   softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None,
+                   decode: bool = False):
     """The varlen forward on validated CUDA tensors: q (total_q, hq, d), k / v (total_k, hk, d), int32
     cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
-    (out (total_q, hq, dv), lse (hq, total_q))."""
+    (out (total_q, hq, dv), lse (hq, total_q)). `decode`: kvcache's rearranged decode (a few rows a
+    sequence), which without a mask runs on the 1-warpgroup tile (plan.fwd_plan_decode) where
+    validation.decode_tile_enabled()."""
     total_q, h, d = q.shape
     dv = v.shape[-1] if v.shape[-1] != d else 0
     cfg, wl, wr = _varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0, dv)
+    if decode and not (cfg.causal or cfg.local) and validation.decode_tile_enabled():
+        cfg = plan.fwd_plan_decode(cfg.dtype, d, softcap > 0.0, dv)
     if _overrides:  # tests, tuning
         cfg = dataclasses.replace(cfg, **_overrides)
     if out is None:
