@@ -236,6 +236,9 @@ def profile(name, fn, n=300):
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv):
+        print(__doc__)
+        sys.exit(0)
     forward_overhead()
     if "--sdpa" in sys.argv or "--bwd" in sys.argv:
         against_sdpa()

@@ -6,6 +6,10 @@
 #   bash scripts/profile.sh -- --hdim 128 --seqlen 8192 --set pingpong=false
 #   bash scripts/profile.sh -- --bwd --hdim 192 --seqlen 8192 --fa4
 set -uo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,7p' "${BASH_SOURCE[0]}" | cut -c3-
+  exit 0
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT_DIR="${OUT:-/tmp/fh_out}"
