@@ -300,7 +300,7 @@ def _bench_varlen(args) -> int:
               "(192: q / k 192, v 128)", file=sys.stderr)
         return 2
     # the speed targets' method: a round per allocation (each round draws its inputs anew)
-    rounds = _rounds(args, varlen.DEFAULT_ROUNDS, allocations=True)
+    rounds = _rounds(args, varlen.DEFAULT_ROUNDS)
     if rounds is None:
         return 2
     causal = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
@@ -317,15 +317,13 @@ def _bench_varlen(args) -> int:
     return 0
 
 
-def _rounds(args, default: int, allocations: bool) -> int | None:
-    """--rounds (default `default`), or with `allocations` --allocations N as N rounds; None after
+def _rounds(args, default: int) -> int | None:
+    """--rounds (default `default`), or --allocations N as N rounds (each on fresh inputs); None after
     printing why the command line is refused."""
     rounds = default if args.rounds is None else args.rounds
     if args.allocations:
-        if not allocations or args.rounds is not None:
-            print("flashhopper bench: --allocations " + ("replaces --rounds" if allocations else
-                  "is for the grid and --varlen (decode times graph replays over rotated caches)"),
-                  file=sys.stderr)
+        if args.rounds is not None:
+            print("flashhopper bench: --allocations replaces --rounds", file=sys.stderr)
             return None
         rounds = args.allocations
     if rounds < 1:
@@ -359,7 +357,7 @@ def _bench_decode(args) -> int:
         print(f"flashhopper bench: --decode --hdim {bad} not benchmarked; choose from {hdims} (128: 32 query "
               "heads over 8 KV heads, 64: 32 over 32)", file=sys.stderr)
         return 2
-    rounds = _rounds(args, decode.DEFAULT_ROUNDS, allocations=False)
+    rounds = _rounds(args, decode.DEFAULT_ROUNDS)
     if rounds is None:
         return 2
     points = decode.decode_points(quick=args.quick, hdims=args.hdim)
@@ -370,7 +368,8 @@ def _bench_decode(args) -> int:
     if not torch.cuda.is_available():
         print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
-    decode.run_decode_bench(points, dtype=args.dtype, json_path=args.json, rounds=rounds)
+    decode.run_decode_bench(points, dtype=args.dtype, json_path=args.json, rounds=rounds,
+                            allocations=bool(args.allocations))
     return 0
 
 
@@ -464,9 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "report the median (min / max in the JSON): steadier on a machine whose clocks move; "
                         "default 1, with --varlen 3 (fresh inputs each round), with --decode 3")
     p.add_argument("--allocations", type=int, default=0, metavar="N",
-                   help="the grid's measuring method for speed targets: each point over N (>= 20 for a "
-                        "target) fresh allocations of every input, providers interleaved; p10 / p50 / p90 "
-                        "per provider in the JSON, ratios of p50s, spread p50 / p10 against the peers'")
+                   help="the measuring method for speed targets (the grid, --varlen, --decode): each "
+                        "point over N (>= 20 for a target) fresh allocations of every input, providers "
+                        "interleaved; p10 / p50 / p90 per provider in the JSON, ratios of p50s, spread "
+                        "p50 / p10 against the peers'")
     p.add_argument("--varlen", action="store_true",
                    help="instead of the grid: packed sequences (16 docs of 100-4000 tokens, 512 of 16-512), "
                         "flash_attn_varlen_func against FA4's and FA2's varlen, forward and backward (--bwd: "

@@ -390,6 +390,44 @@ def test_run_bench_table_summary_and_json(fake_gpu, tmp_path):
     assert report["results"][1]["caches"] == decode.DecodePoint(2, 640, 1, 8, 2, 64).caches
 
 
+def test_allocations_draw_fresh_caches_each_round_and_report_percentiles(fake_gpu):
+    """--allocations: every round new caches and q for every provider (the previous ones freed, the
+    spacers held), each provider prepared and timed once a round in an order rotated per round;
+    p10 / p50 / p90 of the fractions, and the spread check in the summary."""
+    seen, costs = [], [0.010, 0.012, 0.010, 0.011]  # one per round
+
+    def make(x, point):
+        cost = costs[sum(1 for s in seen if s[0] == "flashhopper") // SMALL.caches]
+        seen.append(("flashhopper", x.q))
+
+        def call():
+            fake_gpu.now += cost
+            return x.q
+
+        return call
+
+    provs = [decode.DecodeProvider("flashhopper", make), _fake("sdpa", fake_gpu, 0.008, seen=seen)]
+    row = decode.run_decode_point(SMALL, provs, 4e12, device="cpu", rounds=4, allocations=True)
+    n = SMALL.caches
+    names = [s[0] for s in seen]
+    # the order rotates: (flashhopper, sdpa), (sdpa, flashhopper), ...
+    assert names == (["flashhopper"] * n + ["sdpa"] * n + ["sdpa"] * n + ["flashhopper"] * n) * 2
+    assert len({id(s[1]) for s in seen}) == 4 * n  # a provider's caches are fresh each round
+    assert row["allocations"] == 4 and row["rounds"] == 4
+    pct = row["percentiles"]
+    assert set(pct) == {"flashhopper", "sdpa"} and pct["sdpa"]["p10"] == pytest.approx(pct["sdpa"]["p50"])
+    assert pct["flashhopper"]["p10"] <= pct["flashhopper"]["p50"] <= pct["flashhopper"]["p90"]
+    assert row["ratio"] is not None and row["timing"] == {"flashhopper": "graph", "sdpa": "graph"}
+    summary = decode.summarize([row])
+    assert summary["spread"]["points"] == 1
+    widest = pct["flashhopper"]["p50"] / pct["flashhopper"]["p10"]
+    assert summary["spread"]["widest"] == pytest.approx(widest)
+    assert (summary["spread"]["wider_than_allowed"] != []) == (widest > 1.05)
+    assert any(line.startswith("spread p50/p10 over allocations") for line in decode.format_summary(summary))
+    plain = decode.run_decode_point(SMALL, provs[1:], 4e12, device="cpu", rounds=2)
+    assert "percentiles" not in plain and "spread" not in decode.summarize([plain])
+
+
 def test_summary_without_peers():
     row = {"batch": 1, "context": 8192, "q_len": 1, "heads_q": 32, "heads_k": 8, "hdim": 128, "skipped": None,
            "ratio": None, "fraction": {"flashhopper": 0.5}}
@@ -420,10 +458,13 @@ def test_cli_bench_decode_runs_the_points(monkeypatch):
     assert cli.main(["bench", "--decode"]) == 0
     assert cli.main(["bench", "--decode", "--quick", "--json", "d.json", "--rounds", "1"]) == 0
     assert cli.main(["bench", "--decode", "--hdim", "64", "--dtype", "fp16"]) == 0
-    (full, full_kw), (quick, quick_kw), (mha, mha_kw) = calls
-    assert full == decode.decode_points() and full_kw == {"dtype": "bf16", "json_path": None, "rounds": 3}
+    assert cli.main(["bench", "--decode", "--quick", "--allocations", "20"]) == 0
+    (full, full_kw), (quick, quick_kw), (mha, mha_kw), (_, alloc_kw) = calls
+    assert full == decode.decode_points() and full_kw == {"dtype": "bf16", "json_path": None, "rounds": 3,
+                                                          "allocations": False}
     assert quick == decode.decode_points(quick=True)
-    assert quick_kw == {"dtype": "bf16", "json_path": "d.json", "rounds": 1}
+    assert quick_kw == {"dtype": "bf16", "json_path": "d.json", "rounds": 1, "allocations": False}
+    assert alloc_kw == {"dtype": "bf16", "json_path": None, "rounds": 20, "allocations": True}
     assert {(p.heads_q, p.heads_k, p.hdim) for p in mha} == {(32, 32, 64)} and len(mha) == 12
     assert mha_kw["dtype"] == "fp16"
 
@@ -440,6 +481,7 @@ def test_cli_bench_decode_runs_the_points(monkeypatch):
     (["--causal", "yes"], "--causal does not apply to --decode"),
     (["--hdim", "256"], "--decode --hdim [256] not benchmarked; choose from [64, 128]"),
     (["--rounds", "0"], "--rounds takes N >= 1, got 0"),
+    (["--allocations", "20", "--rounds", "2"], "--allocations replaces --rounds"),
     (["--quick", "--hdim", "64"], "no decode point left: --quick is hdim 128 only"),
 ])
 def test_cli_bench_decode_refuses_what_does_not_apply(argv, message, monkeypatch, capsys):

@@ -29,7 +29,11 @@ ceil(100 MiB / cache bytes)) independent caches with their own q and walks them 
 provider's N calls of one walk (one call per cache) are captured in one CUDA graph, after warm-up
 calls outside the capture (compilation and allocation happen there), and the graph's replays are
 timed with CUDA events (warm-up replays, then the median of several), divided by N. The providers
-take turns, round after round; the median over rounds is reported. A provider that fails to capture,
+take turns, round after round; the median over rounds is reported. With `allocations` (`bench --decode
+--allocations N`, the speed targets' method) each of the N rounds draws every cache and q anew behind a
+spacer of random size (the spacers held, the earlier caches freed: held, N rounds of caches would not
+fit), captures again and times each provider once, in an order rotated per round; p10 / p50 / p90 of
+each provider's fraction of the copy rate go in the JSON. A provider that fails to capture,
 or whose replay disagrees with its eager call, is timed eagerly in the same loop instead and marked
 in the table. A point whose N caches would exceed 40 GiB is skipped, with the reason printed.
 
@@ -39,6 +43,7 @@ Importing this module needs no GPU; the benchmark needs CUDA when it runs.
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import sys
 from collections.abc import Callable
@@ -48,7 +53,7 @@ import torch
 
 from flashhopper.bench import runner
 from flashhopper.bench.providers import _quiet
-from flashhopper.bench.summary import geomean, peer_text
+from flashhopper.bench.summary import SPREAD_ALLOWANCE, geomean, peer_text
 from flashhopper.bench.varlen import _varlen_opt_in, print_disagreements, relative_difference
 from flashhopper.reference import visible_mask
 
@@ -369,11 +374,13 @@ def _agreement(firsts: dict) -> dict | None:
 
 
 def run_decode_point(point: DecodePoint, providers: list[DecodeProvider], copy_bytes_per_s: float,
-                     dtype=torch.bfloat16, device="cuda", rounds: int = DEFAULT_ROUNDS, peers=PEERS) -> dict:
+                     dtype=torch.bfloat16, device="cuda", rounds: int = DEFAULT_ROUNDS, peers=PEERS,
+                     allocations: bool = False) -> dict:
     """Microseconds per call and fraction of the copy rate of each provider at one point: the median
     over `rounds`, each round a median of graph replays over the point's caches divided by their
-    number, the providers taking turns (min / max of the rounds under "spread"). A provider that
-    fails is reported under errors; one timed eagerly under "eager" with the reason."""
+    number, the providers taking turns (min / max of the rounds under "spread"); with `allocations`
+    every round on fresh caches (module doc), p10 / p50 / p90 of the fractions under "percentiles". A
+    provider that fails is reported under errors; one timed eagerly under "eager" with the reason."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     row = {"batch": point.batch, "context": point.context, "q_len": point.q_len, "heads_q": point.heads_q,
@@ -381,14 +388,21 @@ def run_decode_point(point: DecodePoint, providers: list[DecodeProvider], copy_b
            "rotation_bytes": point.rotation_bytes, "us": {p.name: None for p in providers},
            "fraction": {p.name: None for p in providers}, "ratio": None, "timing": {}, "eager": {},
            "errors": {}, "skipped": point.skip_reason, "rounds": rounds, "spread": {}, "agreement": None}
+    if allocations:
+        row.update(allocations=rounds, percentiles={})
     if row["skipped"]:
         return row
-    _measure(row, point, providers, dtype, device, rounds)
+    measure = _measure_allocations if allocations else _measure
+    samples = measure(row, point, providers, dtype, device, rounds)
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()  # the caches and graphs are gone: give their memory to the next point's
     for name, us in row["us"].items():
         if us:
             row["fraction"][name] = point.kv_bytes / (us * 1e-6) / copy_bytes_per_s
+    if allocations:
+        row["percentiles"] = {name: runner.percentiles([point.kv_bytes / (us * 1e-6) / copy_bytes_per_s
+                                                        for us in samples[name]])
+                              for name in row["us"] if row["us"][name]}
     mine = row["fraction"].get("flashhopper")
     rates = [row["fraction"][name] for name in peers if row["fraction"].get(name)]
     row["ratio"] = mine / max(rates) if mine and rates else None
@@ -421,6 +435,51 @@ def _measure(row: dict, point: DecodePoint, providers, dtype, device, rounds: in
         if not prep.graphed:
             row["eager"][name] = prep.note
     row["agreement"] = _agreement({name: prep.first for name, prep in ready.items()})
+    return samples
+
+
+def _measure_allocations(row: dict, point: DecodePoint, providers, dtype, device, rounds: int,
+                         seed: int = 0) -> dict:
+    """_measure with every round on fresh caches behind a held spacer of random size (module doc), each
+    provider prepared (warm-up, capture) and timed once a round, the order rotated per round; returns
+    the samples {provider: [us, one per round]}. The agreement is the first round's."""
+    draw = random.Random(seed)
+    spacers, live = [], list(providers)
+    samples = {p.name: [] for p in providers}
+    firsts, how = {}, {}
+    for i in range(rounds):
+        spacers.append(torch.empty(draw.randrange(1, 64) << 20 | draw.randrange(0, 1 << 20, 256),
+                                   dtype=torch.uint8, device=device))
+        inputs = decode_inputs(point, dtype, device)
+        turn = i % max(len(live), 1)
+        for p in live[turn:] + live[:turn]:
+            try:
+                prep = prepare(p, inputs, point, device)
+                with p.context():
+                    samples[p.name].append(replay_ms(prep.walk) * 1e3 / point.caches)
+            except Exception as exc:  # one provider failing must not lose the rest of the row
+                row["errors"][p.name] = runner._short(exc)
+                live.remove(p)
+                samples[p.name] = []
+                continue
+            if i == 0:
+                firsts[p.name] = prep.first
+            if not prep.graphed:  # timed eagerly in any round: marked
+                how[p.name] = prep.note
+            prep = None
+        inputs = None  # freed before the next round's spacer and caches
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+    for p in live:
+        name = p.name
+        row["us"][name] = statistics.median(samples[name])
+        row["spread"][name] = [min(samples[name]), max(samples[name])]
+        row["timing"][name] = "eager" if name in how else "graph"
+        if name in how:
+            row["eager"][name] = how[name]
+    row["agreement"] = _agreement({name: out for name, out in firsts.items() if name in row["timing"]})
+    del spacers
+    return samples
 
 
 # --- the table ---
@@ -449,9 +508,9 @@ def describe(row: dict) -> str:
     return DecodePoint(*(row[k] for k in keys)).label
 
 
-def summarize(rows: list[dict]) -> dict:
-    """geomean and minimum of flashhopper / best peer (fractions of the copy rate), and our fraction's
-    range."""
+def summarize(rows: list[dict], peers=PEERS) -> dict:
+    """geomean and minimum of flashhopper / best peer (fractions of the copy rate), our fraction's
+    range, and with allocations the spread check (bench.summary.SPREAD_ALLOWANCE)."""
     rated = [r for r in rows if r.get("ratio")]
     ours = [r["fraction"]["flashhopper"] for r in rows if r["fraction"].get("flashhopper")]
     summary: dict = {"points": len(rows), "points_run": sum(1 for r in rows if not r["skipped"]),
@@ -461,7 +520,27 @@ def summarize(rows: list[dict]) -> dict:
         lowest = min(rated, key=lambda r: r["ratio"])
         summary.update(geomean_ratio=geomean(r["ratio"] for r in rated), min_ratio=lowest["ratio"],
                        min_point=describe(lowest))
+    if any("percentiles" in r for r in rows):
+        summary["spread"] = _spreads(rows, peers)
     return summary
+
+
+def _spreads(rows, peers) -> dict:
+    """Points where our spread (p50 / p10 of the fraction over the allocations) is wider than max(the
+    peers', SPREAD_ALLOWANCE)."""
+    wider, ours_all = [], []
+    for row in rows:
+        pct = row.get("percentiles") or {}
+        mine = pct.get("flashhopper")
+        if not mine or not mine["p10"]:
+            continue
+        ours = mine["p50"] / mine["p10"]
+        allowed = max([SPREAD_ALLOWANCE, *(p["p50"] / p["p10"] for name, p in pct.items()
+                                           if name in peers and p["p10"])])
+        ours_all.append(ours)
+        if ours > allowed:
+            wider.append({"point": describe(row), "ours": ours, "allowed": allowed})
+    return {"points": len(ours_all), "widest": max(ours_all, default=None), "wider_than_allowed": wider}
 
 
 def format_summary(summary: dict, peers=PEERS) -> list[str]:
@@ -475,12 +554,17 @@ def format_summary(summary: dict, peers=PEERS) -> list[str]:
     if summary["flashhopper_fraction"]:
         low, high = summary["flashhopper_fraction"]
         lines.append(f"flashhopper reads its KV at {low:.2f} to {high:.2f} of the copy rate")
+    if (spreads := summary.get("spread")) and spreads["widest"] is not None:
+        wider = spreads["wider_than_allowed"]
+        lines.append(f"spread p50/p10 over allocations: ours at most {spreads['widest']:.3f}; wider than "
+                     f"max(the peers', {SPREAD_ALLOWANCE:g}) at {len(wider)} of {spreads['points']} points"
+                     + (": " + ", ".join(w["point"] for w in wider) if wider else ""))
     return lines
 
 
 def run_decode_bench(points: list[DecodePoint], dtype: str = "bf16", json_path: str | None = None,
                      providers: list[DecodeProvider] | None = None, out=sys.stdout,
-                     rounds: int = DEFAULT_ROUNDS) -> dict:
+                     rounds: int = DEFAULT_ROUNDS, allocations: bool = False) -> dict:
     """Measure the copy rate, then time every provider at every point; print one table line per point
     and the geomean of the ratios; with `json_path` write the report (rows, copy rate, summary)."""
     providers = providers if providers is not None else decode_providers(out)
@@ -494,7 +578,7 @@ def run_decode_bench(points: list[DecodePoint], dtype: str = "bf16", json_path: 
         "timing": {"warmup_calls": WARMUP_CALLS, "replay_warmup": REPLAY_WARMUP, "replays": REPLAYS},
         "providers": names, "peers": list(PEERS),
         "provider_info": {p.name: p.info for p in providers if p.info},
-        "rounds": rounds, "results": [],
+        "rounds": rounds, "results": [], **({"allocations": rounds} if allocations else {}),
     }
     print(f"{report['device']}, torch {report['torch']}, {dtype}; device-to-device copy of "
           f"{_size(copy['bytes'])}: {copy['bytes_per_s'] / 1e12:.2f} TB/s (2 x {_size(copy['bytes'])} moved "
@@ -502,13 +586,15 @@ def run_decode_bench(points: list[DecodePoint], dtype: str = "bf16", json_path: 
     print(f"decode over contiguous KV caches: us per call, and frac = KV bytes per call / time / copy rate "
           f"(KV bytes = batch x context x heads_k x hdim x 2 (K, V) x 2 B); each point walks N caches, "
           f"{_size(MIN_ROTATION_BYTES)} or more together, one CUDA graph per provider for the N calls, timed "
-          f"as the median of {REPLAYS} replays / N, the median of {rounds} round(s) reported; * = timed "
+          f"as the median of {REPLAYS} replays / N, the median of {rounds} round(s) reported"
+          f"{' (each on fresh caches: --allocations)' if allocations else ''}; * = timed "
           f"eagerly (no graph); fh/best = flashhopper / {peer_text(PEERS)}", file=out, flush=True)
     for name, info in report["provider_info"].items():
         print(f"{name}: {', '.join(f'{k} {v}' for k, v in info.items())}", file=out, flush=True)
     print(format_header(names), file=out, flush=True)
     for point in points:
-        row = run_decode_point(point, providers, copy["bytes_per_s"], runner.DTYPES[dtype], rounds=rounds)
+        row = run_decode_point(point, providers, copy["bytes_per_s"], runner.DTYPES[dtype], rounds=rounds,
+                               allocations=allocations)
         report["results"].append(row)
         print(format_row(row, names), file=out, flush=True)
         if row["skipped"]:
