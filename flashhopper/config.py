@@ -175,6 +175,11 @@ class FwdConfig(_KernelConfig):
     varlen: bool = False
     # the value (and output) head dim when it differs from the query / key one (SPLIT_HDIMS); 0: hdim
     dv: int = 0
+    # Varlen over a paged KV cache (0: not paged): K and V are the cache's rows (pages * page_size,
+    # heads_k, d), read by the TMA straight from the pages the page table names (hopper/fwd.py
+    # load_stage_paged). A key block spans tile_n / page_size pages (that many boxes of page_size rows
+    # into one stage, on the stage's one mbarrier) or lies inside one page (one box of tile_n rows).
+    page_size: int = 0
 
     @property
     def hdim_v(self) -> int:
@@ -275,6 +280,8 @@ class FwdConfig(_KernelConfig):
             raise ValueError(f"dtype {self.dtype!r} not in {DTYPES + FP8_DTYPES}")
         if self.hdim not in SUPPORTED_HDIMS:
             raise ValueError(f"hdim {self.hdim} not in {SUPPORTED_HDIMS}")
+        if self.page_size:
+            self._check_paged()
         if self.dv and (self.hdim, self.dv) not in SPLIT_HDIMS:
             raise ValueError(f"(hdim, dv) = ({self.hdim}, {self.dv}) not in {SPLIT_HDIMS}")
         if self.dv and self.is_fp8:
@@ -352,6 +359,25 @@ class FwdConfig(_KernelConfig):
                        "wg_epilogue": self.wg_epilogue}
         if bad := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"varlen: {', '.join(bad)} not supported with packed sequences")
+
+    def _check_paged(self) -> None:
+        """What the paged K / V path (first version: the varlen kernel, 16-bit inputs) is built for."""
+        p = self.page_size
+        if not self.varlen:
+            raise ValueError(f"page_size {p}: a paged KV cache is read by the varlen kernel only "
+                             "(varlen=True)")
+        if self.is_fp8 or self.vt_in_gmem:
+            raise ValueError(f"page_size {p}: the paged K / V path takes bf16 / fp16 inputs; e4m3 (and its "
+                             "V-transposing producer) is not supported with a paged cache yet")
+        if p < 0 or p % 8:
+            raise ValueError(f"page_size {p} must be a positive multiple of 8 (a TMA box of whole 8-row "
+                             "swizzle atoms)")
+        if self.tile_n % p and p % self.tile_n:
+            raise ValueError(f"page_size {p} and tile_n {self.tile_n}: one must divide the other (a key "
+                             "block spans whole pages, or lies inside one page)")
+        if not self.intra_wg_overlap:
+            raise ValueError(f"page_size {p}: needs intra_wg_overlap (the peeled first block zeroes V's rows "
+                             "past the keys: a page's unused rows may hold NaN)")
 
     def _check_cluster(self) -> None:
         if self.cluster_m == 1:

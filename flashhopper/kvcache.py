@@ -7,14 +7,18 @@ cache_leftpad[i] and run for cache_seqlens[i] + s_new - cache_leftpad[i] rows (t
 sequence's start and used length as it is given, the rows past it masked, their V rows zeroed in
 shared memory, so unused cache slots may hold anything). The append is an index copy computed on the
 device (no host sync: capturable in a CUDA graph). A paged cache (`page_table`) has its semantics in
-backend="reference" (append included); on the kernels, for now, every position the page table
-covers is gathered into a contiguous copy first (`_gather_pages`). Decode (one query token)
-fills the grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py).
-Not yet: the page table read by the kernels themselves, in-kernel split-KV and PackGQA, FP8 caches.
+backend="reference" (append included); on the kernels, every position the page table covers is
+gathered into a contiguous copy first (`_gather_pages`), unless FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1
+(not yet GPU-verified) and the page size is one the kernels read by TMA (a multiple of 8 that divides or
+is divided by the key block: FwdConfig.page_size), with no cache_leftpad: then the kernels read the
+pages through the table themselves (`_paged_call`). Decode (one query token) fills the grid by PackGQA
+and split-KV arranged around the varlen kernel (flashhopper/splitkv.py). Not yet: in-kernel split-KV and
+PackGQA, FP8 caches, other page sizes without the copy.
 """
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import torch
@@ -65,7 +69,8 @@ def flash_attn_with_kvcache(
     cache_leftpad: int32 (b,), the item's keys start at this position of its row. page_table: int32
     (b, max_pages) with a paged cache (num_pages, page_size, hk, d): position p of item i is slot
     p % page_size of page page_table[i, p // page_size] (any page size; no cache_batch_idx; on the
-    kernels for now through a contiguous copy of the table's span). Attention then sees
+    kernels through a contiguous copy of the table's span, or read in place where the module docstring
+    says). Attention then sees
     keys [leftpad, cache_seqlens + s_new) of the item's row; causal and windows align the queries
     bottom-right against them (the last query sits at the last key). softmax_scale, window_size,
     softcap as flash_attn_func. num_splits (0 = choose, 1 = none) and pack_gqa (None = choose) are
@@ -133,11 +138,18 @@ def flash_attn_with_kvcache(
     validation.check_varlen_call(q, k_cache, v_cache)
     from flashhopper.hopper import forward_varlen
 
-    if page_table is not None:  # the kernels read a contiguous cache: each item's positions gathered into one
-        k_rows, v_rows, s_cache = _gather_pages(k_rows, v_rows, page_table, s_cache)
-        idx = None  # item i's positions from row i * s_cache of the copy
+    paged_layout = None  # the decode layout where the kernels read the pages themselves
+    if page_table is not None:
+        paged_layout = _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap,
+                                   num_splits, pack_gqa, packed_q)
+        if paged_layout is None:  # a contiguous cache for the kernels: each item's positions gathered
+            k_rows, v_rows, s_cache = _gather_pages(k_rows, v_rows, page_table, s_cache)
+            idx = None  # item i's positions from row i * s_cache of the copy
     q_rows = q if packed_q else q.reshape(batch * q.shape[1], *q.shape[2:])
     validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
+    if paged_layout is not None:  # the kernels read the pages through the table (s_cache: the page size)
+        return _paged_call(q, q_rows, k_rows, v_rows, page_table, s_cache, paged_layout, used_k, lens_q,
+                           cu_seqlens_q, scale, causal, window, softcap, out, return_lse)
     starts_k = _key_starts(batch, s_cache, idx, left)  # None: item i's keys from row i * s_cache
     layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
     if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
@@ -161,6 +173,59 @@ def flash_attn_with_kvcache(
     o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
     o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale, causal,
                             window, softcap, out=o_rows)
+    if out is not None and o.data_ptr() != out.data_ptr():
+        out.view(o.shape).copy_(o)
+    return _returned(q, o, lse, out, batch, packed_q, return_lse)
+
+
+def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, num_splits, pack_gqa,
+                packed_q):
+    """The decode layout (splitkv.plan) where the kernels read this call's paged cache themselves
+    (validation.paged_tma_enabled, no cache_leftpad: a sequence's keys start a page, and the call's kernel
+    config serves the page size: runtime.varlen_config), else None: the pages are gathered. A split
+    decode's chunks are whole pages (a chunk's keys start a page of its item)."""
+    from flashhopper.hopper.runtime import varlen_config
+
+    page_size = k_cache.shape[1]
+    if left is not None or not validation.paged_tma_enabled():
+        return None
+    capacity = page_table.shape[1] * page_size  # positions an item may hold
+    align = math.lcm(splitkv.CHUNK_ALIGN, page_size)
+    layout = splitkv.plan_for(q, k_cache.shape[2], capacity, window, num_splits, pack_gqa, packed_q,
+                              align=align)
+    # the rearranged decode passes no mask (one query at the end of its keys)
+    dv = 0 if v_cache.shape[-1] == q.shape[-1] else v_cache.shape[-1]
+    cfg = varlen_config(q.dtype, q.shape[-1], causal and not layout.rearranged, window, softcap > 0.0, dv,
+                        decode=layout.rearranged, page_size=page_size)[0]
+    return layout if cfg.page_size == page_size else None
+
+
+def _paged_call(q, q_rows, k_rows, v_rows, page_table, page_size, layout, used_k, lens_q, cu_seqlens_q, scale,
+                causal, window, softcap, out, return_lse):
+    """flash_attn_with_kvcache's kernel path over a paged cache that the kernels read through its table
+    (k_rows / v_rows: the cache's rows, num_pages * page_size): each item's keys from its table row's
+    first entry on; a split decode's chunk from its first page's entry (whole pages: _paged_plan)."""
+    from flashhopper.hopper import forward_varlen
+
+    batch, packed_q = used_k.shape[0], cu_seqlens_q is not None
+    if page_table.stride(-1) != 1:
+        page_table = page_table.contiguous()
+    pages = {"page_table": page_table, "page_size": page_size}
+    if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
+        rows, cu_rows, per_seq, starts, used = splitkv.rearrange(
+            layout, q, None, used_k, item_rows=page_table.stride(0), start_step=layout.chunk // page_size)
+        o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, None, per_seq, None, used, scale,
+                                            False, window, softcap, decode=True, page_starts=starts[:-1],
+                                            **pages)
+        target = out if out is not None else torch.empty(q.shape[:-1] + v_rows.shape[-1:], dtype=q.dtype,
+                                                         device=q.device)
+        o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,
+                                 return_lse=return_lse)
+        return (o, lse) if return_lse else o
+    cu_q = cu_seqlens_q if packed_q else splitkv.multiples(batch + 1, q.shape[1], q.device)
+    o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
+    o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, None, max(lens_q), None, used_k, scale, causal,
+                            window, softcap, out=o_rows, **pages)
     if out is not None and o.data_ptr() != out.data_ptr():
         out.view(o.shape).copy_(o)
     return _returned(q, o, lse, out, batch, packed_q, return_lse)

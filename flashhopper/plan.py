@@ -191,11 +191,43 @@ def fwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool =
     return cfg
 
 
-def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: bool, dv: int = 0
-                    ) -> tuple[FwdConfig, int, int]:
-    """The varlen forward's (config, window_left, window_right)."""
+def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: bool, dv: int = 0,
+                    page_size: int = 0) -> tuple[FwdConfig, int, int]:
+    """The varlen forward's (config, window_left, window_right); `page_size`: over a paged KV cache of
+    such pages, the paged config where the kernel serves them (fwd_config_paged), else the plain one."""
     causal, local, wl, wr = mask_kind(causal, window_size)
-    return fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv), wl, wr
+    cfg = fwd_config_varlen(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv)
+    return fwd_config_paged(cfg, page_size), wl, wr
+
+
+# Paged KV by TMA (first version, compiled and CPU-checked, not yet run on a GPU: used only with
+# FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1, validation.paged_tma_enabled): the varlen (or decode) kernel reads
+# K and V from the cache's pages, a key block being whole pages or a part of one (FwdConfig._check_paged).
+# Where the tile's key block is neither (hdim 192's 112 keys, 256's 80, with pages of 32 or more), 64
+# keys a block; pages of another size (not a multiple of 8, or neither dividing nor divided by 64) are not
+# served: the cache is gathered first (kvcache._gather_pages)
+_PAGED_TILE_N = 64
+
+
+def page_size_served(tile_n: int, page_size: int) -> bool:
+    """Whether the paged forward takes pages of `page_size` rows with `tile_n` keys a block."""
+    return page_size > 0 and page_size % 8 == 0 and (tile_n % page_size == 0 or page_size % tile_n == 0)
+
+
+@functools.cache
+def fwd_config_paged(cfg: FwdConfig, page_size: int) -> FwdConfig:
+    """A varlen config (fwd_config_varlen, fwd_config_decode) over a paged cache of `page_size`-row
+    pages: with page_size set where the kernel serves them (at _PAGED_TILE_N keys a block where the
+    config's own do not fit the pages), else `cfg` itself, unpaged (0: unpaged)."""
+    if not page_size or cfg.is_fp8 or not cfg.varlen:
+        return cfg
+    if not page_size_served(cfg.tile_n, page_size):
+        if not (cfg.tile_n > _PAGED_TILE_N and page_size_served(_PAGED_TILE_N, page_size)):
+            return cfg
+        cfg = dataclasses.replace(cfg, tile_n=_PAGED_TILE_N)
+    cfg = dataclasses.replace(cfg, page_size=page_size)
+    cfg.check()
+    return cfg
 
 
 # Decode (first version, compiled and CPU-checked, not yet run on a GPU: used only with
@@ -227,9 +259,10 @@ def fwd_config_decode(dtype: str, hdim: int, causal: bool = False, softcap: bool
     return cfg
 
 
-def fwd_plan_decode(dtype: str, hdim: int, softcap: bool, dv: int = 0) -> FwdConfig:
-    """The config of the rearranged decode call (no mask) on the 1-warpgroup tile."""
-    return fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv)
+def fwd_plan_decode(dtype: str, hdim: int, softcap: bool, dv: int = 0, page_size: int = 0) -> FwdConfig:
+    """The config of the rearranged decode call (no mask) on the 1-warpgroup tile; `page_size` as
+    fwd_plan_varlen's."""
+    return fwd_config_paged(fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv), page_size)
 
 
 def decode_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
@@ -239,6 +272,24 @@ def decode_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
     return [fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv)
             for dtype, hdim in itertools.product((d for d in dtypes if d in DTYPES), hdims)
             for dv in value_hdims(hdim) for softcap in (False, True)]
+
+
+# page sizes the paged kernels are built for by `flashhopper precompile --paged` (vLLM's default 16, and
+# larger pages), with no mask and causal (prefill over a paged cache; decode is unmasked once rearranged)
+PAGED_PAGE_SIZES = (16, 64, 128, 256)
+
+
+def paged_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, page_sizes=PAGED_PAGE_SIZES) -> list:
+    """The paged varlen configs (16-bit, no mask and causal, the query's own value head dim) and the paged
+    1-warpgroup decode configs (no mask) of each page size the kernels serve: not in dispatched_kernels
+    while FLASHHOPPER_EXPERIMENTAL_PAGED_TMA gates them (`flashhopper precompile --paged` builds them)."""
+    configs = []
+    for dtype, hdim, page_size in itertools.product((d for d in dtypes if d in DTYPES), hdims, page_sizes):
+        bases = [fwd_config_varlen(dtype, hdim, causal=causal) for causal in (False, True)]
+        for cfg in (fwd_config_paged(base, page_size) for base in (*bases, fwd_config_decode(dtype, hdim))):
+            if cfg.page_size and cfg not in configs:
+                configs.append(cfg)
+    return configs
 
 
 # Varlen backward (first version, not yet timed): the dense kernel of the mask for long sequences,

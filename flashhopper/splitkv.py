@@ -50,12 +50,13 @@ def _sm_count(device_index: int) -> int:
 
 
 def plan(*, batch: int, seqlen_q: int | None, heads_q: int, heads_k: int, capacity: int, window,
-         num_splits: int, pack_gqa, sms: int) -> DecodeLayout:
+         num_splits: int, pack_gqa, sms: int, align: int = CHUNK_ALIGN) -> DecodeLayout:
     """The layout for one call. seqlen_q: the query length (None with packed queries: not rearranged);
     capacity: positions an item may hold; num_splits: 0 = choose, 1 = none, n = n (at most one per
-    128 positions); pack_gqa: None = where it helps, True / False. Both are hints, as in FA3: a call
+    `align` positions); pack_gqa: None = where it helps, True / False. Both are hints, as in FA3: a call
     they would not keep exact (more than one query token, a window) is not rearranged. sms: the SM
-    count."""
+    count. align: chunks of whole multiples of it (CHUNK_ALIGN; a paged cache read by the kernels, whole
+    pages too)."""
     if not (seqlen_q == 1 and tuple(window) == (-1, -1)):
         return DecodeLayout(heads_k, False, 1, capacity)
     pack = heads_q > heads_k if pack_gqa is None else bool(pack_gqa)
@@ -63,21 +64,21 @@ def plan(*, batch: int, seqlen_q: int | None, heads_q: int, heads_k: int, capaci
     if num_splits == 0:
         ctas = batch * heads
         most = min(capacity // MIN_CHUNK, MAX_SPLITS)
-        splits = 1 if ctas >= sms else wave_splits(ctas, sms, capacity, most)
+        splits = 1 if ctas >= sms else wave_splits(ctas, sms, capacity, most, align)
     else:
         splits = num_splits
-    splits, chunk = _chunks(capacity, splits)
+    splits, chunk = _chunks(capacity, splits, align)
     return DecodeLayout(heads_k, pack, splits, chunk)
 
 
-def _chunks(capacity: int, splits: int) -> tuple[int, int]:
-    """(splits, chunk) for `splits` asked: chunks of whole CHUNK_ALIGN positions (at most one per 128
+def _chunks(capacity: int, splits: int, align: int = CHUNK_ALIGN) -> tuple[int, int]:
+    """(splits, chunk) for `splits` asked: chunks of whole `align` positions (at most one per `align`
     positions), none wholly past the capacity, so there may be fewer than asked; (1, capacity) unsplit."""
-    splits = max(1, min(splits, -(-capacity // CHUNK_ALIGN)))
+    splits = max(1, min(splits, -(-capacity // align)))
     if splits == 1:
         return 1, capacity
     chunk = -(-capacity // splits)
-    chunk = -(-chunk // CHUNK_ALIGN) * CHUNK_ALIGN
+    chunk = -(-chunk // align) * align
     return -(-capacity // chunk), chunk
 
 
@@ -86,13 +87,13 @@ WAVE_EFFICIENCY = 0.85
 
 
 @functools.lru_cache(maxsize=1024)  # ~50 us of Python on every decode call otherwise
-def wave_splits(ctas: int, sms: int, capacity: int, most: int) -> int:
+def wave_splits(ctas: int, sms: int, capacity: int, most: int, align: int = CHUNK_ALIGN) -> int:
     """The split count to ask for (_chunks) with `ctas` CTAs on `sms` SMs, by wave efficiency (FA3's
     num_splits_heuristic): n splits run ctas * n CTAs in ceil(ctas * n / sms) waves, busy
     ctas * n / (waves * sms) of the time (n as _chunks rounds it); the smallest n in 1..most within
     WAVE_EFFICIENCY of the best. 64 CTAs on 132 SMs: 2 splits (0.97), where 3 ran 1.45 waves (0.73)."""
     def efficiency(n):
-        total = ctas * _chunks(capacity, n)[0]
+        total = ctas * _chunks(capacity, n, align)[0]
         return total / (-(-total // sms) * sms)
 
     candidates = range(1, max(1, most) + 1)
@@ -101,12 +102,12 @@ def wave_splits(ctas: int, sms: int, capacity: int, most: int) -> int:
 
 
 def plan_for(q, heads_k: int, capacity: int, window, num_splits: int, pack_gqa,
-             packed_q: bool) -> DecodeLayout:
+             packed_q: bool, align: int = CHUNK_ALIGN) -> DecodeLayout:
     """plan() for a (b, s_q, hq, d) q (packed_q: (total_q, hq, d), not rearranged) on its GPU."""
     sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
     return plan(batch=q.shape[0], seqlen_q=None if packed_q else q.shape[1], heads_q=q.shape[-2],
                 heads_k=heads_k, capacity=capacity, window=window, num_splits=num_splits,
-                pack_gqa=pack_gqa, sms=sms)
+                pack_gqa=pack_gqa, sms=sms, align=align)
 
 
 def multiples(count: int, step: int, device, out=None):
@@ -117,11 +118,14 @@ def multiples(count: int, step: int, device, out=None):
     return out.zero_() if step == 0 else torch.arange(0, count * step, step, out=out)
 
 
-def rearrange(layout: DecodeLayout, q, starts_k, used_k, *, item_rows: int = 0):
+def rearrange(layout: DecodeLayout, q, starts_k, used_k, *, item_rows: int = 0,
+              start_step: int | None = None):
     """(q rows, cu_seqlens_q, rows per sequence, key starts with one spare, used keys) for the varlen
     forward: sequence i * splits + j is item i's chunk j. q: (b, 1, hq, d); used_k: int32 (b,) on q's
     device; starts_k: the same, or None for item i's keys from row i * item_rows. The starts and the
-    used lengths share one buffer (the spare start, never read, is the first used length)."""
+    used lengths share one buffer (the spare start, never read, is the first used length). start_step:
+    how far apart an item's chunks start (default the chunk: rows; over a paged cache read by the kernels,
+    its pages: starts are page-table entries, item_rows the table's row stride)."""
     b, _, hq, d = q.shape
     rows = q
     if layout.pack_gqa:  # query head h = kv head h // g, member h % g: g rows of the kv head
@@ -131,13 +135,16 @@ def rearrange(layout: DecodeLayout, q, starts_k, used_k, *, item_rows: int = 0):
     cu_q = multiples(n + 1, per_item, q.device)
     bounds = torch.empty(max(2 * n, n + 1), dtype=torch.int32, device=q.device)
     starts, used = bounds[:n].view(b, s), bounds[n:2 * n].view(b, s)
+    step = chunk if start_step is None else start_step
     if starts_k is None and b == 1:  # item 0 from row 0: its chunks' offsets are the starts
-        offsets = multiples(s, chunk, q.device, out=bounds[:s])
+        offsets = multiples(s, step, q.device, out=bounds[:s])
+        if step != chunk:
+            offsets = multiples(s, chunk, q.device)
     else:
         offsets = multiples(s, chunk, q.device)
         if starts_k is None:
             starts_k = multiples(b, item_rows, q.device)
-        torch.add(starts_k[:, None], offsets, out=starts)
+        torch.add(starts_k[:, None], offsets if step == chunk else multiples(s, step, q.device), out=starts)
     torch.sub(used_k[:, None], offsets, out=used).clamp_(0, chunk)
     return q_rows, cu_q, per_item, bounds[:n + 1], bounds[n:2 * n]
 

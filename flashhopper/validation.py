@@ -30,6 +30,12 @@ VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
 # this variable is set to 1 (decode_tile_enabled)
 DECODE_TILE_GPU_VERIFIED = False
 DECODE_TILE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE"
+# the paged K / V path (FwdConfig.page_size: the varlen and decode kernels read a paged cache's pages by
+# TMA, plan.fwd_config_paged), likewise: until it has passed the GPU suite (tests/test_paged_gpu.py)
+# flash_attn_with_kvcache gathers a paged cache into a contiguous copy first unless this variable is 1
+# (paged_tma_enabled)
+PAGED_TMA_GPU_VERIFIED = False
+PAGED_TMA_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_PAGED_TMA"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -140,6 +146,12 @@ def decode_tile_enabled() -> bool:
     """Whether the rearranged decode runs on the 1-warpgroup tile (DECODE_TILE_GPU_VERIFIED, or opted
     in by DECODE_TILE_OPT_IN=1); otherwise on the varlen forward's own tile."""
     return DECODE_TILE_GPU_VERIFIED or os.environ.get(DECODE_TILE_OPT_IN) == "1"
+
+
+def paged_tma_enabled() -> bool:
+    """Whether flash_attn_with_kvcache reads a paged cache's pages in the kernels (PAGED_TMA_GPU_VERIFIED,
+    or opted in by PAGED_TMA_OPT_IN=1) where they serve its page size; otherwise it gathers them first."""
+    return PAGED_TMA_GPU_VERIFIED or os.environ.get(PAGED_TMA_OPT_IN) == "1"
 
 
 def check_split_hdims_call(q, k, v) -> None:

@@ -463,3 +463,48 @@ def test_forward_decode_tile_compiles(cfg):
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert_smem(report, cfg)  # within the SM (hdim 256's three 64-key stages: all of it), and the model
     assert (sass["MUFU.TANH"] > 0) == cfg.softcap
+
+
+# Paged K / V (FwdConfig.page_size; flash_attn_with_kvcache reads a paged cache through it only with
+# FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1): every config `flashhopper precompile --paged` builds
+# (plan.paged_kernels: the varlen tiles with no mask and causal, the decode tile, pages of 16 to 256 rows)
+# compiles with one WGMMA wait per commit group, its tile's register split, no spills, and the K / V
+# boxes of a key block (tile_n / page_size boxes of whole pages, or one box inside a page) issued by one
+# loop at each load site: UTMALDG as many as the unpaged kernel's, Q once and K, V at two sites each, one
+# per swizzle-atom column chunk of the head dim. Two in the default compile set (pages of 16 under the
+# 128-key varlen tile, 8 boxes a stage; the decode tile at hdim 256, 4 boxes of 16 of 4 chunks each); the
+# rest with FH_TEST_FULL=1.
+_PAGED_CHEAP = {("bf16", 128, 16, 2, False), ("bf16", 256, 16, 1, False)}
+
+
+def _paged_params():
+    from flashhopper.plan import paged_kernels
+
+    def key(cfg):
+        return (cfg.dtype, cfg.hdim, cfg.page_size, cfg.num_consumer_wg, cfg.causal)
+
+    return [pytest.param(cfg, id=f"{cfg.dtype}-{cfg.hdim}-page{cfg.page_size}-n{cfg.tile_n}-"
+                                 f"{'decode' if cfg.num_consumer_wg == 1 else 'varlen'}-"
+                                 f"{'causal' if cfg.causal else 'none'}",
+                         marks=() if key(cfg) in _PAGED_CHEAP else pytest.mark.variant)
+            for cfg in paged_kernels()]
+
+
+def _tma_column_chunks(hdim: int) -> int:
+    """TMA instructions per box: the head dim in swizzle-atom widths (128 bytes, 64 at hdim 96)."""
+    return hdim // next(w for w in (64, 32, 16) if hdim % w == 0)
+
+
+@pytest.mark.parametrize("cfg", _paged_params())
+def test_forward_paged_compiles(cfg):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    sass = report["sass"]
+    assert cfg.varlen and (cfg.tile_n % cfg.page_size == 0 or cfg.page_size % cfg.tile_n == 0)
+    assert sass["UTMALDG"] == 5 * _tma_column_chunks(cfg.hdim) and sass["UTMASTG"] == 0
+    assert sass["HGMMA_WAITS"] == _commit_groups(causal=cfg.causal) + (4 if cfg.lazy_max_active else 0)
+    assert sass["USETMAXREG"] == sorted([cfg.producer_regs, cfg.consumer_regs])
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert_smem(report, cfg)  # the unpaged tile's buffers: the boxes land in its stages

@@ -64,6 +64,14 @@ def _fake_varlen(cfg: FwdConfig):
     return ints(cute.sym_int()), ints(cute.sym_int()), ints(b), ints(b), cutlass.Int32(1)
 
 
+def _fake_page_table(cfg: FwdConfig):
+    """Paged (FwdConfig.page_size): the page table, flat int32 (each sequence's first entry comes in
+    cu_seqlens_k's place); else None."""
+    if not cfg.page_size:
+        return None
+    return cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(),), (1,), assumed_align=4)
+
+
 def compile_fwd(cfg: FwdConfig, options: str = ""):
     """Trace and compile the forward kernel for `cfg`."""
     from flashhopper.hopper.fwd import FlashFwdSm90
@@ -71,7 +79,7 @@ def compile_fwd(cfg: FwdConfig, options: str = ""):
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
             cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), *_fake_descales(cfg), *_fake_varlen(cfg),
-            stream)
+            _fake_page_table(cfg), stream)
     return cute.compile(FlashFwdSm90(cfg), *args, options=_options(options))
 
 

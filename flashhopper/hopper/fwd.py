@@ -15,6 +15,10 @@ One CTA computes one (tile_m x hdim) output tile for one (batch, head):
 
 Key blocks are visited from the last one down, so that the blocks that need masking (the
 ragged seqlen_k end, the causal diagonal) come first and the rest run without a mask.
+
+Paged KV (FwdConfig.page_size, varlen only): K and V are a paged cache's rows, and each key block
+reaches its stage as tile_n / page_size TMA boxes of whole pages (or one box inside a page) at the
+rows the page table names, all completing on the stage's one full barrier (load_stage_paged).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
 from flashhopper.hopper import softmax as S
 from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, FwdBarrier
+from flashhopper.hopper.host import paged_box_count
 from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 from flashhopper.hopper.opaque import opaque as _opaque
 from flashhopper.hopper.tile_scheduler import SCHED_STAGES, FwdTileScheduler
@@ -87,10 +92,12 @@ class FlashFwdSm90:
         mKd: cute.Tensor | None,
         mVd: cute.Tensor | None,
         mCuQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 cumulative query / key offsets
-        mCuK: cute.Tensor | None,
+        mCuK: cute.Tensor | None,  # (paged: each sequence's first entry in mPageTable)
         mUsedQ: cute.Tensor | None,  # varlen: (batch,) int32 lengths of each sequence's used part
         mUsedK: cute.Tensor | None,
         max_seqlen_q: Int32 | None,  # varlen: the longest query length (the grid's query blocks)
+        mPageTable: cute.Tensor | None,  # paged (cfg.page_size): the page table, flat int32; K / V the
+        # cache's rows (1, pages * page_size, hk, d); key p of sequence b in entry mCuK[b] + p // page_size
         stream: cuda.CUstream,
     ):
         # tile coordinates first: (seqlen, dim, head, batch); V^T given (vt_in_gmem): (dim, keys, head, batch)
@@ -164,6 +171,15 @@ class FlashFwdSm90:
             tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
                 kv_op, mV, cute.select(sV_layout, mode=[0, 1]), (self.tile_n, self.hdim_v),
                 num_multicast=self.cluster_m)
+        elif cutlass.const_expr(self.cfg.page_size):
+            # paged: a box of whole pages' rows (tile_n / page_size of them fill a stage) or of one key
+            # block inside a page; each lands on whole 8-row swizzle atoms of the stage
+            _, box_rows = paged_box_count(self.tile_n, self.cfg.page_size)
+            tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
+                load_op, mK, L.smem_layout_row_major(self.dtype, box_rows, self.hdim), (box_rows, self.hdim))
+            tma_atom_V, tma_V = cpasync.make_tiled_tma_atom(
+                load_op, mV, L.smem_layout_row_major(self.dtype, box_rows, self.hdim_v),
+                (box_rows, self.hdim_v))
         else:
             tma_atom_K, tma_K = cpasync.make_tiled_tma_atom(
                 load_op, mK, cute.select(sK_layout, mode=[0, 1]), (self.tile_n, self.hdim)
@@ -196,7 +212,7 @@ class FlashFwdSm90:
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, mQd, mKd, mVd, sVt_layout,
-            mCuQ, mCuK, mUsedQ, mUsedK, max_seqlen_q, mO if self.cfg.varlen else None,
+            mCuQ, mCuK, mUsedQ, mUsedK, max_seqlen_q, mO if self.cfg.varlen else None, mPageTable,
         )
         if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
@@ -241,6 +257,7 @@ class FlashFwdSm90:
         mUsedK: cute.Tensor | None,
         max_seqlen_q: Int32 | None,
         mO_rows: cute.Tensor | None,  # varlen: O itself (mO is TMA's view of it), stored row by row
+        mPageTable: cute.Tensor | None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -401,10 +418,14 @@ class FlashFwdSm90:
                             off_q, len_q, off_k, len_k = seq_bounds(batch)
                             if m_block * self.tile_m < len_q:  # else a tile past its sequence's end
                                 n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                                pages = None
+                                if cutlass.const_expr(self.cfg.page_size):  # off_k: its first table entry
+                                    pages = (mPageTable, off_k, len_k)
                                 q_state, k_state, v_state = self.produce(
                                     mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                     pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, 0, n_min, n_max,
-                                    q_state, k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k))
+                                    q_state, k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k),
+                                    pages=pages)
                         else:
                             n_min, n_max = block_range(m_block)
                             q_state, k_state, v_state = self.produce(
@@ -544,36 +565,43 @@ class FlashFwdSm90:
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
-                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None):
+                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None, pages=None):
         mQ_t = mQ[None, None, head, batch]
         mK_t, mV_t = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
         if cutlass.const_expr(offsets is not None):  # varlen: this sequence's rows of the packed tensors
             mQ_t = cute.domain_offset((offsets[0], 0), mQ_t)
-            mK_t = cute.domain_offset((offsets[1], 0), mK_t)
-            mV_t = cute.domain_offset((offsets[1], 0), mV_t)
+            if cutlass.const_expr(pages is None):  # (paged: K / V rows come from the page table)
+                mK_t = cute.domain_offset((offsets[1], 0), mK_t)
+                mV_t = cute.domain_offset((offsets[1], 0), mV_t)
         gQ = cute.local_tile(mQ_t, (self.tile_m, self.hdim), (m_block, 0))
-        gK = cute.local_tile(mK_t, (self.tile_n, self.hdim), (None, 0))
-        if cutlass.const_expr(self.cfg.vt_in_gmem):  # V^T: (head dim, keys) tiles, key block last
-            gV = cute.local_tile(mV_t, (self.hdim_v, self.tile_n), (0, None))
+        if cutlass.const_expr(pages is not None):
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_atom_Q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            load_k, load_v = self.paged_loads(mK_t, mV_t, sK, sV, tma_atom_K, tma_atom_V, pipe_k, pipe_v,
+                                              pages)
         else:
-            gV = cute.local_tile(mV_t, (self.tile_n, self.hdim_v), (None, 0))
-        no_cluster = cute.make_layout(1)
-        # K/V: with a cluster, this CTA's slice of each tile (rank of cluster_m), multicast
-        kv_cluster = no_cluster
-        if cutlass.const_expr(self.cluster_m > 1):
-            kv_cluster = cute.make_layout(self.cluster_m)
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_atom_Q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_atom_K, rank, kv_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(
-            tma_atom_V, rank, kv_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            gK = cute.local_tile(mK_t, (self.tile_n, self.hdim), (None, 0))
+            if cutlass.const_expr(self.cfg.vt_in_gmem):  # V^T: (head dim, keys) tiles, key block last
+                gV = cute.local_tile(mV_t, (self.hdim_v, self.tile_n), (0, None))
+            else:
+                gV = cute.local_tile(mV_t, (self.tile_n, self.hdim_v), (None, 0))
+            no_cluster = cute.make_layout(1)
+            # K/V: with a cluster, this CTA's slice of each tile (rank of cluster_m), multicast
+            kv_cluster = no_cluster
+            if cutlass.const_expr(self.cluster_m > 1):
+                kv_cluster = cute.make_layout(self.cluster_m)
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_atom_Q, 0, no_cluster, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            tKsK, tKgK = cpasync.tma_partition(
+                tma_atom_K, rank, kv_cluster, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(
+                tma_atom_V, rank, kv_cluster, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+            load_k = partial(self.load_stage, tma_atom_K, tKgK, tKsK, pipe_k)
+            load_v = partial(self.load_stage, tma_atom_V, tVgV, tVsV, pipe_v)
 
         # K of block n goes out before V of block n+1: the consumers need K(n) first (QK^T of
         # block n is issued before P @ V of block n+1), so V never holds K back. The first K
         # goes before Q: Q waits for the previous tile to free its buffer, K need not.
-        load_k = partial(self.load_stage, tma_atom_K, tKgK, tKsK, pipe_k)
-        load_v = partial(self.load_stage, tma_atom_V, tVgV, tVsV, pipe_v)
         # (states advance here, not inside load_stage: the tracer only threads loop-carried
         # values rebound in the loop body itself)
         tile_count = q_state.count  # tiles this CTA has produced before this one
@@ -654,6 +682,60 @@ class FlashFwdSm90:
                       tma_bar_ptr=pipe.producer_get_barrier(state), mcast_mask=C.mcast_mask(self.cluster_m))
         else:
             cute.copy(tma_atom, tXgX[None, n_block], tXsX[None, state.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(state))
+
+    def paged_loads(self, mK_t, mV_t, sK, sV, tma_atom_K, tma_atom_V, pipe_k, pipe_v, pages):
+        """Paged K / V (FwdConfig.page_size): load_k, load_v of this tile's sequence, each (n_block,
+        state) as load_stage's. The cache's rows (mK_t, mV_t: this KV head's) in boxes of whole pages or
+        of one key block inside a page (paged_box_count); each stage's smem split into as many boxes."""
+        _, box_rows = paged_box_count(self.tile_n, self.cfg.page_size)
+        no_cluster = cute.make_layout(1)
+
+        def partition(atom, mX_t, sX, d):
+            gX = cute.local_tile(mX_t, (box_rows, d), (None, 0))  # (rows, d, row blocks of one box)
+            sX_boxes = cute.flat_divide(sX, (box_rows, d))  # (rows, d, boxes, 1, stages)
+            return cpasync.tma_partition(atom, 0, no_cluster, cute.group_modes(sX_boxes, 0, 2),
+                                         cute.group_modes(gX, 0, 2))
+
+        tKsK, tKgK = partition(tma_atom_K, mK_t, sK, self.hdim)
+        tVsV, tVgV = partition(tma_atom_V, mV_t, sV, self.hdim_v)
+        load_k = partial(self.load_stage_paged, tma_atom_K, tKgK, tKsK, pipe_k, pages=pages)
+        load_v = partial(self.load_stage_paged, tma_atom_V, tVgV, tVsV, pipe_v, pages=pages)
+        return load_k, load_v
+
+    @cute.jit
+    def page_row(self, mPageTable, page_start, position, used_k):
+        """The paged cache's row that key `position` of a sequence (pages from flat entry `page_start`
+        on, `used_k` keys) is read from; past the used keys, a row of the last used page (the entry
+        past it may be anything). host.paged_row is its Python twin."""
+        page_size = self.cfg.page_size
+        entry = page_start + cutlass.min(position, used_k - 1) // page_size
+        return mPageTable[entry] * page_size + position % page_size
+
+    @cute.jit
+    def load_stage_paged(self, tma_atom, tXgX, tXsX, pipe, n_block, state, pages):
+        """load_stage from a paged cache: the key block's boxes (host.paged_block_rows) into
+        consecutive row slices of the stage, all on the stage's one full barrier, whose expected bytes
+        are the whole tile's. With several boxes lane j reads box j's table entry (one load for the
+        block) and each box's row reaches the issuing lane by a shuffle: the producer's few registers
+        hold one row, not one per box."""
+        mPageTable, page_start, used_k = pages
+        boxes, box_rows = paged_box_count(self.tile_n, self.cfg.page_size)
+        first = n_block * self.tile_n
+        if cutlass.const_expr(boxes > 1):
+            lane_box = cutlass.min(cute.arch.lane_idx(), boxes - 1)
+            first = first + lane_box * box_rows
+        # the box's row in units of boxes (gX's tile index): a row is a multiple of box_rows
+        box = self.page_row(mPageTable, page_start, first, used_k) // box_rows
+        pipe.producer_acquire(state)
+        if cutlass.const_expr(boxes > 1):
+            # a loop, not unrolled: unrolled, the boxes' TMA operands fill the uniform registers and
+            # the producer's 24 registers spill
+            for j in cutlass.range(boxes, unroll=1):
+                cute.copy(tma_atom, tXgX[None, cute.arch.shuffle_sync(box, j)], tXsX[None, j, 0, state.index],
+                          tma_bar_ptr=pipe.producer_get_barrier(state))
+        else:
+            cute.copy(tma_atom, tXgX[None, box], tXsX[None, 0, 0, state.index],
                       tma_bar_ptr=pipe.producer_get_barrier(state))
 
     @cute.jit

@@ -47,3 +47,32 @@ def host_visiting_key_blocks(m_block: int, seqlen_q: int, seqlen_k: int, tile_m:
         lowest_key = m_block * tile_m + seqlen_k - seqlen_q - window_left
         first = max(lowest_key, 0) // tile_n
     return last - first + 1
+
+
+def paged_box_count(tile_n: int, page_size: int) -> tuple[int, int]:
+    """(TMA boxes per K / V stage, rows per box) of the paged forward (FwdConfig.page_size): a key block
+    of tile_n rows spans tile_n / page_size whole pages, or lies inside one page (one box of tile_n)."""
+    if page_size < tile_n:
+        return tile_n // page_size, page_size
+    return 1, tile_n
+
+
+def paged_row(page_table, page_start: int, position: int, used_k: int, page_size: int) -> int:
+    """The paged cache's row (the cache viewed as (pages * page_size, heads_k, d)) that the forward
+    kernel's box for key `position` of a sequence starts at (hopper/fwd.py page_row, the same formula):
+    the sequence's pages are the flat page table's entries from `page_start` on, key p in entry
+    p // page_size at slot p % page_size. Positions past the used keys (a key block's last pages past the
+    sequence's end) take the entry of the last used key: a table entry past the pages in use is never
+    read (it may be anything), and the rows loaded there are masked and their V zeroed."""
+    entry = page_start + min(position, used_k - 1) // page_size
+    return int(page_table[entry]) * page_size + position % page_size
+
+
+def paged_block_rows(page_table, page_start: int, n_block: int, used_k: int, tile_n: int,
+                     page_size: int) -> list[tuple[int, int, int]]:
+    """Key block `n_block`'s TMA boxes as the kernel issues them: (first row in the stage, first row in
+    the paged cache, rows) each."""
+    boxes, rows = paged_box_count(tile_n, page_size)
+    first = n_block * tile_n
+    return [(j * rows, paged_row(page_table, page_start, first + j * rows, used_k, page_size), rows)
+            for j in range(boxes)]

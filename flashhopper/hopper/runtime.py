@@ -229,9 +229,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     if cfg.is_fp8:  # a descale not given is 1
         one = _unit_descale(q.device).expand(b, k.shape[2])
         descales = tuple(one if x is None else x for x in descales)
-    # the varlen arguments (forward_varlen's) are None here
+    # the varlen arguments (forward_varlen's) and the page table are None here
     fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, *descales,
-       None, None, None, None, None)
+       None, None, None, None, None, None)
     return out, lse
 
 
@@ -240,21 +240,61 @@ def _varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool, dv:
     return plan.fwd_plan_varlen(_TORCH_TO_NAME[dtype], hdim, causal, window_size, softcap, dv)
 
 
+def varlen_config(dtype, hdim: int, causal: bool, window_size, softcap: bool, dv: int = 0,
+                  decode: bool = False, page_size: int = 0):
+    """What forward_varlen runs for a call: (config, window_left, window_right). `page_size`: over a
+    paged cache, the paged config where the kernels serve the pages (its page_size is then page_size;
+    plan.fwd_config_paged), else the unpaged one (0 there); kvcache asks before choosing the paged path."""
+    cfg, wl, wr = _varlen_plan(dtype, hdim, causal, tuple(window_size), softcap, dv)
+    if decode and not (cfg.causal or cfg.local) and validation.decode_tile_enabled():
+        cfg = plan.fwd_plan_decode(cfg.dtype, hdim, softcap, dv)
+    if page_size:
+        cfg = plan.fwd_config_paged(cfg, page_size)
+    if _overrides:  # tests, tuning
+        cfg = dataclasses.replace(cfg, **_overrides)
+    return cfg, wl, wr
+
+
+def _flat_page_table(page_table, page_starts, batch: int):
+    """(the page table as the kernel reads it: a flat int32 view of its memory from its first entry, each
+    sequence's first entry in it): page_starts where given, else row b's first entry for sequence b."""
+    if page_table.stride(-1) != 1:
+        page_table = page_table.contiguous()
+    rows, width = page_table.shape
+    span = (rows - 1) * page_table.stride(0) + width if rows else 0
+    flat = page_table.as_strided((max(span, 1),), (1,))
+    if page_starts is None:
+        page_starts = torch.arange(0, batch * page_table.stride(0), page_table.stride(0), dtype=torch.int32,
+                                   device=page_table.device)
+    return flat, page_starts.contiguous()
+
+
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, seqused_q, seqused_k,
                    softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None,
-                   decode: bool = False):
+                   decode: bool = False, page_table=None, page_size: int = 0, page_starts=None):
     """The varlen forward on validated CUDA tensors: q (total_q, hq, d), k / v (total_k, hk, d), int32
     cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
     (out (total_q, hq, dv), lse (hq, total_q)). `decode`: kvcache's rearranged decode (a few rows a
     sequence), which without a mask runs on the 1-warpgroup tile (plan.fwd_plan_decode) where
-    validation.decode_tile_enabled()."""
+    validation.decode_tile_enabled().
+
+    Paged (`page_table`, int32 (batch, max_pages) with `page_size` > 0): k / v are a paged cache's rows
+    (num_pages * page_size, hk, d) and the kernel reads them through the table, key p of sequence b at row
+    page_table[b, p // page_size] * page_size + p % page_size; cu_seqlens_k must be None and seqused_k
+    given. `page_starts` (int32 (batch,)): each sequence's first entry in the table's memory where its
+    pages do not start a row (kvcache's split decode: a split starts inside its item's row); default row
+    b. The call's config must serve page_size (varlen_config), else ValueError: the caller gathers."""
     total_q, h, d = q.shape
     dv = v.shape[-1] if v.shape[-1] != d else 0
-    cfg, wl, wr = _varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0, dv)
-    if decode and not (cfg.causal or cfg.local) and validation.decode_tile_enabled():
-        cfg = plan.fwd_plan_decode(cfg.dtype, d, softcap > 0.0, dv)
-    if _overrides:  # tests, tuning
-        cfg = dataclasses.replace(cfg, **_overrides)
+    paged = page_table is not None
+    if paged:
+        if cu_seqlens_k is not None or seqused_k is None:
+            raise ValueError("a paged cache takes seqused_k and no cu_seqlens_k (its pages give the rows)")
+    cfg, wl, wr = varlen_config(q.dtype, d, causal, window_size, softcap > 0.0, dv, decode,
+                                page_size if paged else 0)
+    if paged and cfg.page_size != page_size:
+        raise ValueError(f"pages of {page_size} rows are not served by the paged kernel of {cfg.tile_n} keys "
+                         "a block: gather the pages first")
     if out is None:
         out = torch.empty(total_q, h, v.shape[-1], dtype=q.dtype, device=q.device)
         if poison:
@@ -275,7 +315,11 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
         out.masked_fill_(written[:, None, None], 0.0)
         lse.masked_fill_(written[None, :], float("-inf"))
         return out, lse
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()  # the kernel's layout
+    flat_table = None
+    if paged:  # the kernel reads each sequence's first table entry where it reads cu_seqlens_k otherwise
+        flat_table, cu_seqlens_k = _flat_page_table(page_table, page_starts, batch)
+    # the kernel's layout
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     seqused_q = None if seqused_q is None else seqused_q.contiguous()
     seqused_k = None if seqused_k is None else seqused_k.contiguous()
     if seqused_q is None:
@@ -288,7 +332,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     section = 1  # one CTA per tile: the grid's order is the hardware's
     counter = _tile_counter(q.device)
     fn(q[None], k[None], v[None], out[None], lse[None], counter, scale_log2, softcap_pre, wl, wr, num_ctas,
-       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q))
+       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q),
+       flat_table)
     return out, lse
 
 
@@ -464,4 +509,4 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
 
 __all__ = ["backward", "backward_varlen", "bwd_artifact", "bwd_config_overrides", "config_overrides",
            "forward",
-           "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch"]
+           "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch", "varlen_config"]
