@@ -195,3 +195,22 @@ def test_varlen_launches_its_config_over_the_longest_sequence(fwd_launches):
     out, lse = runtime.forward_varlen(q, k[:0], v[:0], cu_q, no_keys, 200, None, None, 0.1, False, (-1, -1),
                                       0.0)
     assert not fwd_launches and (out == 0).all() and torch.isneginf(lse).all()
+
+
+def test_a_static_schedule_takes_no_zeroed_counter_under_graph_capture(monkeypatch):
+    """The tile counter: the dynamic scheduler's always (_tile_counter, zeroed once per stream, or
+    per captured launch); for the static schedule, which never touches it, under capture an
+    uninitialized allocation, so that a captured call (decode's) holds no memset for it."""
+    zeroed, empty = object(), []
+    monkeypatch.setattr(runtime, "_tile_counter", lambda device: zeroed)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(runtime.torch, "empty", lambda *a, **kw: empty.append((a, kw)) or "empty")
+    cuda = torch.device("cuda")
+    static = config.FwdConfig(dtype="bf16", hdim=128, persistent=False, dynamic_sched=False)
+    dynamic = config.FwdConfig(dtype="bf16", hdim=128, persistent=True, dynamic_sched=True)
+    assert runtime._counter_for(dynamic, cuda) is zeroed and not empty
+    assert runtime._counter_for(static, cuda) == "empty"
+    assert empty == [((2,), {"dtype": torch.int32, "device": cuda})]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert runtime._counter_for(static, cuda) is zeroed  # eager: the cached one, no allocation
+    assert runtime._counter_for(static, torch.device("cpu")) is zeroed

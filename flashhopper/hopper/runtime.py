@@ -155,6 +155,16 @@ def _tile_counter(device) -> torch.Tensor:
     return counter
 
 
+def _counter_for(cfg: FwdConfig, device) -> torch.Tensor:
+    """The tile counter a forward launch passes: the dynamic scheduler's (_tile_counter), or for the
+    static schedule, which never touches it, under CUDA graph capture an uninitialized one (an
+    allocation, no kernel: _tile_counter's zeroed one would put a memset into every captured call,
+    decode's included)."""
+    if not cfg.dynamic_sched and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.empty(2, dtype=torch.int32, device=device)
+    return _tile_counter(device)
+
+
 def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causal: bool, window_size,
                        softcap: bool, dv: int = 0):
     """What a forward call launches, from its shapes and flags alone: (config, window_left,
@@ -225,7 +235,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
-    counter = _tile_counter(q.device)  # zero on entry: the previous launch on this stream reset it
+    counter = _counter_for(cfg, q.device)  # zero on entry: the previous launch on this stream reset it
     if cfg.is_fp8:  # a descale not given is 1
         one = _unit_descale(q.device).expand(b, k.shape[2])
         descales = tuple(one if x is None else x for x in descales)
@@ -330,7 +340,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     num_ctas = fwd_grid(cfg, max(int(max_seqlen_q), 1), h * batch, None)
     section = 1  # one CTA per tile: the grid's order is the hardware's
-    counter = _tile_counter(q.device)
+    counter = _counter_for(cfg, q.device)
     fn(q[None], k[None], v[None], out[None], lse[None], counter, scale_log2, softcap_pre, wl, wr, num_ctas,
        section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q),
        flat_table)
