@@ -209,7 +209,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(validation, "check_varlen_call", lambda *args, **kwargs: None)
     monkeypatch.setattr(splitkv, "_sm_count", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(runtime, "_tile_counter", lambda device: None)
+    monkeypatch.setattr(runtime, "_tile_counter", lambda device, capturing=None: None)
     monkeypatch.setattr(runtime, "get_kernel", lambda cfg: _emulated_kernel(cfg, launched))
     monkeypatch.setenv(validation.PAGED_TMA_OPT_IN, "1")
     return launched

@@ -19,7 +19,7 @@ MASKS = [(False, (-1, -1)), (True, (-1, -1)), (False, [256, 0]), (True, (100, -1
 def fwd_launches(monkeypatch):
     launches = []
     monkeypatch.setattr(runtime, "get_kernel", _recorder(launches))
-    monkeypatch.setattr(runtime, "_tile_counter", lambda device: None)
+    monkeypatch.setattr(runtime, "_tile_counter", lambda device, capturing=None: None)
     monkeypatch.setattr(runtime, "_sm_count", lambda index: 132)
     return launches
 
@@ -202,7 +202,7 @@ def test_a_static_schedule_takes_no_zeroed_counter_under_graph_capture(monkeypat
     per captured launch); for the static schedule, which never touches it, under capture an
     uninitialized allocation, so that a captured call (decode's) holds no memset for it."""
     zeroed, empty = object(), []
-    monkeypatch.setattr(runtime, "_tile_counter", lambda device: zeroed)
+    monkeypatch.setattr(runtime, "_tile_counter", lambda device, capturing=None: zeroed)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     monkeypatch.setattr(runtime.torch, "empty", lambda *a, **kw: empty.append((a, kw)) or "empty")
     cuda = torch.device("cuda")

@@ -135,7 +135,7 @@ def _persistent_zeros(shape, dtype, device) -> torch.Tensor:
     return made[0]
 
 
-def _tile_counter(device) -> torch.Tensor:
+def _tile_counter(device, capturing: bool | None = None) -> torch.Tensor:
     """The dynamic scheduler's counter for the current stream on `device`: 2 int32 (the next
     tile to hand out, the CTAs done claiming), zeroed once here. The kernel leaves it at zero
     when it finishes (FwdTileScheduler.retire), so launches need no memset; the static schedule
@@ -144,8 +144,9 @@ def _tile_counter(device) -> torch.Tensor:
 
     Under CUDA graph capture each launch gets its own counter, allocated in the graph's memory
     pool: graphs are captured on a stream of their own but replayed on any stream, so two graphs
-    replayed at once on two streams would otherwise share the capture stream's counter."""
-    if torch.cuda.is_current_stream_capturing():
+    replayed at once on two streams would otherwise share the capture stream's counter. `capturing`:
+    whether the current stream is capturing, where the caller has asked already (None: ask)."""
+    if torch.cuda.is_current_stream_capturing() if capturing is None else capturing:
         return torch.zeros(2, dtype=torch.int32, device=device)
     # the raw handle: torch.cuda.current_stream() would build a Stream object on every call
     key = (device, torch._C._cuda_getCurrentRawStream(device.index))
@@ -160,9 +161,10 @@ def _counter_for(cfg: FwdConfig, device) -> torch.Tensor:
     static schedule, which never touches it, under CUDA graph capture an uninitialized one (an
     allocation, no kernel: _tile_counter's zeroed one would put a memset into every captured call,
     decode's included)."""
-    if not cfg.dynamic_sched and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return torch.empty(2, dtype=torch.int32, device=device)
-    return _tile_counter(device)
+    if cfg.dynamic_sched or device.type != "cuda":
+        return _tile_counter(device)
+    capturing = torch.cuda.is_current_stream_capturing()  # asked once (a host call on every launch)
+    return torch.empty(2, dtype=torch.int32, device=device) if capturing else _tile_counter(device, capturing)
 
 
 def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causal: bool, window_size,
