@@ -11,9 +11,9 @@ backend="reference" (append included); on the kernels, every position the page t
 gathered into a contiguous copy first (`_gather_pages`), unless FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1
 (not yet GPU-verified) and the page size is one the kernels read by TMA (a multiple of 8 that divides or
 is divided by the key block: FwdConfig.page_size), with no cache_leftpad: then the kernels read the
-pages through the table themselves (`_paged_call`). Decode (one query token) fills the grid by PackGQA
-and split-KV arranged around the varlen kernel (flashhopper/splitkv.py). Not yet: in-kernel split-KV and
-PackGQA, FP8 caches, other page sizes without the copy.
+pages through the table themselves (`_kernel_call` with `pages`). Decode (one query token) fills the
+grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py). Not yet:
+in-kernel split-KV and PackGQA, FP8 caches, other page sizes without the copy.
 """
 
 from __future__ import annotations
@@ -136,8 +136,6 @@ def flash_attn_with_kvcache(
         raise NotImplementedError("flash_attn_with_kvcache is inference only (no backward); detach the "
                                   "inputs, or train with flash_attn_func / flash_attn_varlen_func")
     validation.check_varlen_call(q, k_cache, v_cache)
-    from flashhopper.hopper import forward_varlen
-
     paged_layout = None  # the decode layout where the kernels read the pages themselves
     if page_table is not None:
         paged_layout = _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap,
@@ -148,34 +146,15 @@ def flash_attn_with_kvcache(
     q_rows = q if packed_q else q.reshape(batch * q.shape[1], *q.shape[2:])
     validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
     if paged_layout is not None:  # the kernels read the pages through the table (s_cache: the page size)
-        return _paged_call(q, q_rows, k_rows, v_rows, page_table, s_cache, paged_layout, used_k, lens_q,
-                           cu_seqlens_q, scale, causal, window, softcap, out, return_lse)
+        if page_table.stride(-1) != 1:
+            page_table = page_table.contiguous()
+        return _kernel_call(q, q_rows, k_rows, v_rows, paged_layout, None, page_table.stride(0), used_k,
+                            lens_q, cu_seqlens_q, scale, causal, window, softcap, out, return_lse,
+                            pages={"page_table": page_table, "page_size": s_cache})
     starts_k = _key_starts(batch, s_cache, idx, left)  # None: item i's keys from row i * s_cache
     layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
-    if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
-        rows, cu_rows, per_seq, starts, used = splitkv.rearrange(layout, q, starts_k, used_k,
-                                                                 item_rows=s_cache)
-        # one query at the end of its keys: causal is no mask (and a chunk has no end to align to);
-        # a few rows a sequence: the decode tile where it is enabled (validation.decode_tile_enabled)
-        o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, starts, per_seq, None, used, scale,
-                                            False, window, softcap, decode=True)
-        target = out if out is not None else torch.empty(q.shape[:-1] + v_cache.shape[-1:], dtype=q.dtype,
-                                                         device=q.device)
-        o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,
-                                 return_lse=return_lse)
-        return (o, lse) if return_lse else o
-    # the kernel reads each sequence's key start and used length; the (b + 1)-th start is unused
-    if starts_k is None:
-        starts = splitkv.multiples(batch + 1, s_cache, q.device)
-    else:
-        starts = torch.cat([starts_k, starts_k[-1:]])
-    cu_q = cu_seqlens_q if packed_q else splitkv.multiples(batch + 1, q.shape[1], q.device)
-    o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
-    o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale, causal,
-                            window, softcap, out=o_rows)
-    if out is not None and o.data_ptr() != out.data_ptr():
-        out.view(o.shape).copy_(o)
-    return _returned(q, o, lse, out, batch, packed_q, return_lse)
+    return _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, s_cache, used_k, lens_q, cu_seqlens_q,
+                        scale, causal, window, softcap, out, return_lse)
 
 
 def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, num_splits, pack_gqa,
@@ -200,31 +179,40 @@ def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, 
     return layout if cfg.page_size == page_size else None
 
 
-def _paged_call(q, q_rows, k_rows, v_rows, page_table, page_size, layout, used_k, lens_q, cu_seqlens_q, scale,
-                causal, window, softcap, out, return_lse):
-    """flash_attn_with_kvcache's kernel path over a paged cache that the kernels read through its table
-    (k_rows / v_rows: the cache's rows, num_pages * page_size): each item's keys from its table row's
-    first entry on; a split decode's chunk from its first page's entry (whole pages: _paged_plan)."""
+def _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, item_rows, used_k, lens_q, cu_seqlens_q, scale,
+                 causal, window, softcap, out, return_lse, pages=None):
+    """flash_attn_with_kvcache's varlen forward over the cache's rows k_rows / v_rows: item i's keys from
+    row starts_k[i] (None: i * item_rows) for used_k[i] rows; or with `pages` (page_table, page_size) the
+    kernels read a paged cache through its table, item i from its table row's first entry (item_rows:
+    the table's row stride), a split decode's chunk from its first page's entry (whole pages:
+    _paged_plan). One query token (layout.rearranged): PackGQA and / or split-KV (flashhopper/splitkv.py)."""
     from flashhopper.hopper import forward_varlen
 
     batch, packed_q = used_k.shape[0], cu_seqlens_q is not None
-    if page_table.stride(-1) != 1:
-        page_table = page_table.contiguous()
-    pages = {"page_table": page_table, "page_size": page_size}
-    if layout.rearranged:  # one query token: PackGQA and / or split-KV (flashhopper/splitkv.py)
-        rows, cu_rows, per_seq, starts, used = splitkv.rearrange(
-            layout, q, None, used_k, item_rows=page_table.stride(0), start_step=layout.chunk // page_size)
-        o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, None, per_seq, None, used, scale,
-                                            False, window, softcap, decode=True, page_starts=starts[:-1],
-                                            **pages)
+    pages = pages or {}
+    if layout.rearranged:
+        step = {"start_step": layout.chunk // pages["page_size"]} if pages else {}
+        rows, cu_rows, per_seq, starts, used = splitkv.rearrange(layout, q, starts_k, used_k,
+                                                                 item_rows=item_rows, **step)
+        # one query at the end of its keys: causal is no mask (and a chunk has no end to align to);
+        # a few rows a sequence: the decode tile where it is enabled (validation.decode_tile_enabled)
+        keys = {"page_starts": starts[:-1], **pages} if pages else {}
+        o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, None if pages else starts, per_seq,
+                                            None, used, scale, False, window, softcap, decode=True, **keys)
         target = out if out is not None else torch.empty(q.shape[:-1] + v_rows.shape[-1:], dtype=q.dtype,
                                                          device=q.device)
         o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,
                                  return_lse=return_lse)
         return (o, lse) if return_lse else o
+    # the kernel reads each sequence's key start (paged: its first table entry) and used length; the
+    # (b + 1)-th start is unused
+    starts = None
+    if not pages:
+        starts = (splitkv.multiples(batch + 1, item_rows, q.device) if starts_k is None
+                  else torch.cat([starts_k, starts_k[-1:]]))
     cu_q = cu_seqlens_q if packed_q else splitkv.multiples(batch + 1, q.shape[1], q.device)
     o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
-    o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, None, max(lens_q), None, used_k, scale, causal,
+    o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale, causal,
                             window, softcap, out=o_rows, **pages)
     if out is not None and o.data_ptr() != out.data_ptr():
         out.view(o.shape).copy_(o)
