@@ -53,7 +53,7 @@ import torch
 
 from flashhopper.bench import runner
 from flashhopper.bench.providers import _quiet
-from flashhopper.bench.summary import SPREAD_ALLOWANCE, geomean, peer_text
+from flashhopper.bench.summary import geomean, peer_text, spread_line, spreads
 from flashhopper.bench.varlen import _varlen_opt_in, print_disagreements, relative_difference
 from flashhopper.reference import visible_mask
 
@@ -510,7 +510,7 @@ def describe(row: dict) -> str:
 
 def summarize(rows: list[dict], peers=PEERS) -> dict:
     """geomean and minimum of flashhopper / best peer (fractions of the copy rate), our fraction's
-    range, and with allocations the spread check (bench.summary.SPREAD_ALLOWANCE)."""
+    range, and with allocations the spread check (bench.summary.spreads)."""
     rated = [r for r in rows if r.get("ratio")]
     ours = [r["fraction"]["flashhopper"] for r in rows if r["fraction"].get("flashhopper")]
     summary: dict = {"points": len(rows), "points_run": sum(1 for r in rows if not r["skipped"]),
@@ -521,26 +521,8 @@ def summarize(rows: list[dict], peers=PEERS) -> dict:
         summary.update(geomean_ratio=geomean(r["ratio"] for r in rated), min_ratio=lowest["ratio"],
                        min_point=describe(lowest))
     if any("percentiles" in r for r in rows):
-        summary["spread"] = _spreads(rows, peers)
+        summary["spread"] = spreads(rows, peers, where=lambda row: {"point": describe(row)})
     return summary
-
-
-def _spreads(rows, peers) -> dict:
-    """Points where our spread (p50 / p10 of the fraction over the allocations) is wider than max(the
-    peers', SPREAD_ALLOWANCE)."""
-    wider, ours_all = [], []
-    for row in rows:
-        pct = row.get("percentiles") or {}
-        mine = pct.get("flashhopper")
-        if not mine or not mine["p10"]:
-            continue
-        ours = mine["p50"] / mine["p10"]
-        allowed = max([SPREAD_ALLOWANCE, *(p["p50"] / p["p10"] for name, p in pct.items()
-                                           if name in peers and p["p10"])])
-        ours_all.append(ours)
-        if ours > allowed:
-            wider.append({"point": describe(row), "ours": ours, "allowed": allowed})
-    return {"points": len(ours_all), "widest": max(ours_all, default=None), "wider_than_allowed": wider}
 
 
 def format_summary(summary: dict, peers=PEERS) -> list[str]:
@@ -554,11 +536,8 @@ def format_summary(summary: dict, peers=PEERS) -> list[str]:
     if summary["flashhopper_fraction"]:
         low, high = summary["flashhopper_fraction"]
         lines.append(f"flashhopper reads its KV at {low:.2f} to {high:.2f} of the copy rate")
-    if (spreads := summary.get("spread")) and spreads["widest"] is not None:
-        wider = spreads["wider_than_allowed"]
-        lines.append(f"spread p50/p10 over allocations: ours at most {spreads['widest']:.3f}; wider than "
-                     f"max(the peers', {SPREAD_ALLOWANCE:g}) at {len(wider)} of {spreads['points']} points"
-                     + (": " + ", ".join(w["point"] for w in wider) if wider else ""))
+    if line := spread_line(summary.get("spread"), lambda w: w["point"]):
+        lines.append(line)
     return lines
 
 

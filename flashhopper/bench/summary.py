@@ -56,7 +56,7 @@ def summarize(report: dict) -> dict:
             summary["matmul_fraction"] = {**MATMUL_POINT, "tflops": mine, "matmul_tflops": ceiling,
                                           "fraction": mine / ceiling}
     if report.get("allocations"):
-        summary["spread"] = _spreads(rows, report.get("peers") or ())
+        summary["spread"] = spreads(rows, report.get("peers") or ())
     return summary
 
 
@@ -64,8 +64,10 @@ def summarize(report: dict) -> dict:
 SPREAD_ALLOWANCE = 1.05
 
 
-def _spreads(rows, peers) -> dict:
-    """Points where our spread (p50 / p10 over the allocations) is wider than max(the peers', 5%)."""
+def spreads(rows, peers, where=None) -> dict:
+    """Points where our spread (p50 / p10 over the allocations) is wider than max(the peers', 5%);
+    each named by `where(row)` (a dict; default the grid's point)."""
+    where = where or _where
     wider, ours_all = [], []
     for row in rows:
         pct = row.get("percentiles") or {}
@@ -77,8 +79,19 @@ def _spreads(rows, peers) -> dict:
         allowed = max([SPREAD_ALLOWANCE, *theirs])
         ours_all.append(ours)
         if ours > allowed:
-            wider.append({**_where(row), "ours": ours, "allowed": allowed})
+            wider.append({**where(row), "ours": ours, "allowed": allowed})
     return {"points": len(ours_all), "widest": max(ours_all, default=None), "wider_than_allowed": wider}
+
+
+def spread_line(found: dict | None, name) -> str | None:
+    """The summary's line for spreads() (None where nothing was measured), each point wider than allowed
+    on a line of its own, named by name(entry)."""
+    if not found or found["widest"] is None:
+        return None
+    wider = found["wider_than_allowed"]
+    return (f"spread p50/p10 over allocations: ours at most {found['widest']:.3f}; wider than "
+            f"max(the peers', {SPREAD_ALLOWANCE:g}) at {len(wider)} of {found['points']} points"
+            + "".join(f"\n  {name(w)}: {w['ours']:.3f} > {w['allowed']:.3f}" for w in wider))
 
 
 def _scaled_mm_fractions(rows) -> list[dict]:
@@ -128,11 +141,8 @@ def format_summary(summary: dict, peers=("cudnn", "fa4"), targets: bool = True) 
         lines.append(f"{describe(frac)}: {frac['tflops']:.0f} TFLOP/s = {frac['fraction']:.3f} of fp8 "
                      f"scaled_mm {frac['scaled_mm_tflops']:.0f} (fast accum, timed beside it)"
                      f"{_verdict(frac['fraction'], frac['target'], targets)}")
-    if spreads := summary.get("spread"):
-        wider = spreads["wider_than_allowed"]
-        lines.append(f"spread p50/p10 over allocations: ours at most {spreads['widest']:.3f}; wider than "
-                     f"max(the peers', {SPREAD_ALLOWANCE:g}) at {len(wider)} of {spreads['points']} points"
-                     + "".join(f"\n  {describe(w)}: {w['ours']:.3f} > {w['allowed']:.3f}" for w in wider))
+    if line := spread_line(summary.get("spread"), describe):
+        lines.append(line)
     frac = summary["matmul_fraction"]
     if frac:
         verdict = _verdict(frac["fraction"], MATMUL_FRACTION_TARGET, targets)
