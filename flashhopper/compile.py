@@ -195,6 +195,10 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
     # 16-byte global loads (the backward preprocess is written to use only these for O and dO)
     sass["LDG.128"] = sum(1 for op, _ in instructions if op.startswith("LDG") and op.endswith(".128"))
     sass["STG.128"] = sum(1 for op, _ in instructions if op.startswith("STG") and op.endswith(".128"))
+    # global loads of any width, 16-byte shared loads (the FP8 per-token kernels' k descales: read by the
+    # producer warp, by the consumers from smem)
+    sass["LDG"] = sum(1 for op, _ in instructions if op == "LDG" or op.startswith("LDG."))
+    sass["LDS.128"] = sum(1 for op, _ in instructions if op.startswith("LDS") and op.endswith(".128"))
     # thread-block clusters: multicast TMA loads, mbarrier arrives that go through the cluster's
     # shared window (.RED: to a peer CTA, or to our own by its cluster address), cluster barriers
     ops = [op for op, _ in instructions]

@@ -23,6 +23,14 @@ DTYPES = ("bf16", "fp16")
 FP8_DTYPES = ("e4m3",)
 # fp8 P is exp2(x - max + FP8_P_SHIFT_LOG2): in [0, 256], inside e4m3's 448, fewer underflows (FA3)
 FP8_P_SHIFT_LOG2 = 8
+# FP8 q / k descales (FwdConfig.qk_descale): "head", one per (batch, kv head), folded into the score scale
+# (FA3's convention); "token", one per (batch, head, row) of Q and of K, applied per query row and per key
+# (hopper/fp8_descale.py), which any per-block quantization is (the block's scale repeated over its rows)
+QK_DESCALES = ("head", "token")
+# "token": a ring stage holds one key block's k descales as 4 rows of tile_n / 4 (row q: the columns a
+# consumer thread with lane % 4 == q holds, in its accumulator's order), each row padded by this many
+# floats so that the four rows' 16-byte reads fall on different banks
+KD_ROW_PAD = 4
 # FP8 V^T holds the keys in P's register order (hopper/fp8.py, layout.acc_layout_as_operand_a_fp8): key
 # offsets inside a 16-key group for positions 4q + j, j = 0..3
 FP8_KEY_ORDER = (0, 1, 8, 9)
@@ -180,6 +188,11 @@ class FwdConfig(_KernelConfig):
     # load_stage_paged). A key block spans tile_n / page_size pages (that many boxes of page_size rows
     # into one stage, on the stage's one mbarrier) or lies inside one page (one box of tile_n rows).
     page_size: int = 0
+    # FP8: how the q / k descales come (QK_DESCALES). "token": q's per (batch, query head, query row), k's
+    # per (batch, kv head, key); the producer warp stages each key block's k descales in shared memory
+    # (one ring stage per K stage) and the consumers multiply S by them before the row max (one FMUL
+    # per score), q's folded into a per-row score scale (hopper/fp8_descale.py)
+    qk_descale: str = "head"
 
     @property
     def hdim_v(self) -> int:
@@ -188,6 +201,16 @@ class FwdConfig(_KernelConfig):
     @property
     def is_fp8(self) -> bool:
         return self.dtype in FP8_DTYPES
+
+    @property
+    def token_descales(self) -> bool:
+        """FP8 with per-token q / k descales (qk_descale "token")."""
+        return self.is_fp8 and self.qk_descale == "token"
+
+    @property
+    def kd_stage_floats(self) -> int:
+        """fp32 words of one stage of the k-descale ring (token_descales; KD_ROW_PAD)."""
+        return 4 * (self.tile_n // 4 + KD_ROW_PAD)
 
     @property
     def elem_bytes(self) -> int:
@@ -224,6 +247,8 @@ class FwdConfig(_KernelConfig):
         scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
         if self.is_fp8 and not self.vt_in_gmem:  # the ring V arrives in before it is transposed
             v += self.vt_stages * self.tile_n * self.hdim_v + 8 * 2 * self.vt_stages
+        if self.token_descales:  # the k-descale ring and its mbarriers
+            k += self.num_stages * (4 * self.kd_stage_floats + 8 * 2)
         return 1024 + q + k + v + o + barriers + scheduler  # + up to 1 KiB lost to alignment
 
     @property
@@ -292,9 +317,9 @@ class FwdConfig(_KernelConfig):
                              f"for {self.dtype}")
         if self.is_fp8:
             self._check_fp8()
-        elif self.vt_in_gmem or self.pv_two_level:
-            raise ValueError("vt_in_gmem and pv_two_level are for e4m3 inputs (16-bit WGMMA reads V as "
-                             "stored and accumulates in fp32)")
+        elif self.vt_in_gmem or self.pv_two_level or self.qk_descale != "head":
+            raise ValueError("vt_in_gmem, pv_two_level and qk_descale are for e4m3 inputs (16-bit WGMMA "
+                             "reads V as stored and accumulates in fp32; 16-bit inputs take no descales)")
         if self.varlen:
             self._check_varlen()
         if self.tile_m != 64 * self.num_consumer_wg:
@@ -337,6 +362,8 @@ class FwdConfig(_KernelConfig):
 
     def _check_fp8(self) -> None:
         """What the FP8 forward (in-kernel V transpose, P in e4m3 registers) is built for."""
+        if self.qk_descale not in QK_DESCALES:
+            raise ValueError(f"qk_descale {self.qk_descale!r} not in {QK_DESCALES}")
         if self.tile_n % 32:
             raise ValueError(f"e4m3: tile_n {self.tile_n} must be a multiple of 32 (the P @ V k-block)")
         if self.vt_stages < 1:

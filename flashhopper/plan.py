@@ -111,16 +111,23 @@ _FWD_SKIP_IDLE_WG = True
 @functools.cache
 def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                softcap: bool = False, narrow: bool = False, short: int = 0,
-               qring: bool = False, dv: int = 0) -> FwdConfig:
+               qring: bool = False, dv: int = 0, qk_descale: str = "head") -> FwdConfig:
     """The dispatched forward configuration (cached: it is on every call's path). `narrow`:
     causal, and the query length would pad the usual tile (`fwd_narrow_tile`); `short`: short
     sequences, the bracket `fwd_short_causal` (causal) or `fwd_short_nomask` (no mask) returns (True:
-    the first); `qring`: short sequences without a window (`fwd_short_qring`)."""
+    the first); `qring`: short sequences without a window (`fwd_short_qring`); `qk_descale`: FP8's
+    descale form (config.QK_DESCALES: "token" for per-token / per-block q and k descales)."""
     if hdim not in _TILES:
         raise ValueError(f"hdim {hdim} not supported; supported: {SUPPORTED_HDIMS}")
     if dtype in FP8_DTYPES:
-        return _fwd_config_untimed(dtype, hdim, _FP8_TILES[hdim], causal, local, softcap,
-                                   vt_stages=_FP8_VT_STAGES.get(hdim, 2), pv_two_level=hdim in _FP8_TWO_LEVEL)
+        tiles = _FP8_TILES[hdim]
+        if qk_descale == "token" and (causal or local):
+            tiles = _FP8_TOKEN_MASKED_TILES.get(hdim, tiles)
+        return _fwd_config_untimed(dtype, hdim, tiles, causal, local, softcap,
+                                   vt_stages=_FP8_VT_STAGES.get(hdim, 2), pv_two_level=hdim in _FP8_TWO_LEVEL,
+                                   qk_descale=qk_descale)
+    if qk_descale != "head":
+        raise ValueError(f"qk_descale {qk_descale!r}: descales go with e4m3 inputs, not {dtype}")
     if dv and dv != hdim:
         return _fwd_config_untimed(dtype, hdim, _SPLIT_TILES[hdim, dv], causal, local, softcap, dv=dv)
     tile_m, tile_n = (_TILES_LOCAL if local else _TILES_CAUSAL if causal else _TILES)[hdim]
@@ -154,6 +161,10 @@ _FP8_VT_STAGES = {256: 1}
 # 1.0e-2 / 0.10 / 0.30 / 0.57 to 2.7e-3 / 2.1e-3 / 2.1e-3 / 2.0e-3 (hdim 64; hdim 128 alike). Not at
 # hdim 192 / 256: two O accumulators do not fit 224 registers, and their error grows with the keys
 _FP8_TWO_LEVEL = frozenset({64, 96, 128})
+# per-token q / k descales (FwdConfig.qk_descale "token") with a causal / local mask: 64 keys a block at
+# hdim 128 and 256, where 96 left no registers for the k descales next to the mask (ptxas spilled 8-24
+# bytes of loop state); without a mask the FP8 tiles fit
+_FP8_TOKEN_MASKED_TILES = {128: (128, 64), 256: (128, 64)}
 
 
 def _fwd_config_untimed(dtype: str, hdim: int, tiles: tuple[int, int], causal: bool, local: bool,
@@ -439,9 +450,9 @@ def mask_kind(causal: bool, window_size) -> tuple[bool, bool, int, int]:
 
 
 def fwd_plan(dtype: str, hdim: int, sq: int, sk: int, causal: bool, window_size,
-             softcap: bool, dv: int = 0) -> tuple[FwdConfig, int, int]:
+             softcap: bool, dv: int = 0, qk_descale: str = "head") -> tuple[FwdConfig, int, int]:
     """The forward's (config, window_left, window_right) for a call; `dv`: the value head dim when
-    it differs from hdim (SPLIT_HDIMS)."""
+    it differs from hdim (SPLIT_HDIMS); `qk_descale`: FP8's descale form (fwd_config)."""
     causal, local, wl, wr = mask_kind(causal, window_size)
     if dv and dv != hdim:  # no per-call brackets (not timed)
         return fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv), wl, wr
@@ -449,7 +460,7 @@ def fwd_plan(dtype: str, hdim: int, sq: int, sk: int, causal: bool, window_size,
                      narrow=fwd_narrow_tile(hdim, sq, causal and not local),
                      short=(fwd_short_causal(hdim, sq, sk, not local) if causal
                             else fwd_short_nomask(hdim, sq, sk, local)),
-                     qring=fwd_short_qring(hdim, sq, sk, local))
+                     qring=fwd_short_qring(hdim, sq, sk, local), qk_descale=qk_descale)
     return cfg, wl, wr
 
 

@@ -591,8 +591,34 @@ def test_fp8_two_level_budget():
     for hdim, tile_n in ((128, 128), (192, 128), (256, 96)):
         with pytest.raises(ValueError, match="accumulators need"):
             dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
-    with pytest.raises(ValueError, match="pv_two_level are for e4m3"):
+    with pytest.raises(ValueError, match="pv_two_level and qk_descale are for e4m3"):
         dataclasses.replace(fwd_config("bf16", 64), pv_two_level=True).check()
+
+
+@pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
+def test_fp8_token_descale_configs(hdim):
+    """FwdConfig.qk_descale "token": e4m3 only, one of QK_DESCALES; the k-descale ring (a stage per K
+    stage, 4 rows of tile_n / 4 words and their padding, two mbarriers a stage) counted in shared memory;
+    the dispatched one is the per-head config but for the descale form and, with a mask at hdim 128 and
+    256, 64 keys a block."""
+    for mask in ({}, {"causal": True}, {"local": True}):
+        for softcap in (False, True):
+            head = fwd_config("e4m3", hdim, softcap=softcap, **mask)
+            token = fwd_config("e4m3", hdim, softcap=softcap, qk_descale="token", **mask)
+            token.check()
+            assert token.token_descales and not head.token_descales
+            narrower = mask and hdim in (128, 256)
+            tile_n = 64 if narrower else head.tile_n
+            assert token == dataclasses.replace(head, qk_descale="token", tile_n=tile_n)
+            same_tile = dataclasses.replace(head, qk_descale="token")
+            ring = head.num_stages * (4 * 4 * (head.tile_n // 4 + config.KD_ROW_PAD) + 16)
+            assert same_tile.smem_bytes() == head.smem_bytes() + ring
+    with pytest.raises(ValueError, match="qk_descale 'row' not in"):
+        dataclasses.replace(fwd_config("e4m3", hdim), qk_descale="row").check()
+    with pytest.raises(ValueError, match="qk_descale are for e4m3"):
+        dataclasses.replace(fwd_config("bf16", hdim), qk_descale="token").check()
+    with pytest.raises(ValueError, match="descales go with e4m3"):
+        fwd_config("bf16", hdim, qk_descale="token")
 
 
 def test_decode_tile_configs_fit():

@@ -172,3 +172,36 @@ def test_transposer_bank_conflicts(tile_n, hdim):
     load_fronts = max(_wavefronts(a, 8) for a in loads.values())
     store_fronts = max(_wavefronts(a, 4) for a in stores.values())
     assert (load_fronts, store_fronts) == BANKS[tile_n, hdim]
+
+
+@pytest.mark.parametrize("tile_n", [64, 96, 128])
+def test_k_descale_ring_holds_each_threads_columns_in_accumulator_order(tile_n):
+    """Per-token k descales (hopper/fp8_descale.py): the word a consumer thread reads for its accumulator
+    column slot c (row lane % 4 of the ring stage, word c; the same for both of its rows) is the one the
+    producer lanes write that column's descale to, every column of the block exactly once; and the four
+    rows' 16-byte reads of one instruction fall on 16 different banks."""
+    from flashhopper.hopper import fp8_descale as KD
+
+    def collect():
+        mma_qk = _mma(tile_n, cute.nvgpu.OperandMajorMode.K)
+        ident = cute.make_identity_tensor((128, tile_n))
+        cols = []
+        for t in range(256):
+            c = L.acc_rows_cols(mma_qk.get_slice(t).partition_C(ident))
+            cols.append([[c[r, j][1] for j in range(cute.size(c, mode=[1]))] for r in range(2)])
+        return cols
+
+    row_words = KD.kd_row_words(tile_n)
+    for t, (row0, row1) in enumerate(_traced(collect)):
+        assert row0 == row1 and len(row0) == tile_n // 4
+        for slot, col in enumerate(row0):
+            assert KD.kd_position(col, tile_n) == (t % 4) * row_words + slot, (t, slot, col)
+    written = {KD.lane_word(lane, i, tile_n): lane + 32 * i
+               for lane in range(32) for i in range(tile_n // 32)}
+    assert len(written) == tile_n
+    assert all(KD.kd_position(col, tile_n) == word for word, col in written.items())
+    for chunk in range(tile_n // 4 // KD.CHUNK):
+        for quad in range(KD.CHUNK // 4):
+            start = chunk * KD.CHUNK + 4 * quad
+            banks = {(q * row_words + start + w) % 32 for q in range(4) for w in range(4)}
+            assert len(banks) == 16

@@ -361,6 +361,36 @@ def test_forward_fp8_compiles(hdim, mask):
     assert report["smem_bytes"] <= SMEM_CAPACITY
 
 
+# FP8 with per-token q / k descales (FwdConfig.qk_descale "token", hopper/fp8_descale.py): the producer
+# warp reads each key block's k descales (LDG) and stages them in smem (STS), the consumers read theirs
+# as 16-byte loads (tile_n / 16 a block, per step of the mainloop's runs) and keep the FP8 kernel's
+# structure: QGMMA only, one wait per commit group, the FP8 register split, no spills. CI compiles two
+# (hdim 128 masked: 64 keys a block; hdim 256 with softcap); every one under FH_TEST_FULL, and
+# tests/test_dispatched.py compiles them all with `make test-full` (`flashhopper precompile` builds them)
+_TOKEN_CI = {(128, "causal"), (256, "softcap")}
+
+
+@pytest.mark.parametrize(("hdim", "mask"), [
+    pytest.param(hdim, mask, marks=() if (hdim, mask) in _TOKEN_CI else pytest.mark.variant)
+    for hdim in SUPPORTED_HDIMS for mask in MASKS])
+def test_forward_fp8_token_descales_compile(hdim, mask):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+
+    cfg = fwd_config("e4m3", hdim, qk_descale="token", **MASKS[mask])
+    assert cfg.token_descales
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    sass = report["sass"]
+    assert sass["HGMMA"] == 0 and sass["QGMMA"] > 0 and sass["UTMALDG"] >= 3 and sass["UTMASTG"] >= 1
+    assert sass["LDS.128"] >= (cfg.tile_n // 16) * (2 + (mask in ("causal", "local")) + (mask == "local"))
+    assert sass["LDG"] >= 2 * (cfg.tile_n // 32)  # the producer's k descales (first block, loop)
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+    assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]), "ptxas serialized the WGMMAs"
+    assert (sass["MUFU.TANH"] > 0) == (mask == "softcap")
+    assert_smem(report, cfg)
+
+
 # varlen (packed sequences): the dense kernel's WGMMA pipeline (one wait per commit group), no TMA
 # store of O (16-byte row stores up to each sequence's end instead), no spills
 @pytest.mark.parametrize("mask", list(MASKS))

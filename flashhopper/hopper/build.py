@@ -44,12 +44,19 @@ def _fake_qkvo(cfg: FwdConfig):
 
 
 def _fake_descales(cfg: FwdConfig):
-    """FP8: the (b, hk) fp32 descales of Q, K, V, any strides (0 too: an expanded scalar); else None."""
+    """FP8: the (b, hk) fp32 descales of Q, K, V, any strides (0 too: an expanded scalar); else None.
+    Per-token (qk_descale "token"): Q's (b, h, sq) and K's (b, hk, sk), V's (b, hk)."""
     if not cfg.is_fp8:
         return None, None, None
+
+    def fake(*shape):
+        strides = tuple(cute.sym_int64() for _ in shape)
+        return cute.runtime.make_fake_tensor(cutlass.Float32, shape, strides, assumed_align=4)
+
     b, hk = cute.sym_int(), cute.sym_int()
-    return tuple(cute.runtime.make_fake_tensor(cutlass.Float32, (b, hk), (cute.sym_int64(), cute.sym_int64()),
-                                               assumed_align=4) for _ in range(3))
+    if cfg.token_descales:
+        return fake(b, cute.sym_int(), cute.sym_int()), fake(b, hk, cute.sym_int()), fake(b, hk)
+    return fake(b, hk), fake(b, hk), fake(b, hk)
 
 
 def _fake_varlen(cfg: FwdConfig):

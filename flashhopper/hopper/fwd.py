@@ -34,6 +34,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import FP8_P_SHIFT_LOG2, LAZY_MAX_LOG2, FwdConfig
 from flashhopper.hopper import fp8 as F8
+from flashhopper.hopper import fp8_descale as KD
 from flashhopper.hopper import fwd_cluster as C
 from flashhopper.hopper import layout as L
 from flashhopper.hopper import mask as M
@@ -56,6 +57,8 @@ class FlashFwdSm90:
         self.p_shift = float(FP8_P_SHIFT_LOG2) if self.fp8 else 0.0
         # FP8 with V as users store it: producer warps 1-3 transpose it (else cfg.vt_in_gmem, the ablation)
         self.transposer = self.fp8 and not cfg.vt_in_gmem
+        # FP8 with per-token q / k descales (hopper/fp8_descale.py): the producer warp stages K's in smem
+        self.token = cfg.token_descales
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.hdim, self.hdim_v = cfg.hdim, cfg.hdim_v
         self.num_stages = cfg.num_stages
@@ -88,7 +91,8 @@ class FlashFwdSm90:
         window_right: Int32,
         num_ctas: Int32,  # grid size: all tiles, or one CTA per SM when persistent
         l2_section: Int32,  # (head, batch) pairs whose tiles are interleaved (FwdTileScheduler.coords)
-        mQd: cute.Tensor | None,  # FP8: (b, hk) fp32 descales of Q, K, V (any strides); else None
+        mQd: cute.Tensor | None,  # FP8: (b, hk) fp32 descales of Q, K, V (any strides); else None. Per-token
+        # (cfg.qk_descale "token"): Q's (b, h, sq), K's (b, hk, sk), V's (b, hk)
         mKd: cute.Tensor | None,
         mVd: cute.Tensor | None,
         mCuQ: cute.Tensor | None,  # varlen: (batch + 1,) int32 cumulative query / key offsets
@@ -158,6 +162,9 @@ class FlashFwdSm90:
         }
         if cutlass.const_expr(self.transposer):
             fields["sVt"] = align[mem[self.dtype, cute.cosize(sVt_layout)], 1024]
+        if cutlass.const_expr(self.token):  # the k-descale ring (one stage per K stage) and its mbarriers
+            fields["mbar_Kd"] = mem[cutlass.Int64, 2 * self.num_stages]
+            fields["sKd"] = align[mem[Float32, self.cfg.kd_stage_floats * self.num_stages], 16]
         SharedStorage = L.smem_struct(fields)
 
         load_op = cpasync.CopyBulkTensorTileG2SOp()
@@ -345,6 +352,16 @@ class FlashFwdSm90:
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
             sTile = storage.sTile.get_tensor(cute.make_layout(SCHED_STAGES))
+        kd_ring = None
+        if cutlass.const_expr(self.token):
+            # per-token k descales (hopper/fp8_descale.py): the producer warp's 32 lanes fill a stage and
+            # arrive on its full barrier; no empty barriers are waited on (K's stage guards the stage)
+            lanes = pipeline.CooperativeGroup(pipeline.Agent.Thread, 32)
+            pipe_kd = pipeline.PipelineAsync.create(
+                num_stages=self.num_stages, producer_group=lanes, consumer_group=consumers,
+                barrier_storage=storage.mbar_Kd.data_ptr(), defer_sync=True,
+            )
+            kd_ring = (storage.sKd.get_tensor(KD.kd_layout(self.tile_n, self.num_stages)), pipe_kd)
         # with a cluster: no producer may multicast into the peer, nor arrive on its barriers,
         # before the peer's barriers are initialized (cluster-wide arrive / wait)
         pipeline.pipeline_init_arrive(cluster_shape_mn=kv_cluster, is_relaxed=True)
@@ -404,7 +421,8 @@ class FlashFwdSm90:
                         q_state, k_state, v_state = self.produce(
                             mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                             pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
-                            q_state, k_state, v_state, pipe_o=pipe_o)
+                            q_state, k_state, v_state, pipe_o=pipe_o,
+                            kd=None if kd_ring is None else (mKd, *kd_ring))
                         tile = nxt
                     # this CTA's last claim is done (it returned an index past the last tile)
                     sched.retire(lane)
@@ -431,7 +449,8 @@ class FlashFwdSm90:
                             q_state, k_state, v_state = self.produce(
                                 mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
                                 pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
-                                q_state, k_state, v_state, rank=rank, pipe_o=pipe_o)
+                                q_state, k_state, v_state, rank=rank, pipe_o=pipe_o,
+                                kd=None if kd_ring is None else (mKd, *kd_ring))
                         tile += sched.stride
                     if cutlass.const_expr(cluster):
                         # the peer's consumers arrive on our empty barriers until they release
@@ -466,7 +485,7 @@ class FlashFwdSm90:
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                         pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                         scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                        pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
+                        pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio), kd_ring=kd_ring)
                     tile = sched.read(sched_state)
                     sched_state.advance()
             else:
@@ -488,7 +507,7 @@ class FlashFwdSm90:
                             mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
                             pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
                             scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                            pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio))
+                            pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio), kd_ring=kd_ring)
                     tile += sched.stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)
@@ -565,7 +584,10 @@ class FlashFwdSm90:
     @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
-                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None, pages=None):
+                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None, pages=None, kd=None):
+        """One tile's loads: Q, and K / V block by block. `kd` (per-token FP8 descales): (mKd, sKd,
+        pipe_kd), each K block's k descales staged in sKd's stage of the same index
+        (hopper/fp8_descale.py)."""
         mQ_t = mQ[None, None, head, batch]
         mK_t, mV_t = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
         if cutlass.const_expr(offsets is not None):  # varlen: this sequence's rows of the packed tensors
@@ -605,6 +627,13 @@ class FlashFwdSm90:
         # (states advance here, not inside load_stage: the tracer only threads loop-carried
         # values rebound in the loop body itself)
         tile_count = q_state.count  # tiles this CTA has produced before this one
+        if cutlass.const_expr(kd is not None):
+            # per-token k descales: read before each K load (under its stage wait), staged after it and
+            # after the next load (Q's, or V's below), so that no TMA issue waits for them
+            mKd_t, seqlen_k = kd[0][batch, head_kv, None], mK.shape[0]
+            fetch_kd = partial(KD.fetch_k_descales, mKd_t, seqlen_k=seqlen_k, tile_n=self.tile_n)
+            stage_kd = partial(self.stage_k_descales, sKd=kd[1], pipe_kd=kd[2])
+            kd_vals, kd_stage = fetch_kd(n_max - 1), k_state.index
         if n_max > n_min:
             load_k(n_max - 1, k_state)
             k_state.advance()
@@ -615,6 +644,9 @@ class FlashFwdSm90:
         else:
             cute.copy(tma_atom_Q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         q_state.advance()
+        if cutlass.const_expr(kd is not None):
+            if n_max > n_min:
+                stage_kd(kd_vals, kd_stage)
         if cutlass.const_expr(self.cfg.o_in_v_ring):
             # the same order; the tile's first V load (first two with o_v_stages) waits until the last
             # tile's O is out of the stage it goes to, and a tile with fewer V loads than that still
@@ -634,13 +666,24 @@ class FlashFwdSm90:
         else:
             if n_max > n_min:
                 for i in cutlass.range(n_max - n_min - 1, unroll=1):
+                    if cutlass.const_expr(kd is not None):  # (names of the body's own: not loop-carried)
+                        block_kd, block_stage = fetch_kd(n_max - 2 - i), k_state.index
                     load_k(n_max - 2 - i, k_state)
                     k_state.advance()
                     load_v(n_max - 1 - i, v_state)
                     v_state.advance()
+                    if cutlass.const_expr(kd is not None):
+                        stage_kd(block_kd, block_stage)
                 load_v(n_min, v_state)
                 v_state.advance()
         return q_state, k_state, v_state
+
+    @cute.jit
+    def stage_k_descales(self, vals, stage, sKd, pipe_kd):
+        """Producer warp: a K block's k descales (KD.fetch_k_descales' values) into the ring's stage
+        `stage` (K's stage: free, its K load issued), then every lane arrives on its full barrier."""
+        KD.stage_k_descales(vals, sKd, stage, self.tile_n)
+        pipe_kd.producer_commit(pipeline.PipelineState(self.num_stages, Int32(0), stage, Int32(0)))
 
     # O staged in sV (FwdConfig.o_in_v): one hand-off per tile, every tile (also those with no key
     # block, which still stage their zeros in sV), so tile t's state follows from t's parity.
@@ -742,7 +785,7 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
                 seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
-                q_state, k_state, v_state, pipe_o=None, descales=None, varlen_out=None):
+                q_state, k_state, v_state, pipe_o=None, descales=None, varlen_out=None, kd_ring=None):
         wg = cute.arch.make_warp_uniform(tidx // 128)
         v_descale = None
         if cutlass.const_expr(self.fp8):
@@ -750,12 +793,13 @@ class FlashFwdSm90:
             # (before tanh with softcap); V's descale multiplies 1 / l at the end
             mQd, mKd, mVd, head_ratio = descales
             head_kv = head // head_ratio
-            qk_descale = mQd[batch, head_kv] * mKd[batch, head_kv]
-            v_descale = mVd[batch, head_kv]
-            if cutlass.const_expr(self.has_softcap):
-                softcap_pre = softcap_pre * qk_descale
-            else:
-                scale_log2 = scale_log2 * qk_descale
+            if cutlass.const_expr(not self.token):  # per-token q / k descales: below (hopper/fp8_descale.py)
+                qk_descale = mQd[batch, head_kv] * mKd[batch, head_kv]
+                v_descale = mVd[batch, head_kv]
+                if cutlass.const_expr(self.has_softcap):
+                    softcap_pre = softcap_pre * qk_descale
+                else:
+                    scale_log2 = scale_log2 * qk_descale
         thr_mma_qk = tiled_mma_qk.get_slice(tidx)
         wg_mma_qk = tiled_mma_qk.get_slice(wg * 128)
         wg_mma_pv = tiled_mma_pv.get_slice(wg * 128)
@@ -781,6 +825,19 @@ class FlashFwdSm90:
         coord0_rc = L.acc_rows_cols(tiled_mma_qk.get_slice(0).partition_C(cS))
 
         num_rows = cute.size(acc_S_rc, mode=[0])
+        row_pre, load_kd = None, None
+        if cutlass.const_expr(self.token):
+            # q's descales folded into a per-row scale (softcap: tanh's argument; else the softmax's).
+            # The rows from an opaque tidx: else the row index is kept from here to the LSE store (one
+            # register through the mainloop: hdim 128 spilled)
+            coord_q = L.acc_rows_cols(tiled_mma_qk.get_slice(_opaque(tidx)).partition_C(cS))
+            qd = KD.load_q_descales(mQd[batch, head, None], coord_q, m_block, seqlen_q, self.tile_m)
+            rows = KD.scaled_rows(qd, softcap_pre if self.has_softcap else scale_log2)
+            if cutlass.const_expr(self.has_softcap):
+                row_pre = rows
+            else:
+                scale_log2 = rows
+            load_kd = partial(self.k_descales, acc_S_rc=acc_S_rc, kd_ring=kd_ring)
         softmax = S.OnlineSoftmax(num_rows, scale_log2, shift=self.p_shift)
         softmax.reset()
         acc_O.fill(0.0)
@@ -790,7 +847,8 @@ class FlashFwdSm90:
         to_probs = partial(
             self.scores_to_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, coord_rc=coord_rc, coord0_rc=coord0_rc,
             softmax=softmax, m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-            window_left=window_left, window_right=window_right, softcap_pre=softcap_pre,
+            window_left=window_left, window_right=window_right, softcap_pre=softcap_pre, row_pre=row_pre,
+            load_kd=load_kd,
         )
         lazy = None
         if cutlass.const_expr(self.cfg.lazy_max_active):
@@ -833,12 +891,19 @@ class FlashFwdSm90:
         else:
             k_state, v_state = loop(k_state=k_state, v_state=v_state, idle=False)
 
+        if cutlass.const_expr(self.token):
+            # read after the mainloop: held through it (or read before the last P @ V) it was one register
+            # too many (hdim 256 spilled)
+            v_descale = mVd[batch, head_kv]
         lse = cute.make_rmem_tensor(num_rows, Float32)
         sO_wg, signal_o, wait_v_free = sO, None, None
         if cutlass.const_expr(self.cfg.o_in_v_ring):
             sO_wg, signal_o, wait_v_free = self.o_in_v_staging(sO, pipe_v, pipe_o, q_state, v_state, wg,
                                                                n_min, n_max)
-        epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, softmax, coord_rc, mO, mLSE, sO_wg,
+        coord_lse = coord_rc
+        if cutlass.const_expr(self.token):  # the rows computed here, per tile (as coord_q, above)
+            coord_lse = L.acc_rows_cols(tiled_mma_qk.get_slice(_opaque(tidx)).partition_C(cS))
+        epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, softmax, coord_lse, mO, mLSE, sO_wg,
                            tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=signal_o,
                            before_smem=wait_v_free, v_descale=v_descale, varlen_out=varlen_out)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
@@ -924,11 +989,19 @@ class FlashFwdSm90:
                 if cutlass.const_expr(not idle):
                     issue_qk(k_state.index)
                     warpgroup.wait_group(0)
-                pipe_k.consumer_release(k_state)
-                k_state.advance()
-                if cutlass.const_expr(not idle):
-                    to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
-                    acc_to_operand_a(acc_S, tOrP)
+                if cutlass.const_expr(self.token):  # K's stage released once its k descales are read
+                    if cutlass.const_expr(not idle):
+                        to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True,
+                                 k_state=k_state)
+                        acc_to_operand_a(acc_S, tOrP)
+                    pipe_k.consumer_release(k_state)
+                    k_state.advance()
+                else:
+                    pipe_k.consumer_release(k_state)
+                    k_state.advance()
+                    if cutlass.const_expr(not idle):
+                        to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
+                        acc_to_operand_a(acc_S, tOrP)
                 if cutlass.const_expr(sV is not None):  # varlen (idle warpgroups too: they meet)
                     self.zero_v_past_keys(pipe_v, v_state, sV, seqlen_k - (n_max - 1) * self.tile_n, tidx)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
@@ -1051,6 +1124,24 @@ class FlashFwdSm90:
             self.pingpong_arrive(wg)
             pipe_v.consumer_release(v_state)
 
+    def scale_by_k_descales(self, load_kd, k_state):
+        """Per-token FP8 descales (`load_kd` given): S times the k descales of K stage k_state's block,
+        read before that stage is released (the warp meets after the reads, so that lane 0's release
+        orders every lane's). Plain Python, called while tracing."""
+        if load_kd is not None:
+            load_kd(k_state)
+            cute.arch.sync_warp()
+
+    @cute.jit
+    def k_descales(self, k_state, acc_S_rc, kd_ring):
+        """S times its columns' k descales from K stage k_state's ring stage, once the producer has
+        staged them: KD.CHUNK columns at a time, each after a wait on the stage's full barrier."""
+        sKd, pipe_kd = kd_ring
+        for chunk in cutlass.range_constexpr(self.tile_n // 4 // KD.CHUNK):
+            pipe_kd.consumer_wait(k_state)
+            kd = KD.load_k_descales(sKd, k_state.index, chunk)
+            KD.apply_k_descales(acc_S_rc, kd, chunk)
+
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
         """One block's WGMMAs with B from its ring stage `stage`, as one commit group (mma.issue_gemm)."""
@@ -1065,8 +1156,16 @@ class FlashFwdSm90:
     @cute.jit
     def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
                         mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, coord0_rc,
-                        softmax, m_block, seqlen_q, seqlen_k, window_left, window_right, softcap_pre):
-        if cutlass.const_expr(self.has_softcap):
+                        softmax, m_block, seqlen_q, seqlen_k, window_left, window_right, softcap_pre,
+                        row_pre=None, load_kd=None, k_state=None):
+        """One block's scores into probabilities: softcap, mask, online softmax step. Per-token FP8
+        descales (`load_kd`): S times its k descales from K stage `k_state`'s ring stage first (then
+        tanh's argument takes `row_pre`: softcap_pre times each row's q descale)."""
+        if cutlass.const_expr(load_kd is not None):
+            self.scale_by_k_descales(load_kd, k_state)
+            if cutlass.const_expr(self.has_softcap):
+                KD.softcap_rows(acc_S_rc, row_pre)
+        elif cutlass.const_expr(self.has_softcap):
             for j in cutlass.range(cute.size(acc_S), unroll_full=True):
                 acc_S[j] = cute.math.tanh(acc_S[j] * softcap_pre, fastmath=True)
         if cutlass.const_expr(mask):
@@ -1099,13 +1198,19 @@ class FlashFwdSm90:
             issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(1)
-        if cutlass.const_expr(not self.cfg.late_k_release):
+        # (per-token FP8 descales: K's stage is released after its k descales are read, in to_probs)
+        early_k_release = not self.cfg.late_k_release and not self.token
+        if cutlass.const_expr(early_k_release):
             pipe_k.consumer_release(k_state)
         # FwdConfig.lazy_max: mask-free steps only (a masked step may leave a row without a max)
         lazy_step = p_next is not None
         need_exact = None
         if cutlass.const_expr(lazy_step):
             need_exact = lazy[0](p_next=p_next)
+        elif cutlass.const_expr(self.token):
+            to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen, k_state=k_state)
+            if cutlass.const_expr(not self.cfg.late_k_release):
+                pipe_k.consumer_release(k_state)
         else:
             to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         # K(n) is released here, after the softmax and through a condition on the new row sums
@@ -1183,8 +1288,12 @@ class FlashFwdSm90:
         issue_qk(k_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(0)
-        pipe_k.consumer_release(k_state)
-        to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
+        if cutlass.const_expr(self.token):  # K's stage released once its k descales are read
+            to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen, k_state=k_state)
+            pipe_k.consumer_release(k_state)
+        else:
+            pipe_k.consumer_release(k_state)
+            to_probs(n_block=n_block, is_first=False, mask=mask, mask_seqlen=mask_seqlen)
         softmax.rescale(acc_O_rc)
         acc_to_operand_a(acc_S, tOrP)
         pipe_v.consumer_wait(v_state)

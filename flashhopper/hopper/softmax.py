@@ -2,7 +2,8 @@
 
 Scores live in "raw" units (the S accumulator, or tanh of it under softcap); `scale_log2`
 folds the softmax scale (or the softcap) and log2(e) into one multiply so that each element
-costs one FFMA and one MUFU.EX2. A thread owns two rows of its warpgroup's 64; a row's
+costs one FFMA and one MUFU.EX2. It is one value, or one per row (FP8 with per-token descales:
+each row's q descale folded in, hopper/fp8_descale.py). A thread owns two rows of its warpgroup's 64; a row's
 columns are spread over the 4 lanes of a quad, so row reductions end with two butterfly
 shuffles.
 """
@@ -30,6 +31,11 @@ def quad_allreduce_sum(x: Float32) -> Float32:
     return x + cute.arch.shuffle_sync_bfly(x, offset=1)
 
 
+def scale_of_row(scale_log2, r: int):
+    """Row r's scale_log2: the one value, or row r's of a per-row tensor. Plain Python (tracing)."""
+    return scale_log2[r] if isinstance(scale_log2, cute.Tensor) else scale_log2
+
+
 def row_block_max(acc_S_rc: cute.Tensor, r: int, num_cols: int) -> Float32:
     """Max of row r's columns, one serial fmax chain. Plain Python, unrolled while tracing (called
     from the jitted softmax step)."""
@@ -45,7 +51,7 @@ def online_softmax_step(
     row_max: cute.Tensor,
     row_sum: cute.Tensor,
     row_scale: cute.Tensor,
-    scale_log2: Float32,
+    scale_log2: Float32 | cute.Tensor,
     is_first: cutlass.Constexpr[bool],
     shift: cutlass.Constexpr[float] = 0.0,
 ):
@@ -60,24 +66,25 @@ def online_softmax_step(
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
     for r in cutlass.range_constexpr(num_rows):
+        scale = scale_of_row(scale_log2, r)
         block_max = row_block_max(acc_S_rc, r, num_cols)
         block_max = quad_allreduce_max(block_max)
         new_max = block_max
         if cutlass.const_expr(not is_first):
             new_max = cute.arch.fmax(row_max[r], block_max)
-        offset = new_max * scale_log2
+        offset = new_max * scale
         if new_max == -Float32.inf:
             offset = Float32(0.0)
         if cutlass.const_expr(is_first):
             row_scale[r] = Float32(1.0)
         else:
-            row_scale[r] = cute.math.exp2(row_max[r] * scale_log2 - offset, fastmath=True)
+            row_scale[r] = cute.math.exp2(row_max[r] * scale - offset, fastmath=True)
         if cutlass.const_expr(shift != 0.0):
             offset = offset - Float32(shift)
         row_max[r] = new_max
         block_sum = Float32(0.0)
         for c in cutlass.range_constexpr(num_cols):
-            p = cute.math.exp2(acc_S_rc[r, c] * scale_log2 - offset, fastmath=True)
+            p = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
             acc_S_rc[r, c] = p
             block_sum += p
         if cutlass.const_expr(is_first):
@@ -117,11 +124,12 @@ def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
 
 @cute.jit
 def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
-             lse: cute.Tensor, scale_log2: Float32, shift: cutlass.Constexpr[float] = 0.0,
+             lse: cute.Tensor, scale_log2: Float32 | cute.Tensor, shift: cutlass.Constexpr[float] = 0.0,
              out_scale: Float32 | None = None):
     """1/l (times `out_scale` if given: FP8's V descale) into row_scale and the natural-log LSE;
     rows that saw no key get 0 and -inf. `shift`: online_softmax_step's."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
+        scale = scale_of_row(scale_log2, r)
         total = quad_allreduce_sum(row_sum[r])
         empty = total == Float32(0.0) or total != total
         if cutlass.const_expr(out_scale is None):
@@ -132,13 +140,13 @@ def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
             lse[r] = (
                 -Float32.inf
                 if empty
-                else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+                else (row_max[r] * scale + cute.math.log2(total, fastmath=True)) * Float32(LN2)
             )
         else:
             lse[r] = (
                 -Float32.inf
                 if empty
-                else (row_max[r] * scale_log2 + cute.math.log2(total, fastmath=True) - Float32(shift))
+                else (row_max[r] * scale + cute.math.log2(total, fastmath=True) - Float32(shift))
                 * Float32(LN2)
             )
 
@@ -147,10 +155,11 @@ class OnlineSoftmax:
     """The online softmax of the rows one thread owns: running max and sum, and `row_scale`, the
     factor by which the output accumulated so far must be multiplied after the last step (1 / l
     after `finalize`). Plain Python over the jitted steps above: built and called while tracing,
-    its tensors live in registers. `scale_log2` folds the softmax scale (or softcap) and log2(e);
+    its tensors live in registers. `scale_log2` folds the softmax scale (or softcap) and log2(e), one
+    value or one per row (a tensor: FP8's per-token q descales, not with lazy_block);
     `shift`: FP8's (online_softmax_step)."""
 
-    def __init__(self, num_rows: int, scale_log2: Float32, shift: float = 0.0, _tensors=None):
+    def __init__(self, num_rows: int, scale_log2: Float32 | cute.Tensor, shift: float = 0.0, _tensors=None):
         if _tensors is None:
             _tensors = tuple(cute.make_rmem_tensor(num_rows, Float32) for _ in range(3))
         self.row_max, self.row_sum, self.row_scale = _tensors
