@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from flashhopper.reference import attention_grads_flash_rounding, expand_kv, visible_mask
+from flashhopper.reference import attention_grads_flash_rounding, expand_kv, token_descales, visible_mask
 
 BLOCK = 128
 FP8_TIGHT = 0.25
@@ -110,19 +110,20 @@ def _fp8_gemm(a, b, tensor_cores: bool):
 def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shift_log2: int = 8,
                         tile_n: int | None = None, tensor_cores: bool = False):
     """(out bf16, LSE) of the FP8 forward's rounding points: fp32 scores of the stored e4m3 values
-    times q and k descales, P * 2^p_shift_log2 rounded to e4m3 for P @ V (V as stored), the sums of
-    the unrounded P, V's descale and the division at the end. P is taken against the row's final
-    max, or with `tile_n` as the kernel does: key blocks of tile_n from the highest down, each
-    against the running max, O and the sums rescaled as the max grows. `tensor_cores`: QK^T and
-    each block's P @ V accumulated as FP8 WGMMA does (_fp8_gemm; on a Hopper GPU only)."""
+    times q and k descales (per (batch, kv head) or per token: reference.token_descales), P *
+    2^p_shift_log2 rounded to e4m3 for P @ V (V as stored), the sums of the unrounded P, V's descale and
+    the division at the end. P is taken against the row's final max, or with `tile_n` as the kernel
+    does: key blocks of tile_n from the highest down, each against the running max, O and the sums
+    rescaled as the max grows. `tensor_cores`: QK^T and each block's P @ V accumulated as FP8 WGMMA
+    does (_fp8_gemm; on a Hopper GPU only)."""
     heads_q, heads_k = q.shape[2], k.shape[2]
     group = heads_q // heads_k
-    ones = torch.ones(q.shape[0], heads_k, device=q.device)
-    qd, kd, vd = (d.float() if d is not None else ones for d in descales)
-    qk = (qd * kd).repeat_interleave(group, dim=1)  # (b, hq)
+    qd, kd, vd = token_descales(q, k, descales, torch.float32)
+    # q's descale per (row, query head) times k's per (key, its kv head): (b, hq, sq, sk)
+    qk = qd.transpose(1, 2)[..., :, None] * expand_kv(kd, heads_q).transpose(1, 2)[..., None, :]
     k8, vt8 = expand_kv(k, heads_q).transpose(1, 2), expand_kv(v, heads_q).permute(0, 2, 3, 1)
     raw = _fp8_gemm(q.transpose(1, 2), k8, tensor_cores)  # (b, hq, sq, sk)
-    s = _scores(q, None, scale * qk[:, :, None, None], causal, window, softcap, raw=raw)
+    s = _scores(q, None, scale * qk, causal, window, softcap, raw=raw)
     lse = torch.logsumexp(s, dim=-1)
     sk = k.shape[1]
     width = tile_n or sk
@@ -253,11 +254,13 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
     fp8 = q.dtype == torch.float8_e4m3fn
     if fp8:
         from flashhopper import plan
+        from flashhopper.validation import qk_descale_kind
 
         ref, ref_lse = attention_ref(*dequantize_fp8(q, k, v, descales), scale, causal, window, softcap)
         emu, emu_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap)
         assert out.dtype == torch.bfloat16, out.dtype
-        cfg = plan.fwd_plan("e4m3", q.shape[-1], q.shape[1], k.shape[1], causal, window, softcap > 0)[0]
+        cfg = plan.fwd_plan("e4m3", q.shape[-1], q.shape[1], k.shape[1], causal, window, softcap > 0,
+                            qk_descale=qk_descale_kind(descales))[0]
         exact, exact_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap,
                                                tile_n=cfg.tile_n, tensor_cores=True)
         check_fp8_order(out, exact, emu, ref)

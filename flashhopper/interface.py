@@ -42,7 +42,8 @@ def flash_attn_func(
     q: (b, sq, hq, d); k, v: (b, sk, hk, d) with hq a multiple of hk (GQA/MQA). fp16 or bf16, or
     float8_e4m3fn (forward only, bf16 output; FA3's convention): then q_descale, k_descale,
     v_descale are None (1) or float32 (batch, heads_k) tensors (an expanded scalar is fine) by which
-    the stored values are multiplied.
+    the stored values are multiplied; q_descale and k_descale may also come per token, (b, hq, sq) and
+    (b, hk, sk) (per-block quantization: flashhopper.fp8.quantize(x, "block")), any strides.
     softmax_scale defaults to 1/sqrt(d). causal aligns the diagonal bottom-right when sq != sk.
     window_size=(left, right) limits each query to keys in [i + sk - sq - left, i + sk - sq + right];
     -1 leaves a side unbounded. softcap > 0 maps scores to softcap * tanh(scores / softcap).

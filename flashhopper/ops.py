@@ -76,7 +76,9 @@ def fwd_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.
             k_descale: torch.Tensor | None, v_descale: torch.Tensor | None, softmax_scale: float,
             causal: bool, window_left: int, window_right: int, softcap: float
             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out bf16, lse) of attention over float8_e4m3fn q, k, v (forward only: no autograd formula)."""
+    """(out bf16, lse) of attention over float8_e4m3fn q, k, v (forward only: no autograd formula); the
+    descales as flash_attn_func takes them (per (batch, kv head), or q's and k's per token), checked
+    there (validation.check_descales, which shapes alone decide under torch.compile too)."""
     validation.require_hopper(q)
     validation.check_fp8_call(q, k, v)
     check_layouts(("q", q), ("k", k), ("v", v))

@@ -55,20 +55,35 @@ def expand_kv(x: torch.Tensor, heads_q: int) -> torch.Tensor:
     return x if heads_q == heads_k else x.repeat_interleave(heads_q // heads_k, dim=2)
 
 
+def token_descales(q, k, descales=(None, None, None), dtype=torch.float64):
+    """FP8 descales in every accepted form (validation.check_descales) as one per token: (q's (b, sq, hq),
+    k's (b, sk, hk), v's (b, hk)) in `dtype`. A (batch, heads_k) descale holds for all its rows (q's for
+    the query heads of each kv head: query head h takes kv head h // (heads_q / heads_k)); a per-token
+    one (batch, heads, seqlen) is transposed; None is 1."""
+    b = q.shape[0]
+
+    def rows(d, x):
+        s, h = x.shape[1], x.shape[2]
+        if d is None:
+            return torch.ones(b, s, h, dtype=dtype, device=x.device)
+        d = d.to(dtype)
+        if d.dim() == 3:
+            return d.transpose(1, 2)
+        if d.shape[1] != h:
+            d = d.repeat_interleave(h // d.shape[1], dim=1)
+        return d[:, None, :].expand(b, s, h)
+
+    vd = descales[2]
+    vd = torch.ones(b, k.shape[2], dtype=dtype, device=k.device) if vd is None else vd.to(dtype)
+    return rows(descales[0], q), rows(descales[1], k), vd
+
+
 def dequantize_fp8(q, k, v, descales=(None, None, None)):
-    """FP8 inputs as the values they stand for, in float64: x * descale, a descale per (batch,
-    kv head) of shape (batch, heads_k) (None: 1); query head h takes kv head h // (heads_q / heads_k)."""
-    heads_q = q.shape[2]
-    out = []
-    for x, d in zip((q, k, v), descales, strict=True):
-        x64 = x.to(torch.float64)
-        if d is not None:
-            scale = d.to(torch.float64)
-            if x.shape[2] != scale.shape[1]:  # q: its heads' kv heads
-                scale = scale.repeat_interleave(heads_q // scale.shape[1], dim=1)
-            x64 = x64 * scale[:, None, :, None]
-        out.append(x64)
-    return tuple(out)
+    """FP8 inputs as the values they stand for, in float64: x * descale (token_descales: per (batch, kv
+    head), or q's and k's per token; None: 1)."""
+    qd, kd, vd = token_descales(q, k, descales)
+    return (q.to(torch.float64) * qd[..., None], k.to(torch.float64) * kd[..., None],
+            v.to(torch.float64) * vd[:, None, :, None])
 
 
 def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q=None, seqused_k=None,

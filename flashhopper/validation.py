@@ -105,15 +105,20 @@ def _check_shapes(q, k, v) -> None:
 
 
 def check_descales(q, k, descales) -> tuple:
-    """FP8's q / k / v descales: each None (1) or a float32 tensor of shape (batch, heads_k) on q's
-    device, any strides (an expanded scalar too); only with float8_e4m3fn inputs."""
+    """FP8's q / k / v descales: each None (1) or a float32 tensor on q's device, any strides (an
+    expanded scalar too), of shape (batch, heads_k), or for q and k one per token: q_descale (batch,
+    heads_q, seqlen_q), k_descale (batch, heads_k, seqlen_k) (per-block scales repeated over each
+    block's rows: flashhopper.fp8.quantize "block"); only with float8_e4m3fn inputs."""
     names = ("q_descale", "k_descale", "v_descale")
     if q.dtype not in FP8_DTYPES:
         for name, d in zip(names, descales, strict=True):
             if d is not None:
                 raise ValueError(f"{name} is given but q is {q.dtype}; descales go with float8_e4m3fn inputs")
         return descales
-    want = (int(q.shape[0]), int(k.shape[2]))
+    b, hk = int(q.shape[0]), int(k.shape[2])
+    per_head = (b, hk)
+    per_token = {"q_descale": ("(batch, heads_q, seqlen_q)", (b, int(q.shape[2]), int(q.shape[1]))),
+                 "k_descale": ("(batch, heads_k, seqlen_k)", (b, hk, int(k.shape[1])))}
     for name, d in zip(names, descales, strict=True):
         if d is None:
             continue
@@ -121,12 +126,22 @@ def check_descales(q, k, descales) -> tuple:
             raise TypeError(f"{name} must be None or a torch.Tensor, got {type(d).__name__}")
         if d.dtype != torch.float32:
             raise TypeError(f"{name} has dtype {d.dtype}; accepted: torch.float32")
-        if tuple(d.shape) != want:
-            raise ValueError(f"{name} has shape {tuple(d.shape)}; accepted: (batch, heads_k) = {want} "
-                             "(expand a scalar: d.expand(batch, heads_k))")
+        token = per_token.get(name)
+        if tuple(d.shape) != per_head and (token is None or tuple(d.shape) != token[1]):
+            accepted = f"(batch, heads_k) = {per_head}"
+            if token is not None:
+                accepted += f" or per token {token[0]} = {token[1]}"
+            raise ValueError(f"{name} has shape {tuple(d.shape)}; accepted: {accepted} (expand a scalar: "
+                             "d.expand(batch, heads_k))")
         if d.device != q.device:
             raise ValueError(f"{name} is on {d.device} but q is on {q.device}")
     return descales
+
+
+def qk_descale_kind(descales) -> str:
+    """Which FP8 kernel checked descales need (config.QK_DESCALES): "token" when q's or k's is given per
+    token (rank 3), else "head"."""
+    return "token" if any(d is not None and d.dim() == 3 for d in descales[:2]) else "head"
 
 
 def needs_grad(q, k, v) -> bool:

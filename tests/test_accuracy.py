@@ -168,3 +168,49 @@ def test_the_flush_to_zero_floor_is_negligible_but_for_subnormal_outputs():
 
     assert ftz_floor(2049, 16.0) < 1e-33  # dV of 2049 queries, |dO| 16
     assert ftz_floor(2049, 16.0) > 1.07e-39  # the H200's bf16 dV off by 1.1e-39 (P ~ 1e-39 flushed)
+
+
+def fp8_token_descales(q, k, seed=1):
+    """Per-token q / k descales (batch, heads, seqlen) with a 16x spread, V's per (batch, kv head)."""
+    g = torch.Generator().manual_seed(seed)
+    qd = 0.25 * 2.0 ** (4 * torch.rand(q.shape[0], q.shape[2], q.shape[1], generator=g))
+    kd = 0.25 * 2.0 ** (4 * torch.rand(k.shape[0], k.shape[2], k.shape[1], generator=g))
+    return qd, kd, 0.5 + torch.rand(k.shape[0], k.shape[2], generator=g)
+
+
+def test_fp8_per_token_descales_of_a_per_head_one_emulate_the_same():
+    """A (batch, kv head) descale given per token (expanded over the rows, q's over its query heads) is the
+    same input: the emulator's out and LSE are bitwise those of the per-head form."""
+    from flashhopper.accuracy import emulate_forward_fp8
+
+    q, k, v, (qd, kd, vd) = fp8_inputs()
+    tok = (qd.repeat_interleave(2, dim=1)[:, :, None].expand(2, 4, 300), kd[:, :, None].expand(2, 2, 517), vd)
+    for kw in ({}, {"tile_n": 128}):
+        a = emulate_forward_fp8(q, k, v, (qd, kd, vd), SCALE, True, (-1, -1), 0.0, **kw)
+        b = emulate_forward_fp8(q, k, v, tok, SCALE, True, (-1, -1), 0.0, **kw)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("softcap", [0.0, 5.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_per_token_rule_passes_the_emulator_and_fails_wrong_descales(causal, softcap):
+    """Per-token descales: the emulator's LSE is the float64 one of the dequantized inputs (to fp32
+    rounding), the kernel-order emulator passes the rule; a key block's k descales taken from the next
+    block, q's rows reversed within each head, or a 2% error each fail it."""
+    from flashhopper.accuracy import check_forward, emulate_forward_fp8
+    from flashhopper.reference import attention_ref, dequantize_fp8
+
+    q, k, v, _ = fp8_inputs()
+    ds = fp8_token_descales(q, k)
+    _, ref_lse = attention_ref(*dequantize_fp8(q, k, v, ds), SCALE, causal, (-1, -1), softcap)
+    out, lse = emulate_forward_fp8(q, k, v, ds, SCALE, causal, (-1, -1), softcap, tile_n=128)
+    seen = torch.isfinite(ref_lse)
+    assert torch.allclose(lse[seen].double(), ref_lse[seen].double(), rtol=1e-5, atol=1e-5)
+    check_forward(out, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)
+    shifted = ds[1].clone()
+    shifted[:, :, 128:256] = ds[1][:, :, 256:384]
+    wrong_k = emulate_forward_fp8(q, k, v, (ds[0], shifted, ds[2]), SCALE, causal, (-1, -1), softcap)[0]
+    wrong_q = emulate_forward_fp8(q, k, v, (ds[0].flip(2), ds[1], ds[2]), SCALE, causal, (-1, -1), softcap)[0]
+    for bad in (wrong_k, wrong_q, (out.float() * 1.02).bfloat16()):
+        with pytest.raises(AssertionError, match="out rows"):
+            check_forward(bad, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)

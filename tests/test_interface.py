@@ -197,7 +197,18 @@ def fp8_qkv(**kw):
 
 FP8_CASES = [
     ("descale shape", dict(q_descale=torch.ones(1, 4)), ValueError,
-     r"q_descale has shape \(1, 4\); accepted: \(batch, heads_k\) = \(1, 2\)"),
+     r"q_descale has shape \(1, 4\); accepted: \(batch, heads_k\) = \(1, 2\) or per token \(batch, "
+     r"heads_q, seqlen_q\) = \(1, 2, 8\)"),
+    ("per-token q descale, wrong length", dict(q_descale=torch.ones(1, 2, 9)), ValueError,
+     r"q_descale has shape \(1, 2, 9\); accepted: .* or per token \(batch, heads_q, seqlen_q\) = "
+     r"\(1, 2, 8\)"),
+    ("per-token k descale, wrong heads", dict(k_descale=torch.ones(1, 3, 8)), ValueError,
+     r"k_descale has shape \(1, 3, 8\); accepted: \(batch, heads_k\) = \(1, 2\) or per token "
+     r"\(batch, heads_k, seqlen_k\) = \(1, 2, 8\)"),
+    ("v descale per token", dict(v_descale=torch.ones(1, 2, 8)), ValueError,
+     r"v_descale has shape \(1, 2, 8\); accepted: \(batch, heads_k\) = \(1, 2\) \(expand"),
+    ("per-token descale dtype", dict(k_descale=torch.ones(1, 2, 8, dtype=torch.bfloat16)), TypeError,
+     r"k_descale has dtype torch\.bfloat16; accepted: torch\.float32"),
     ("descale dtype", dict(k_descale=torch.ones(1, 2, dtype=torch.float16)), TypeError,
      r"k_descale has dtype torch\.float16; accepted: torch\.float32"),
     ("descale type", dict(v_descale=1.0), TypeError, r"v_descale must be None or a torch\.Tensor, got float"),
@@ -232,6 +243,37 @@ def test_fp8_reference_dequantizes_per_kv_head():
     a = flash_attn_func(q, k, v, q_descale=scalar, backend="reference")
     b = flash_attn_func(q, k, v, q_descale=torch.full((2, 2), 0.75), backend="reference")
     assert torch.equal(a, b)
+
+
+def test_fp8_reference_dequantizes_per_token():
+    """Per-token q / k descales (any strides, stride 0 too, mixed with a per-head v descale or none):
+    backend="reference" is attention of x * each row's descale; a per-token descale that repeats a
+    per-head one gives that per-head call's result."""
+    q, k, v = fp8_qkv(batch=2, seqlen=33, heads=4, hdim=64, seqlen_k=41, heads_k=2)
+    qd = 0.5 + torch.rand(2, 4, 33)
+    kd = (0.5 + torch.rand(2, 41, 2)).transpose(1, 2)  # (b, hk, sk), not contiguous
+    vd = 0.5 + torch.rand(2, 2)
+    out, lse = flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                               return_lse=True, backend="reference")
+    deq = (q.double() * qd.double().transpose(1, 2)[..., None],
+           k.double() * kd.double().transpose(1, 2)[..., None], v.double() * vd.double()[:, None, :, None])
+    want, want_lse = attention_ref(*deq, causal=True)
+    assert torch.equal(out, want.to(BF16)) and torch.equal(lse, want_lse)
+    head = 0.5 + torch.rand(2, 2)
+    a = flash_attn_func(q, k, v, k_descale=head, backend="reference")
+    b = flash_attn_func(q, k, v, k_descale=head[:, :, None].expand(2, 2, 41), backend="reference")
+    c = flash_attn_func(q, k, v, q_descale=head, backend="reference")
+    d = flash_attn_func(q, k, v, q_descale=head.repeat_interleave(2, dim=1)[:, :, None].expand(2, 4, 33),
+                        backend="reference")
+    assert torch.equal(a, b) and torch.equal(c, d)
+
+
+def test_qk_descale_kind():
+    from flashhopper.validation import qk_descale_kind
+
+    two, three = torch.ones(1, 2), torch.ones(1, 2, 8)
+    assert qk_descale_kind((None, None, None)) == qk_descale_kind((two, two, two)) == "head"
+    assert qk_descale_kind((three, None, None)) == qk_descale_kind((two, three, two)) == "token"
 
 
 def test_fp8_kernel_path_is_refused_until_verified(monkeypatch):

@@ -214,3 +214,34 @@ def test_a_static_schedule_takes_no_zeroed_counter_under_graph_capture(monkeypat
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert runtime._counter_for(static, cuda) is zeroed  # eager: the cached one, no allocation
     assert runtime._counter_for(static, torch.device("cpu")) is zeroed
+
+
+def test_fp8_token_descales_launch_the_per_token_kernel(fwd_launches, monkeypatch):
+    """FP8 with q's or k's descale per token: the per-token config (plan.fwd_plan's, qk_descale
+    "token"), its descales as the kernel takes them, q's (b, hq, sq), k's (b, hk, sk), v's (b, hk), those
+    given per (batch, kv head) or not at all as stride-0 views (a per-head q descale repeated over its
+    query heads first); per-head descales keep the per-head kernel and arguments."""
+    monkeypatch.setattr(runtime, "_unit_descale", lambda device: torch.ones(1, 1))
+    e4m3 = torch.float8_e4m3fn
+    b, sq, sk, hq, hk, d = 2, 300, 517, 4, 2, 128
+    q = torch.empty(b, sq, hq, d, dtype=e4m3)
+    k, v = (torch.empty(b, sk, hk, d, dtype=e4m3) for _ in range(2))
+    qt, kt = torch.rand(b, hq, sq), torch.rand(b, hk, sk)
+    qh, kh, vh = (torch.rand(b, hk) for _ in range(3))
+    for causal in (False, True):
+        want = plan.fwd_plan("e4m3", d, sq, sk, causal, (-1, -1), False, qk_descale="token")[0]
+        assert want.token_descales and want.tile_n == (64 if causal else 96)
+        for descales in ((qt, kt, vh), (qt, None, None), (None, kt, vh), (qh, kt, None), (qt, kh, vh)):
+            runtime.forward(q, k, v, 0.1, causal, (-1, -1), 0.0, descales=descales)
+            cfg, args = fwd_launches.pop()
+            qd, kd, vd = args[12:15]
+            assert cfg == want and qd.shape == (b, hq, sq) and kd.shape == (b, hk, sk) and vd.shape == (b, hk)
+            want_q = (qh.repeat_interleave(2, dim=1)[:, :, None] if descales[0] is qh
+                      else torch.ones(1) if descales[0] is None else qt)
+            want_k = kh[:, :, None] if descales[1] is kh else torch.ones(1) if descales[1] is None else kt
+            assert torch.equal(qd, want_q.expand(b, hq, sq)) and torch.equal(kd, want_k.expand(b, hk, sk))
+            assert torch.equal(vd, (torch.ones(1) if descales[2] is None else vh).expand(b, hk))
+            assert descales[1] is not None or kd.stride() == (0, 0, 0)
+        runtime.forward(q, k, v, 0.1, causal, (-1, -1), 0.0, descales=(qh, kh, vh))
+        cfg, args = fwd_launches.pop()
+        assert not cfg.token_descales and args[12:15] == (qh, kh, vh)

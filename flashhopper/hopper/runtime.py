@@ -168,10 +168,11 @@ def _counter_for(cfg: FwdConfig, device) -> torch.Tensor:
 
 
 def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causal: bool, window_size,
-                       softcap: bool, dv: int = 0):
+                       softcap: bool, dv: int = 0, qk_descale: str = "head"):
     """What a forward call launches, from its shapes and flags alone: (config, window_left,
-    window_right, L2 section)."""
-    cfg, wl, wr = plan.fwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap, dv)
+    window_right, L2 section); `qk_descale`: FP8's descale form (validation.qk_descale_kind)."""
+    cfg, wl, wr = plan.fwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap, dv,
+                                qk_descale=qk_descale)
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     section = _l2_section(sk, cfg, h * b) if cfg.causal or cfg.local else 1
@@ -210,20 +211,41 @@ def _unit_descale(device) -> torch.Tensor:
     return one
 
 
+def token_descales(descales, b: int, sq: int, h: int, sk: int, hk: int, device) -> tuple:
+    """FP8 descales as the per-token kernel takes them: q's (b, h, sq), k's (b, hk, sk), v's (b, hk), from
+    validated ones of either form (validation.check_descales); per-(batch, kv head) ones and those not
+    given (1) as stride-0 views, except a per-head q descale with GQA (each kv head's repeated over its
+    query heads: a (b, h) copy)."""
+    qd, kd, vd = descales
+    one = _unit_descale(device)
+    if qd is None:
+        qd = one[:, :, None].expand(b, h, sq)
+    elif qd.dim() == 2:
+        per_head = qd if qd.shape[1] == h else qd.repeat_interleave(h // qd.shape[1], dim=1)
+        qd = per_head[:, :, None].expand(b, h, sq)
+    if kd is None:
+        kd = one[:, :, None].expand(b, hk, sk)
+    elif kd.dim() == 2:
+        kd = kd[:, :, None].expand(b, hk, sk)
+    return qd, kd, one.expand(b, hk) if vd is None else vd
+
+
 def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None,
             descales=(None, None, None)):
     """Run the forward kernel on validated CUDA tensors; returns (out, lse).
 
     `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements). FP8
-    (float8_e4m3fn) q, k, v: `descales` are the validated (batch, heads_k) fp32 q / k / v descales or
-    None (1); out is bf16.
+    (float8_e4m3fn) q, k, v: `descales` are the validated fp32 q / k / v descales or None (1), (batch,
+    heads_k) each, or q's and k's per token (validation.check_descales: then the per-token kernel);
+    out is bf16.
     """
     b, sq, h, d = q.shape
     plan = _fwd_plan_uncached if _overrides else _fwd_plan
     # the value head dim when it differs (SPLIT_HDIMS); the FP8 ablation's V^T (vt_in_gmem) has it elsewhere
     dv = 0 if _overrides.get("vt_in_gmem") or v.shape[-1] == d else v.shape[-1]
+    kind = validation.qk_descale_kind(descales) if q.dtype == torch.float8_e4m3fn else "head"
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0,
-                                dv)
+                                dv, kind)
     fn = get_kernel(cfg)
     if out is None:
         out = torch.empty(b, sq, h, cfg.hdim_v, dtype=torch.bfloat16 if cfg.is_fp8 else q.dtype,
@@ -238,7 +260,9 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
                         else None)
     counter = _counter_for(cfg, q.device)  # zero on entry: the previous launch on this stream reset it
-    if cfg.is_fp8:  # a descale not given is 1
+    if cfg.token_descales:  # q's and k's per token (a per-head one repeated), a descale not given 1
+        descales = token_descales(descales, b, sq, h, k.shape[1], k.shape[2], q.device)
+    elif cfg.is_fp8:  # a descale not given is 1
         one = _unit_descale(q.device).expand(b, k.shape[2])
         descales = tuple(one if x is None else x for x in descales)
     # the varlen arguments (forward_varlen's) and the page table are None here
