@@ -2,7 +2,9 @@
 
 1. FlashAttention-3's Table 3 protocol: Q, K, V standard normal with 0.1% of the entries 10x larger,
    RMSE of the output against a float64 reference: bf16 inputs; e4m3 with one scale per tensor, per
-   (batch, kv head), per (batch, kv head) after the Hadamard rotation of Q and K (flashhopper.fp8).
+   (batch, kv head), per block of 128 rows of Q and of K (V per (batch, kv head)), per block after the
+   Hadamard rotation of Q and K (flashhopper.fp8); and cuDNN's FP8 SDPA on the per-tensor inputs where
+   the cudnn Python frontend runs here (its O in e4m3, the only O it writes on Hopper).
 2. Error against sequence length on inputs that expose FP8 WGMMA's reduced-precision accumulation
    (vllm#23813): V = 1 + N(0, 1) (a nonzero mean, which zero-mean V hides) and peaked attention; the
    relative RMSE of the output at each length, the float64 reference blocked over queries so that
@@ -41,8 +43,48 @@ def _run_fp8(q, k, v, granularity, rotate, causal):
 
     if rotate:
         q, k = fp8.hadamard(q), fp8.hadamard(k)
-    (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, granularity, heads_k=k.shape[2]) for t in (q, k, v))
+    (q8, qd), (k8, kd) = (fp8.quantize(t, granularity, heads_k=k.shape[2]) for t in (q, k))
+    v8, vd = fp8.quantize(v, "tensor" if granularity == "tensor" else "head")  # V: per (batch, kv head)
     return flash_attn_func(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd)
+
+
+def _run_cudnn(q, k, v, causal):
+    """cuDNN's FP8 SDPA (the cudnn frontend's sdpa_fp8, bench/providers.py's graph) on per-tensor e4m3
+    inputs, O in e4m3 scaled so that its largest magnitude (a first run's Amax_O) maps to 448, then
+    dequantized; None where the frontend is not importable or does not take the call."""
+    from flashhopper.bench.providers import (
+        CUDNN_FP8_SCALES,
+        _import_cudnn,
+        build_cudnn_fp8_graph,
+        heads_first,
+    )
+
+    try:
+        cudnn = _import_cudnn()
+        handle = cudnn.create_handle()
+        cudnn.set_stream(handle, torch.cuda.current_stream().cuda_stream)
+        (q8, qd), (k8, kd), (v8, vd) = (fp8.quantize(t, "tensor", heads_k=k.shape[2]) for t in (q, k, v))
+        graph, ports, size = build_cudnn_fp8_graph(cudnn, handle, q8, k8, causal)
+    except Exception as exc:  # Unavailable, or the frontend refusing the graph (its own error types)
+        print(f"fp8-accuracy: no cuDNN row ({exc})")
+        return None
+    workspace = torch.empty(size, device=q.device, dtype=torch.uint8)
+    out, amax = torch.empty_like(q8), torch.empty(1, 1, 1, 1, device=q.device)
+    scales = {**CUDNN_FP8_SCALES, "descale_q": qd[0, 0].item(), "descale_k": kd[0, 0].item(),
+              "descale_v": vd[0, 0].item()}
+
+    def run(scale_o: float):
+        pack = {ports[name]: heads_first(t) for name, t in (("q", q8), ("k", k8), ("v", v8), ("o", out))}
+        pack.update({ports[name]: torch.full((1, 1, 1, 1), value, device=q.device)
+                     for name, value in {**scales, "scale_o": scale_o}.items()})
+        pack[ports["amax_o"]] = amax
+        graph.execute(pack, workspace, handle=handle)
+        torch.cuda.synchronize()
+
+    run(1.0)
+    scale_o = fp8.E4M3_MAX / max(amax.item(), 1e-30)
+    run(scale_o)
+    return out.float() / scale_o
 
 
 def table3(shape=TABLE3_SHAPE, causal=False, seed=0, device="cuda") -> list[dict]:
@@ -53,8 +95,12 @@ def table3(shape=TABLE3_SHAPE, causal=False, seed=0, device="cuda") -> list[dict
     ref = attention_ref(q, k, v, causal=causal)[0]
     rows = [("bf16", flash_attn_func(q.bfloat16(), k.bfloat16(), v.bfloat16(), causal=causal))]
     for name, granularity, rotate in (("fp8 per-tensor", "tensor", False), ("fp8 per-head", "head", False),
-                                      ("fp8 per-head + Hadamard", "head", True)):
+                                      ("fp8 per-block", "block", False),
+                                      ("fp8 per-block + Hadamard", "block", True)):
         rows.append((name, _run_fp8(q, k, v, granularity, rotate, causal)))
+    cudnn_out = _run_cudnn(q, k, v, causal)
+    if cudnn_out is not None:
+        rows.append(("cudnn fp8 per-tensor (e4m3 O)", cudnn_out))
     return [{"variant": name, "rmse": _rmse(out, ref)} for name, out in rows]
 
 
