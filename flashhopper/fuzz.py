@@ -43,7 +43,9 @@ class Case:
     scale: float | None
     magnitude: float
     seed: int
-    descale: str = "none"  # FP8: "none", "scalar" (one value, expanded) or "tensor" (per batch, kv head)
+    # FP8: "none", "scalar" (one value, expanded), "tensor" (per batch, kv head) or "token" (q's and k's
+    # per token: the per-token kernel; v's per batch, kv head)
+    descale: str = "none"
     # varlen (flash_attn_varlen_func): (query, key) length of each packed sequence, and
     # (used query, used key) lengths when seqused is passed (else empty)
     seqlens: tuple = ()
@@ -108,7 +110,9 @@ def draw(index: int, seed: int) -> Case:
         layout = "strided"
     scale = None if rng.random() < 0.6 else rng.uniform(0.02, 1.0) / math.sqrt(hdim) * 4
     magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
-    descale = rng.choice(("none", "scalar", "tensor", "tensor")) if dtype in FP8_DTYPES else "none"
+    descale = "none"
+    if dtype in FP8_DTYPES:
+        descale = rng.choice(("none", "scalar", "tensor", "tensor", "token", "token"))
     seqlens, seqused = (), ()
     splits = [dv for d, dv in SPLIT_HDIMS if d == hdim]
     dv = rng.choice(splits) if dtype in DTYPES and splits and rng.random() < 0.4 else 0
@@ -200,7 +204,8 @@ def run_varlen(case: Case, backward: bool = True) -> str | None:
 
 
 def make_descales(case: Case, device="cuda"):
-    """FP8 cases' (q, k, v) descales, (batch, heads_k) float32 or None."""
+    """FP8 cases' (q, k, v) descales, (batch, heads_k) float32 or None; "token": q's (batch, heads_q,
+    seqlen_q) and k's (batch, heads_k, seqlen_k)."""
     import torch
 
     if case.descale == "none":
@@ -209,6 +214,9 @@ def make_descales(case: Case, device="cuda"):
     if case.descale == "scalar":
         values = 0.5 + torch.rand(3, device=device, generator=g)
         return tuple(x.expand(case.b, case.hk) for x in values)
+    if case.descale == "token":
+        shapes = ((case.b, case.hq, case.sq), (case.b, case.hk, case.sk), (case.b, case.hk))
+        return tuple(0.5 + torch.rand(*shape, device=device, generator=g) for shape in shapes)
     return tuple(0.5 + torch.rand(case.b, case.hk, device=device, generator=g) for _ in range(3))
 
 
@@ -267,8 +275,9 @@ def kernels_of(case: Case, backward: bool) -> set:
                                        case.deterministic)[0]
             hit |= {cfg, BwdPreConfig.of(cfg)}
         return hit
+    kind = "token" if case.descale == "token" else "head"
     hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
-                         case.softcap > 0, case.dv)[0]}
+                         case.softcap > 0, case.dv, qk_descale=kind)[0]}
     if backward and case.dtype in DTYPES and not case.dv:
         cfg = plan.bwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                             case.softcap > 0, case.deterministic)[0]

@@ -497,6 +497,7 @@ class Call:
     deterministic: bool
     varlen: bool = False
     dv: int = 0  # the value head dim when it differs (SPLIT_HDIMS)
+    qk_descale: str = "head"  # FP8: descales per (batch, kv head), or q's and k's per token (QK_DESCALES)
 
 
 def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward: bool = True,
@@ -513,6 +514,10 @@ def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward:
             if forward:
                 seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0],
                                 Call(dtype, hdim, sq, sk, causal, window, softcap, False))
+                if dtype in FP8_DTYPES:  # per-token (per-block) q / k descales: their own kernels
+                    token = fwd_plan(dtype, hdim, sq, sk, causal, window, softcap, qk_descale="token")[0]
+                    seen.setdefault(token, Call(dtype, hdim, sq, sk, causal, window, softcap, False,
+                                                qk_descale="token"))
                 if dtype in DTYPES:  # varlen and the split head dims: 16-bit for now
                     seen.setdefault(fwd_plan_varlen(dtype, hdim, causal, window, softcap)[0],
                                     Call(dtype, hdim, sq, sk, causal, window, softcap, False, varlen=True))
@@ -544,7 +549,7 @@ def dispatched_kernels(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forwar
 COVER = ("hdim", "dtype", "causal", "local", "softcap", "deterministic", "tile_m", "tile_n", "num_stages",
          "num_consumer_wg", "persistent", "dynamic_sched", "q_stages", "o_in_v", "o_v_stages", "lazy_max",
          "lpt", "kv_split", "dq_rows_interleaved", "mask_runs", "ds_then_dv", "scale_d", "zero_dq",
-         "vt_stages", "varlen", "dv")
+         "vt_stages", "varlen", "dv", "qk_descale")
 
 
 def features(cfg) -> set:
