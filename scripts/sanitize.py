@@ -67,6 +67,9 @@ def main() -> int:
                 for d in (call.hdim, call.dv or call.hdim))
         names = ("q_descale", "k_descale", "v_descale") if call.dtype == "e4m3" else ()
         descales = {name: torch.full((1, 1), 0.5, device="cuda") for name in names}  # FP8: per (b, kv head)
+        if call.qk_descale == "token":  # the per-token kernels: q's and k's per row
+            descales.update(q_descale=torch.full((1, 2, call.sq), 0.5, device="cuda"),
+                            k_descale=torch.full((1, 1, call.sk), 0.5, device="cuda"))
         out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window, **descales,
                               softcap=5.0 if call.softcap else 0.0, deterministic=call.deterministic)
         if bwd:
