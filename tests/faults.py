@@ -15,7 +15,7 @@ from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
 
 FORWARD = ("wrong_scale", "unwritten_row")
 BACKWARD = ("dv_key_block", "stale_workspace")
-_DV = 10  # dV's position among the backward kernel's arguments (runtime.backward's launch)
+_DV = 9  # dV's position among the backward kernel's arguments (runtime.backward's launch)
 
 
 def _faulty_forward(fn, fault: str):
@@ -31,7 +31,10 @@ def _faulty_forward(fn, fault: str):
 def _faulty_backward(fn):
     def launch(*args):
         fn(*args)
-        args[_DV][:, 128:256] = 0
+        dv = args[_DV]
+        if not (hasattr(dv, "shape") and dv.shape == args[2].shape and dv is not args[2]):
+            raise RuntimeError(f"argument {_DV} of the backward's launch is not dV: update faults._DV")
+        dv[:, 128:256] = 0
     return launch
 
 

@@ -95,7 +95,8 @@ def _paged(launched, page_size, d, hq, hk, sq, contexts, s_new=0, causal=True, d
 @pytest.mark.parametrize("splits", [1, 0])  # no split (PackGQA alone), split-KV (chosen: few CTAs)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_paged_decode(launched, page_size, d, splits):
+def test_paged_decode(launched, monkeypatch, page_size, d, splits):
+    monkeypatch.delenv(validation.DECODE_TILE_OPT_IN, raising=False)  # a run may opt in for the others
     cfgs = _paged(launched, page_size, d, 16, 4, 1, CONTEXTS, num_splits=splits)
     assert all(cfg.num_consumer_wg > 1 for cfg in cfgs)  # the varlen tile (decode tile not opted in)
 
