@@ -22,19 +22,20 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 # it has not yet run on a GPU: until it has passed the GPU suite, calls need this variable set to 1
 FP8_GPU_VERIFIED = False
 FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
-# the varlen forward likewise (compiled and CPU-checked, not yet run on a GPU)
-VARLEN_GPU_VERIFIED = False
+# varlen (forward and backward) has passed the GPU suite and the fuzz (docs/testing.md, 2026-12-05):
+# on by default; the variable stays for code that sets it
+VARLEN_GPU_VERIFIED = True
 VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
-# the 1-warpgroup decode tile (plan.fwd_config_decode) for kvcache's rearranged decode, likewise: until
-# it has passed the GPU suite (tests/test_decode_gpu.py) decode keeps the varlen kernel's tile unless
-# this variable is set to 1 (decode_tile_enabled)
+# the 1-warpgroup decode tile (plan.fwd_config_decode) for kvcache's rearranged decode: it passes the
+# GPU suite (tests/test_decode_gpu.py, 2026-12-05) but timed no faster than the varlen kernel's tile
+# (docs/results-decode.md: decode is bound by its host-side kernels, not by the tile), so decode keeps
+# the varlen tile unless this variable is set to 1 (decode_tile_enabled)
 DECODE_TILE_GPU_VERIFIED = False
 DECODE_TILE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE"
 # the paged K / V path (FwdConfig.page_size: the varlen and decode kernels read a paged cache's pages by
-# TMA, plan.fwd_config_paged), likewise: until it has passed the GPU suite (tests/test_paged_gpu.py)
-# flash_attn_with_kvcache gathers a paged cache into a contiguous copy first unless this variable is 1
-# (paged_tma_enabled)
-PAGED_TMA_GPU_VERIFIED = False
+# TMA, plan.fwd_config_paged) has passed the GPU suite (tests/test_paged_gpu.py, 2026-12-05): on by
+# default where the page size serves (paged_tma_enabled); other page sizes gather the pages first
+PAGED_TMA_GPU_VERIFIED = True
 PAGED_TMA_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_PAGED_TMA"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
