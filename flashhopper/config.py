@@ -880,3 +880,31 @@ class BwdPreConfig:
     def of(cls, cfg: BwdConfig) -> BwdPreConfig:
         return cls(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds, zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl,
                    varlen=cfg.varlen)
+
+
+# split-KV decode's merge (hopper/combine.py): the partial outputs' and the output's dtypes it is built for
+COMBINE_DTYPES = ("bf16", "fp16", "fp32")
+COMBINE_MAX_SPLITS = 64  # splitkv.MAX_SPLITS (this module imports nothing of flashhopper's)
+
+
+@dataclass(frozen=True)
+class CombineConfig:
+    """The merge of split-KV decode's partial outputs by their LSE (hopper/combine.py): `dtype` the
+    partial outputs' (the varlen kernel writes them in the input dtype), `hdim` their head dim (the value
+    head dim), `out_dtype` the output's, `max_splits` the most splits a row has (the LSEs of a row are
+    read one per lane, max_splits / 32 a lane)."""
+
+    dtype: str
+    hdim: int
+    out_dtype: str
+    max_splits: int = COMBINE_MAX_SPLITS
+
+    def check(self) -> None:
+        for name in ("dtype", "out_dtype"):
+            if getattr(self, name) not in COMBINE_DTYPES:
+                raise ValueError(f"CombineConfig.{name} {getattr(self, name)!r}; accepted: {COMBINE_DTYPES}")
+        width = 4 if self.dtype == "fp32" else 2
+        if self.hdim <= 0 or self.hdim * width % 16:
+            raise ValueError(f"CombineConfig.hdim {self.hdim}: rows of whole 16-byte vectors")
+        if self.max_splits < 32 or self.max_splits % 32:
+            raise ValueError(f"CombineConfig.max_splits {self.max_splits}: a positive multiple of 32")

@@ -202,7 +202,7 @@ def _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, item_rows, used_k,
         target = out if out is not None else torch.empty(q.shape[:-1] + v_rows.shape[-1:], dtype=q.dtype,
                                                          device=q.device)
         o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,
-                                 return_lse=return_lse)
+                                 return_lse=return_lse, fused=True)
         return (o, lse) if return_lse else o
     # the kernel reads each sequence's key start (paged: its first table entry) and used length; the
     # (b + 1)-th start is unused

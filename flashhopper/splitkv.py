@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flashhopper import validation
+
 # split only where the unsplit grid leaves SMs idle (the count by wave efficiency: wave_splits), into
 # chunks of at least this many keys
 MIN_CHUNK = 256
@@ -165,11 +167,14 @@ def merge_by_lse(o, lse, dim: int, *, out=None, lse_out=None, return_lse: bool =
     return out, (lse_out if return_lse else None)
 
 
-def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int, *, out=None, return_lse: bool = True):
+def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int, *, out=None, return_lse: bool = True,
+            fused: bool = False):
     """The varlen forward's (o (b * splits * rows, heads, dv), lse (heads, b * splits * rows)) merged
     over the splits by their LSE in fp32 and unpacked: (out (b, 1, hq, dv), lse (b, hq, 1) fp32, or
     None without return_lse). out: written in place where given (any float dtype, any strides), else
-    a new fp32 tensor. A query that saw no key in any split gets 0 and -inf."""
+    a new fp32 tensor. A query that saw no key in any split gets 0 and -inf. `fused` (CUDA tensors):
+    in one kernel (hopper/combine.py) where validation.decode_merge_enabled() and the kernel takes the
+    tensors (runtime.combine_config), else by merge_by_lse (a copy without splits)."""
     s, heads, dv = layout.splits, o.shape[1], o.shape[-1]
     rows = o.shape[0] // (batch * s)
     o = o.view(batch, s, rows, heads, dv)
@@ -180,6 +185,15 @@ def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int, *, out=None,
     # views of the results in the rows' layout: query head h is row h % rows of head h // rows
     out_rows = out[:, 0].unflatten(1, (heads, rows)).transpose(1, 2)  # (b, rows, heads, dv)
     lse_rows = lse_out[..., 0].unflatten(1, (heads, rows)).transpose(1, 2) if return_lse else None
+    if fused and validation.decode_merge_enabled():  # one kernel (hopper/combine.py), any split count
+        import flashhopper.hopper as hopper
+
+        cfg = hopper.combine_config(o, out_rows, s)
+        if cfg is not None:
+            if lse_rows is None:  # written and dropped: an allocation, no kernel
+                lse_rows = torch.empty(batch, rows, heads, dtype=torch.float32, device=o.device)
+            hopper.combine_splits(cfg, o, lse, out_rows, lse_rows)
+            return out, lse_out
     if s > 1:
         merge_by_lse(o, lse, dim=1, out=out_rows, lse_out=lse_rows, return_lse=return_lse)
     else:

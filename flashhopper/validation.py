@@ -37,6 +37,11 @@ DECODE_TILE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE"
 # default where the page size serves (paged_tma_enabled); other page sizes gather the pages first
 PAGED_TMA_GPU_VERIFIED = True
 PAGED_TMA_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_PAGED_TMA"
+# split-KV decode's merge by LSE in one kernel (hopper/combine.py) instead of splitkv.merge_by_lse's nine
+# torch ops: compiled and checked on the CPU, not yet run on a GPU; kvcache's split decode takes it only
+# with this variable set to 1 (decode_merge_enabled) until it passes tests/test_combine_gpu.py
+DECODE_MERGE_GPU_VERIFIED = False
+DECODE_MERGE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -168,6 +173,12 @@ def paged_tma_enabled() -> bool:
     """Whether flash_attn_with_kvcache reads a paged cache's pages in the kernels (PAGED_TMA_GPU_VERIFIED,
     or opted in by PAGED_TMA_OPT_IN=1) where they serve its page size; otherwise it gathers them first."""
     return PAGED_TMA_GPU_VERIFIED or os.environ.get(PAGED_TMA_OPT_IN) == "1"
+
+
+def decode_merge_enabled() -> bool:
+    """Whether kvcache's rearranged decode merges the splits in one kernel (DECODE_MERGE_GPU_VERIFIED, or
+    opted in by DECODE_MERGE_OPT_IN=1); otherwise by splitkv.merge_by_lse's torch ops."""
+    return DECODE_MERGE_GPU_VERIFIED or os.environ.get(DECODE_MERGE_OPT_IN) == "1"
 
 
 def check_split_hdims_call(q, k, v) -> None:

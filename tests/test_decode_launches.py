@@ -17,6 +17,9 @@ from flashhopper.reference import attention_ref
 # heads over 8 KV heads, hdim 128, bf16 (paged: pages read in place by the kernel); before the launches
 # were cut: 40, 48, 40 and 53
 LAUNCHES = {"1 x 8k": 15, "1 x 8k, append": 19, "8 x 32k": 17, "1 x 8k, paged 16": 16}
+# the same with the merge in one kernel (FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1: hopper/combine.py), that
+# kernel counted
+MERGED_LAUNCHES = {"1 x 8k": 7, "1 x 8k, append": 11, "8 x 32k": 9, "1 x 8k, paged 16": 8}
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "_unsafe_view", "lift_fresh"}  # no kernel
 
 
@@ -67,6 +70,20 @@ def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal
     return (o.to(q.dtype) if out is None else out.copy_(o)), lse.float()
 
 
+def _merge_stand_in(cfg, o, lse, out, lse_out):
+    """runtime.combine_splits on the CPU: what the kernel is given checked (its config's dtypes and head
+    dim, the views' shapes), the merge by merge_by_lse in float64 into out / lse_out."""
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    b, s, rows, heads, dv = o.shape
+    assert (cfg.dtype, cfg.out_dtype, cfg.hdim) == (names[o.dtype], names[out.dtype], dv)
+    assert s <= cfg.max_splits
+    assert lse.shape == (b, s, rows, heads) and lse.dtype == torch.float32
+    assert out.shape == (b, rows, heads, dv) and lse_out.shape == (b, rows, heads) and out.stride(-1) == 1
+    merged, merged_lse = splitkv.merge_by_lse(o.double(), lse.double(), dim=1)
+    out.copy_(merged)
+    lse_out.copy_(merged_lse)
+
+
 @pytest.fixture()
 def cpu_kernels(monkeypatch):
     """flash_attn_with_kvcache's kernel path on CPU tensors, as on 132 SMs (the tests set forward_varlen)."""
@@ -77,8 +94,8 @@ def cpu_kernels(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.parametrize("case", list(LAUNCHES))
-def test_decode_launches(cpu_kernels, case):
+def _call_ops(cpu_kernels, case):
+    """The ops one call of `case` launches besides the varlen kernel (replaced)."""
     cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _no_kernel)
     (b, context), hq, hk, d = ((8, 32768) if case == "8 x 32k" else (1, 8192)), 32, 8, 128
     page = 16 if "paged" in case else None
@@ -92,8 +109,26 @@ def test_decode_launches(cpu_kernels, case):
         kw["k"], kw["v"] = (torch.randn(b, 1, hk, d).to(torch.bfloat16) for _ in range(2))
     with Launches() as launches:
         kvcache.flash_attn_with_kvcache(**kw, causal=True)
-    assert "_local_scalar_dense" not in launches.ops  # no host sync: CUDA graphs capture the call
-    assert len(launches.ops) <= LAUNCHES[case], launches.ops
+    return launches.ops
+
+
+@pytest.mark.parametrize("case", list(LAUNCHES))
+def test_decode_launches(cpu_kernels, case):
+    ops = _call_ops(cpu_kernels, case)
+    assert "_local_scalar_dense" not in ops  # no host sync: CUDA graphs capture the call
+    assert len(ops) <= LAUNCHES[case], ops
+
+
+@pytest.mark.parametrize("case", list(MERGED_LAUNCHES))
+def test_decode_launches_merged(cpu_kernels, case):
+    """As test_decode_launches with the merge kernel opted in: its one launch for merge_by_lse's nine (and
+    for the unsplit copy)."""
+    cpu_kernels.setenv(validation.DECODE_MERGE_OPT_IN, "1")
+    merges = []
+    cpu_kernels.setattr(flashhopper.hopper, "combine_splits", lambda *args: merges.append(args))
+    ops = _call_ops(cpu_kernels, case) + ["combine_splits"] * len(merges)
+    assert len(merges) == 1
+    assert "_local_scalar_dense" not in ops and len(ops) <= MERGED_LAUNCHES[case], ops
 
 
 def _cases():
@@ -126,12 +161,20 @@ def _cases():
     yield "int seqlens, idx, out", dict(q=rand(b, 1, hq, d), cache_seqlens=300, cache_batch_idx=idx, out=True)
 
 
+@pytest.mark.parametrize("merge", ["torch", "kernel"])
 @pytest.mark.parametrize("name,kw", list(_cases()), ids=[name for name, _ in _cases()])
-def test_kernel_path_equals_reference(cpu_kernels, name, kw):
+def test_kernel_path_equals_reference(cpu_kernels, name, kw, merge):
     """The call as the kernels' path arranges it, with the stand-in for the varlen kernel, against
-    backend="reference" (bf16 roundings apart): outputs, LSEs, and the appended caches."""
+    backend="reference" (bf16 roundings apart): outputs, LSEs, and the appended caches. merge "kernel":
+    the splits merged by the merge kernel (opted in), a float64 stand-in for it."""
     cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _varlen_stand_in)
+    merges = []
+    if merge == "kernel":
+        cpu_kernels.setenv(validation.DECODE_MERGE_OPT_IN, "1")
+        cpu_kernels.setattr(flashhopper.hopper, "combine_splits",
+                            lambda *args: merges.append(args) or _merge_stand_in(*args))
     g = torch.Generator().manual_seed(1)
+    kw = dict(kw)  # the parametrized dict is shared by the merge cases
     q = kw["q"]
     shape = kw.pop("caches", (4, 700))
     caches = [torch.randn(*shape, 2, q.shape[-1], generator=g).to(torch.bfloat16) for _ in range(2)]
@@ -148,6 +191,9 @@ def test_kernel_path_equals_reference(cpu_kernels, name, kw):
     torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(caches, want_caches, strict=True))
+    # one query token (not packed), unless neither split nor packed: rearranged, merged by the kernel
+    rearranged = q.dim() == 4 and q.shape[1] == 1 and (kw.get("num_splits"), kw.get("pack_gqa")) != (1, False)
+    assert len(merges) == (merge == "kernel" and rearranged)
 
 
 def _merge_first_form(o, lse, dim):

@@ -10,6 +10,8 @@ from flashhopper.hopper.runtime import (  # noqa: E402
     backward,
     backward_varlen,
     bwd_artifact,
+    combine_config,
+    combine_splits,
     forward,
     forward_varlen,
     fwd_artifact,
@@ -19,4 +21,5 @@ KERNELS = {"fwd": fwd_artifact, "bwd": bwd_artifact}
 # kernels that compile but have not been validated on a GPU (the demo says so)
 NOT_YET_VALIDATED = frozenset()
 
-__all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "backward_varlen", "forward", "forward_varlen"]
+__all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "backward_varlen", "combine_config", "combine_splits",
+           "forward", "forward_varlen"]

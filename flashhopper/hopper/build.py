@@ -10,7 +10,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
+from flashhopper.config import BwdConfig, BwdPreConfig, CombineConfig, FwdConfig
 from flashhopper.hopper.layout import CUTE_DTYPES as _NAME_TO_CUTE
 
 _BASE_OPTIONS = "--gpu-arch sm_90a --enable-tvm-ffi"
@@ -188,11 +188,21 @@ def compile_bwd_pre(cfg: BwdPreConfig, options: str = ""):
                         options=_options(options))
 
 
-_BUILDERS = {FwdConfig: compile_fwd, BwdConfig: compile_bwd, BwdPreConfig: compile_bwd_pre}
+def compile_combine(cfg: CombineConfig, options: str = ""):
+    """Trace and compile split-KV decode's merge by LSE (hopper/combine.py)."""
+    from flashhopper.hopper.combine import CombineSplits, fake_args
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(CombineSplits(cfg), *fake_args(cfg), stream, options=_options(options))
+
+
+_BUILDERS = {FwdConfig: compile_fwd, BwdConfig: compile_bwd, BwdPreConfig: compile_bwd_pre,
+             CombineConfig: compile_combine}
 
 
 def compile_kernel(cfg, options: str = ""):
-    """The TVM-FFI function of the kernel that `cfg` (a FwdConfig, BwdConfig or BwdPreConfig) names."""
+    """The TVM-FFI function of the kernel that `cfg` (a FwdConfig, BwdConfig, BwdPreConfig or CombineConfig)
+    names."""
     try:
         builder = _BUILDERS[type(cfg)]
     except KeyError:

@@ -18,7 +18,15 @@ import torch
 
 from flashhopper import plan, validation
 from flashhopper.artifact import CompiledArtifact
-from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig, fwd_grid, key_of_position
+from flashhopper.config import (
+    COMBINE_MAX_SPLITS,
+    BwdConfig,
+    BwdPreConfig,
+    CombineConfig,
+    FwdConfig,
+    fwd_grid,
+    key_of_position,
+)
 from flashhopper.hopper import kernel_cache
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA, softmax_constants
 from flashhopper.plan import bwd_config, fwd_config
@@ -73,7 +81,7 @@ def _build(cfg, options: str):
 
 
 def get_kernel(cfg):
-    """The launchable kernel for a FwdConfig, BwdConfig or BwdPreConfig (kernel_cache.get)."""
+    """The launchable kernel for a FwdConfig, BwdConfig, BwdPreConfig or CombineConfig (kernel_cache.get)."""
     return kernel_cache.get(cfg, _build)
 
 
@@ -373,6 +381,36 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     return out, lse
 
 
+_COMBINE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _rows_aligned(t: torch.Tensor) -> bool:
+    """Whether `t`'s last dim is contiguous rows of whole 16-byte vectors (the other strides too) from a
+    16-byte aligned address: what the merge kernel's vector loads and stores take."""
+    width = 16 // t.element_size()
+    return (t.stride(-1) == 1 and t.shape[-1] % width == 0 and t.data_ptr() % 16 == 0
+            and all(s % width == 0 for s in t.stride()[:-1]))
+
+
+def combine_config(o: torch.Tensor, out: torch.Tensor, splits: int) -> CombineConfig | None:
+    """The merge kernel's config for partials `o` (b, splits, rows, heads, dv) into `out`
+    (b, rows, heads, dv), or None where it does not take them (a dtype, more than COMBINE_MAX_SPLITS
+    splits, rows not of whole aligned 16-byte vectors): the caller merges in torch."""
+    names = (_COMBINE_NAMES.get(o.dtype), _COMBINE_NAMES.get(out.dtype))
+    if None in names or splits > COMBINE_MAX_SPLITS or not (_rows_aligned(o) and _rows_aligned(out)):
+        return None
+    return CombineConfig(names[0], o.shape[-1], names[1])
+
+
+def combine_splits(cfg: CombineConfig, o, lse, out, lse_out) -> None:
+    """Split-KV decode's merge by LSE in one launch (hopper/combine.py): partials o (b, splits, rows,
+    heads, dv) with their fp32 LSEs (b, splits, rows, heads) into out (b, rows, heads, dv) and lse_out
+    (b, rows, heads) fp32, any strides (combine_config says which it takes)."""
+    if o.shape[0] * o.shape[2] * o.shape[3] == 0:
+        return
+    get_kernel(cfg)(o, lse, out, lse_out)
+
+
 def _dq_accum(q, cfg: BwdConfig, alloc):
     """The fp32 dQ accumulator as a (b, sq, h, d) tensor; with dq_accum_head_major its memory is
     (b, h, sq, d) (a permuted view: the kernels take any strides); with dq_rows_interleaved sq is
@@ -543,6 +581,6 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
     return _artifact("fwd", dataclasses.replace(cfg, **overrides) if overrides else cfg)
 
 
-__all__ = ["backward", "backward_varlen", "bwd_artifact", "bwd_config_overrides", "config_overrides",
-           "forward",
+__all__ = ["backward", "backward_varlen", "bwd_artifact", "bwd_config_overrides", "combine_config",
+           "combine_splits", "config_overrides", "forward",
            "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch", "varlen_config"]
