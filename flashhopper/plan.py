@@ -17,6 +17,7 @@ from flashhopper.config import (
     SUPPORTED_HDIMS,
     BwdConfig,
     BwdPreConfig,
+    CombineConfig,
     FwdConfig,
     bwd_with_overrides,
 )
@@ -283,6 +284,14 @@ def decode_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
     return [fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv)
             for dtype, hdim in itertools.product((d for d in dtypes if d in DTYPES), hdims)
             for dv in value_hdims(hdim) for softcap in (False, True)]
+
+
+def combine_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
+    """Split-KV decode's merge kernels kvcache launches (hopper/combine.py: partials and output in the
+    input dtype, each value head dim): not in dispatched_kernels while FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE
+    gates them (`flashhopper precompile --decode` builds them)."""
+    dvs = sorted({dv or hdim for hdim in hdims for dv in value_hdims(hdim)})
+    return [CombineConfig(dtype, dv, dtype) for dtype in dtypes if dtype in DTYPES for dv in dvs]
 
 
 # page sizes the paged kernels are built for by `flashhopper precompile --paged` (vLLM's default 16, and

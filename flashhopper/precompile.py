@@ -13,10 +13,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from flashhopper.compile import ensure_arch_env
-from flashhopper.config import BwdConfig, BwdPreConfig, FwdConfig
+from flashhopper.config import BwdConfig, BwdPreConfig, CombineConfig, FwdConfig
 
 # longest compiles first, so that the pool does not end on one long kernel
-_ORDER = {BwdConfig: 0, FwdConfig: 1, BwdPreConfig: 2}
+_ORDER = {BwdConfig: 0, FwdConfig: 1, BwdPreConfig: 2, CombineConfig: 3}
 
 
 def _compile_one(cfg) -> tuple[str, float]:

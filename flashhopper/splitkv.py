@@ -13,7 +13,10 @@ KV head read once per query head of its group. Two rearrangements of the same ca
   capacity too), each chunk a sequence of its own with the item's queries copied; the chunks' outputs
   are merged by their LSE (`combine`). A chunk past an item's length has no key: 0 and -inf, weight 0.
 
-The partial outputs are in the input dtype (the varlen kernel's output); the merge is in fp32. Without
+The partial outputs are in the input dtype (the varlen kernel's output); the merge is in fp32, by
+merge_by_lse's torch ops (nine launches), or with FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1 (compiled and
+CPU-checked, not yet run on a GPU: validation.decode_merge_enabled) in one kernel, hopper/combine.py,
+which also unpacks a call without splits (in place of a copy). Without
 a window and with one query token the rearranged call computes the same attention; the rule of
 flashhopper/accuracy.py judges the rounding (tests/test_kvcache_gpu.py).
 """
