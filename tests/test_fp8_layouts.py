@@ -1,11 +1,13 @@
 """The FP8 forward's data movement, on the CPU (no GPU, no kernel run): the layouts are evaluated
-while tracing, the transposer's per-item code (hopper/fp8.py: transpose_item, the same Python the
-kernel traces) runs on a byte model of shared memory.
+while tracing, the transposer's per-warp code (hopper/fp8.py: lane_roles, warp_units, unit_offsets,
+transpose_warp, the same Python the kernel traces) runs on whole warps over a byte model of shared
+memory, with ldmatrix.trans / stmatrix / prmt modelled lane by lane.
 
 - P stays in registers: the fp32 S accumulator read as the e4m3 A operand of P @ V puts, for every
   thread, S's (row, column) where the WGMMA expects (row, position) with column = key_of_position.
 - The transposer writes V^T so that position p of head-dim row d holds V[key_of_position(p), d],
-  every word of every stage once, for every head dim and key-block width the FP8 forward takes.
+  every byte of every stage once, for every head dim and key-block width the FP8 forward takes, its
+  LDSM.T / STSM free of bank conflicts; the instruction models are the DSL copy atoms' lane layouts.
 """
 
 from __future__ import annotations
