@@ -22,7 +22,7 @@ TARGET_ARCH = "sm_90a"
 # Opcode families counted in SASS. A line counts for NAME when its opcode is NAME or NAME.<modifiers>.
 # ACQBULK: griddepcontrol.wait (programmatic dependent launch, BwdConfig.pdl)
 SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH",
-                "LDL", "STL", "ACQBULK", "LDS", "STS", "PRMT", "F2FP")
+                "LDL", "STL", "ACQBULK", "LDS", "STS", "LDSM", "STSM", "PRMT", "F2FP")
 INSTALL_HINT = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
 

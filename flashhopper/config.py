@@ -51,7 +51,8 @@ WARPGROUP_THREADS = 128
 # (consumer, producer) registers per thread after setmaxnreg, by number of consumer warpgroups.
 # The producer only issues TMA, so it keeps the minimum; the consumers hold the accumulators.
 REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-# FP8: the producer warpgroup also transposes V in shared memory (8 words in flight per thread)
+# FP8: the producer warpgroup also transposes V in shared memory (hopper/fp8.py: two units' 8 loaded
+# words in flight per thread, the per-thread addresses and selectors held through its loop)
 FP8_REG_SPLIT = {2: (224, 48)}
 
 
@@ -170,7 +171,7 @@ class FwdConfig(_KernelConfig):
     # contiguous: FP8 WGMMA reads B K-major only) into the K/V ring's V stages
     vt_stages: int = 2
     # FP8 ablation: V given as V^T (batch, heads_k, head dim, keys padded to 16, keys in P's order:
-    # hopper/fp8.py transposed_v) and loaded by the TMA into sV as it is, with no transposer: the
+    # hopper/runtime.py fp8_transposed_v) and loaded by the TMA into sV as it is, with no transposer: the
     # upper bound the in-kernel transpose is measured against (flashhopper bench --dtype fp8 --ablation)
     vt_in_gmem: bool = False
     # FP8: two-level accumulation. FP8 WGMMA adds into its accumulator below fp32 precision, so an O

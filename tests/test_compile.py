@@ -127,7 +127,7 @@ def test_parse_sass_lines():
     counts = count_opcodes(ins)
     assert counts == {"HGMMA": 1, "QGMMA": 0, "UTMALDG": 1, "UTMASTG": 0, "UTMAREDG": 0, "SYNCS": 1, "BAR": 2,
                       "MUFU.EX2": 1, "MUFU.TANH": 0, "LDL": 1, "STL": 0, "ACQBULK": 0, "LDS": 0, "STS": 0,
-                      "PRMT": 0, "F2FP": 0}
+                      "LDSM": 0, "STSM": 0, "PRMT": 0, "F2FP": 0}
     assert setmaxnreg_values(ins) == [{"kind": "TRY_ALLOC.CTAPOOL", "regs": 240},
                                       {"kind": "DEALLOC.CTAPOOL", "regs": 24}]
     assert parse_ptxas_spills("no spills here") == 0

@@ -1,16 +1,16 @@
 """The FP8 forward's data movement, on the CPU (no GPU, no kernel run): the layouts are evaluated
-while tracing, the transposer's per-item code (hopper/fp8.py: transpose_item, the same Python the
-kernel traces) runs on a byte model of shared memory.
+while tracing, the transposer's per-warp code (hopper/fp8.py: lane_roles, warp_units, unit_offsets,
+transpose_warp, the same Python the kernel traces) runs on whole warps over a byte model of shared
+memory, with ldmatrix.trans / stmatrix / prmt modelled lane by lane.
 
 - P stays in registers: the fp32 S accumulator read as the e4m3 A operand of P @ V puts, for every
   thread, S's (row, column) where the WGMMA expects (row, position) with column = key_of_position.
 - The transposer writes V^T so that position p of head-dim row d holds V[key_of_position(p), d],
-  every word of every stage once, for every head dim and key-block width the FP8 forward takes.
+  every byte of every stage once, for every head dim and key-block width the FP8 forward takes, its
+  LDSM.T / STSM free of bank conflicts; the instruction models are the DSL copy atoms' lane layouts.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import numpy as np
 import pytest
@@ -73,105 +73,176 @@ def test_p_in_registers_is_s_with_keys_relabelled(tile_n):
 
 
 def _offsets(rows, cols, stages):
-    """Byte offsets of the swizzled (rows, cols, stages) row-major smem layout, as an array."""
+    """Byte offsets of the swizzled (rows, cols, stages) row-major smem layout, as an array, and its
+    swizzle's bits (fp8.swizzle_bits)."""
     def collect():
         lay = L.smem_layout_row_major(E4M3, rows, cols, stages)
-        return [[[lay((r, c, s)) for c in range(cols)] for r in range(rows)] for s in range(stages)]
+        offs = [[[lay((r, c, s)) for c in range(cols)] for r in range(rows)] for s in range(stages)]
+        return offs, F8.swizzle_bits(lay)
 
-    return np.array(_traced(collect), dtype=np.int64)
-
-
-def _run_transposer(tile_n, hdim, load2, store, vt_off, v_off, stage):
-    """Every transposer lane's items of one stage, as transpose_stage walks them: (warp, round,
-    lane) per call, through the same lane_item / transpose_item the kernel traces."""
-    units = F8.transpose_units(tile_n, hdim)
-    for warp in range(F8.TRANSPOSER_WARPS):
-        for rnd in range(-(-units // F8.TRANSPOSER_WARPS)):
-            for lane in range(32):
-                unit, g, q, c, col = F8.lane_item(warp, lane, rnd, tile_n)
-                if unit < units and col < hdim:
-                    who = (warp, rnd, lane)
-                    F8.transpose_item(partial(load2, who=who), partial(store, who=who),
-                                      lambda key, d: int(vt_off[stage, key, d]),
-                                      lambda d, pos: int(v_off[stage, d, pos]), g, q, c, col)
+    offs, bits = _traced(collect)
+    return np.array(offs, dtype=np.int64), bits
 
 
-SHAPES = [(128, 64), (128, 96), (128, 128), (128, 192), (96, 256), (64, 128)]
+class _Smem:
+    """Shared memory as bytes, with the transposer's warp-wide instructions: ldmatrix.trans / stmatrix
+    (x4, b16) and prmt on (32,) arrays of lane values (their lane layouts checked against the DSL's
+    copy atoms below); every instruction's 32 addresses logged for the bank model."""
+
+    def __init__(self, size):
+        self.bytes = np.zeros(size, dtype=np.uint8)
+        self.written = np.zeros(size, dtype=np.int64)
+        self.log = []
+
+    def ldsm(self, addr, imm):
+        """Lane 8m + r addresses row r (16 bytes) of matrix m; lane t (q = t % 4, j = t // 4) gets in
+        register m the 16-bit column j of rows 2q (low half) and 2q + 1 of matrix m."""
+        addr = addr + imm
+        assert (addr % 16 == 0).all()
+        self.log.append(("ld", addr))
+        regs = np.zeros((4, 32), dtype=np.int64)
+        for m in range(4):
+            for t in range(32):
+                q, j = t % 4, t // 4
+                lo, hi = (int(addr[8 * m + 2 * q + h]) + 2 * j for h in range(2))
+                pair = bytes(self.bytes[lo:lo + 2]) + bytes(self.bytes[hi:hi + 2])
+                regs[m, t] = int.from_bytes(pair, "little")
+        return tuple(regs)
+
+    def stsm(self, addr, imm, words):
+        """Lane 8m + i addresses row i of matrix m, which holds register m of lanes 4i..4i+3 in lane order."""
+        addr = addr + imm
+        assert (addr % 16 == 0).all()
+        self.log.append(("st", addr))
+        for m in range(4):
+            for i in range(8):
+                for q in range(4):
+                    at = int(addr[8 * m + i]) + 4 * q
+                    word = int(words[m][4 * i + q]).to_bytes(4, "little")
+                    self.bytes[at:at + 4] = np.frombuffer(word, np.uint8)
+                    self.written[at:at + 4] += 1
+
+    @staticmethod
+    def perm(a, b, sel):
+        return np.array([F8.byte_perm(int(x), int(y), int(s)) for x, y, s in zip(a, b, sel, strict=True)],
+                        dtype=np.int64)
+
+
+# (tile_n, hdim): the FP8 forward's tiles (plan.py's FP8 tables) and a few more key-block widths
+SHAPES = [(128, 64), (128, 96), (96, 128), (64, 128), (128, 128), (128, 192), (96, 256), (64, 256),
+          (160, 128)]
+
+
+def _transpose(tile_n, hdim, stages=2):
+    """`stages` stages of random V through the transposer's own Python (lane_roles, lane bases as
+    lane_bases computes them, warp_units, unit_offsets, transpose_warp) on a _Smem holding sV and, after
+    it, sVt (1 KiB-aligned, as fwd.py's struct places them). Returns (V, sV read as V^T per stage, smem)."""
+    vt_off, vt_bits = _offsets(tile_n, hdim, stages)
+    v_off, v_bits = _offsets(hdim, tile_n, stages)
+    assert sorted(vt_off.ravel()) == list(range(vt_off.size))  # a bijection onto the buffer
+    v_base, vt_base = 0, -(-v_off.size // 1024) * 1024
+    smem = _Smem(vt_base + vt_off.size)
+    v = np.random.default_rng(tile_n * hdim).integers(0, 256, size=(stages, tile_n, hdim), dtype=np.uint8)
+    smem.bytes[vt_base + vt_off] = v
+    roles = zip(*map(F8.lane_roles, range(32)), strict=True)
+    ld_key, ld_col, st_row, sel0, sel1 = (np.array(c, dtype=np.int64) for c in roles)
+    plans = [[F8.unit_offsets(key, col, lambda k, d: int(vt_off[0, k, d]), lambda d, p: int(v_off[0, d, p]),
+                              vt_bits, v_bits) for key, col in F8.warp_units(w, tile_n, hdim)]
+             for w in range(F8.TRANSPOSER_WARPS)]
+    for stage in range(stages):
+        vt_step, v_step = int(vt_off[1 % stages, 0, 0]) * stage, int(v_off[1 % stages, 0, 0]) * stage
+        ld_addr = vt_base + vt_off[0, ld_key, ld_col] + vt_step
+        st_addr = v_base + v_off[0, st_row, 0] + v_step
+        for units in plans:
+            F8.transpose_warp(units, ld_addr, st_addr, sel0, sel1, smem.ldsm, smem.stsm, smem.perm)
+    return v, smem.bytes[v_base + v_off], smem
+
+
+def _p_order(v):
+    """V^T (head dim x keys) with the keys in P's order: what the P @ V WGMMA must read."""
+    return v[[F8.key_of_position(p) for p in range(v.shape[0])]].T
 
 
 @pytest.mark.parametrize(("tile_n", "hdim"), SHAPES)
 def test_transposer_writes_v_transposed_in_p_order(tile_n, hdim):
-    stages = 2
-    vt_off, v_off = _offsets(tile_n, hdim, stages), _offsets(hdim, tile_n, stages)
-    assert sorted(vt_off.ravel()) == list(range(vt_off.size))  # a bijection onto the buffer
-    rng = np.random.default_rng(tile_n * hdim)
-    v = rng.integers(0, 256, size=(stages, tile_n, hdim), dtype=np.uint8)
-    smem_vt = np.zeros(vt_off.size, dtype=np.uint8)
-    smem_vt[vt_off] = v
-    smem_v = np.zeros(v_off.size, dtype=np.uint8)
-    written = np.zeros(v_off.size, dtype=np.int64)
-
-    def load2(off, who):
-        assert off % 8 == 0
-        return tuple(int(x) for x in smem_vt[off:off + 8].view("<u4"))
-
-    def store(off, word, who):
-        assert off % 4 == 0
-        smem_v[off:off + 4] = np.array([word], dtype="<u4").view(np.uint8)
-        written[off:off + 4] += 1
-
-    for stage in range(stages):
-        _run_transposer(tile_n, hdim, load2, store, vt_off, v_off, stage)
-    assert (written == 1).all()
-    keys = np.array([F8.key_of_position(p) for p in range(tile_n)])
-    for stage in range(stages):
-        got = smem_v[v_off[stage]]  # (hdim, tile_n): V^T as the P @ V WGMMA reads it
-        np.testing.assert_array_equal(got, v[stage][keys].T)
+    v, got, smem = _transpose(tile_n, hdim)
+    v_bytes = got.size
+    assert (smem.written[:v_bytes] == 1).all() and not smem.written[v_bytes:].any()  # sV once, nothing else
+    for stage in range(v.shape[0]):
+        np.testing.assert_array_equal(got[stage], _p_order(v[stage]))
+    # per warp and V tile: one LDSM.T x4 and one STSM x4 per unit, the units split evenly
+    per_warp = [len(F8.warp_units(w, tile_n, hdim)) for w in range(F8.TRANSPOSER_WARPS)]
+    assert sum(per_warp) == F8.transpose_units(tile_n, hdim) and max(per_warp) - min(per_warp) <= 1
 
 
-def _wavefronts(lane_addresses: dict, width: int) -> int:
-    """Shared-memory wavefronts of one warp instruction: 32 banks of 4 bytes; 4-byte accesses in one
-    phase of 32 lanes, 8-byte ones in two of 16; a bank serves one word per wavefront."""
-    phases = [range(32)] if width == 4 else [range(16), range(16, 32)]
+def test_transposer_model_fails_a_wrong_key_order(monkeypatch):
+    """The check above sees a wrong permutation: keys 2q, 8 + 2q, 2q + 1, 9 + 2q instead of P's order."""
+    monkeypatch.setattr(F8, "SEL_EVEN", 0x6240)
+    monkeypatch.setattr(F8, "SEL_ODD", 0x7351)
+    v, got, _ = _transpose(128, 128, stages=1)
+    wrong = got[0] != _p_order(v[0])
+    assert wrong[:, 1::4].all(axis=0).any() and not wrong[:, 0::4].any()  # positions 4q+1, 4q+2 swapped
+
+
+def _wavefronts(addr) -> int:
+    """Shared-memory wavefronts of one LDSM / STSM x4: a phase per 8 x 16-byte matrix (lanes 8m..8m+7),
+    32 banks of 4 bytes, a bank serving one word per wavefront."""
     total = 0
-    for phase in phases:
+    for m in range(4):
         banks: dict = {}
-        for lane in phase:
-            if lane in lane_addresses:
-                for word in range(lane_addresses[lane] // 4, (lane_addresses[lane] + width) // 4):
-                    banks.setdefault(word % 32, set()).add(word)
-        total += max(map(len, banks.values()), default=0)
+        for lane in range(8 * m, 8 * m + 8):
+            for word in range(int(addr[lane]) // 4, int(addr[lane]) // 4 + 4):
+                banks.setdefault(word % 32, set()).add(word)
+        total += max(map(len, banks.values()))
     return total
 
 
-# (tile_n, hdim) -> the most wavefronts one 8-byte load / 4-byte store instruction takes (ideal: 2 / 1).
-# Over a tile, loads + stores: 640 -> 256 wavefronts at (128, 128) against one word per lane of a row
-# (4-way conflicted loads), 1408 -> 384 at (96, 256), about 1.5-2x fewer elsewhere. hdim 64 and 192:
-# their 64-byte swizzle reaches half the banks from one key-row parity, so loads stay 2-way.
-BANKS = {(128, 64): (4, 1), (128, 96): (4, 1), (128, 128): (2, 1), (128, 192): (4, 1), (96, 256): (2, 1),
-         (64, 128): (2, 1)}
-
-
 @pytest.mark.parametrize(("tile_n", "hdim"), SHAPES)
-def test_transposer_bank_conflicts(tile_n, hdim):
-    """A model of the banks from the real layouts (the transposer's addresses, as the kernel computes
-    them, for every lane of every warp instruction): wavefronts per instruction as in BANKS."""
-    vt_off, v_off = _offsets(tile_n, hdim, 1), _offsets(hdim, tile_n, 1)
-    loads, stores, counts = {}, {}, {}
+def test_transposer_bank_conflict_free(tile_n, hdim):
+    """A model of the banks from the real layouts and the transposer's addresses, every instruction of
+    every warp: 4 wavefronts per LDSM.T x4 and per STSM x4 (512 bytes each), the least possible."""
+    _, _, smem = _transpose(tile_n, hdim, stages=1)
+    assert {kind: {_wavefronts(a) for k, a in smem.log if k == kind} for kind in ("ld", "st")} == \
+        {"ld": {4}, "st": {4}}
 
-    def load2(off, who):
-        n = counts[who, "ld"] = counts.get((who, "ld"), -1) + 1
-        loads.setdefault((who[:2], n), {})[who[2]] = off
-        return 0, 0
 
-    def store(off, word, who):
-        n = counts[who, "st"] = counts.get((who, "st"), -1) + 1
-        stores.setdefault((who[:2], n), {})[who[2]] = off
+def test_bank_model_sees_stores_without_the_lane_swap(monkeypatch):
+    """Without lanes 16-31 swapping their words, an STSM matrix holds head-dim rows 0, 2, .., 14: two
+    per row mod 8, 2-way bank conflicts at the 128-byte swizzle (the data still right)."""
+    roles = F8.lane_roles
 
-    _run_transposer(tile_n, hdim, load2, store, vt_off, v_off, 0)
-    load_fronts = max(_wavefronts(a, 8) for a in loads.values())
-    store_fronts = max(_wavefronts(a, 4) for a in stores.values())
-    assert (load_fronts, store_fronts) == BANKS[tile_n, hdim]
+    def unswapped(lane):
+        ld_key, ld_col, _, _, _ = roles(lane)
+        return ld_key, ld_col, 16 * (lane // 16) + 2 * (lane % 8) + (lane // 8) % 2, F8.SEL_EVEN, F8.SEL_ODD
+
+    monkeypatch.setattr(F8, "lane_roles", unswapped)
+    v, got, smem = _transpose(128, 128, stages=1)
+    np.testing.assert_array_equal(got[0], _p_order(v[0]))
+    assert {_wavefronts(a) for k, a in smem.log if k == "st"} == {8}
+
+
+def test_ldmatrix_models_match_the_dsl_copy_atoms():
+    """_Smem's lane layouts of ldmatrix.trans and stmatrix are the DSL's own (LdMatrix8x8x16bOp with
+    transpose, StMatrix8x8x16bOp without; elements of 16 bits, matrix m's (row, column) at 64 m + 8 row +
+    column; value v of a lane sits in register v // 2, half v % 2)."""
+    def collect():
+        ld = cute.make_copy_atom(cute.nvgpu.warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
+                                 cutlass.Float16)
+        st = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4),
+                                 cutlass.Float16)
+        return {name: [[tv((t, v)) for v in range(8)] for t in range(32)]
+                for name, tv in (("ld_addr", ld.layout_src_tv), ("ld_regs", ld.layout_dst_tv),
+                                 ("st_regs", st.layout_src_tv), ("st_addr", st.layout_dst_tv))}
+
+    tv = _traced(collect)
+    for t in range(32):
+        q, j = t % 4, t // 4
+        # the lane addresses row t % 8 of matrix t // 8 (8 contiguous elements)
+        assert tv["ld_addr"][t] == tv["st_addr"][t] == [8 * t + v for v in range(8)]
+        for v in range(8):
+            m, half = v // 2, v % 2
+            assert tv["ld_regs"][t][v] == 64 * m + 8 * (2 * q + half) + j  # rows 2q, 2q + 1 of column j
+            assert tv["st_regs"][t][v] == 64 * m + 8 * j + 2 * q + half  # row j, columns 2q, 2q + 1
 
 
 @pytest.mark.parametrize("tile_n", [64, 96, 128])

@@ -340,8 +340,9 @@ def test_forward_default_has_no_cluster_instructions():
     assert sass["UTMALDG_MULTICAST"] == 0 and sass["SYNCS_ARRIVE_RED"] == 0 and sass["UCGABAR"] == 0
 
 
-# FP8 (e4m3) forward: QGMMA only, V transposed by the producer warpgroup (hopper/fp8.py: 4 LDS.64,
-# 16 PRMT and 8 STS.32 per lane and round), one QGMMA wait per commit group, no spills, the FP8 register split
+# FP8 (e4m3) forward: QGMMA only, V transposed by the producer warpgroup (hopper/fp8.py: per unit of 16 keys x
+# 32 head-dim columns one LDSM.T x4, 4 PRMT and one STSM x4, each warp's units unrolled once; the epilogue's
+# STSM besides), one QGMMA wait per commit group, no spills, the FP8 register split
 @pytest.mark.parametrize("mask", list(MASKS))
 @pytest.mark.parametrize("hdim", [64, 96, 128, 192, 256])
 def test_forward_fp8_compiles(hdim, mask):
@@ -352,8 +353,8 @@ def test_forward_fp8_compiles(hdim, mask):
     sass = report["sass"]
     assert sass["HGMMA"] == 0 and sass["QGMMA"] > 0
     assert sass["UTMALDG"] >= 3 and sass["UTMASTG"] >= 1
-    rounds = -(-F8.transpose_units(cfg.tile_n, hdim) // F8.TRANSPOSER_WARPS)
-    assert sass["LDS"] >= 4 * rounds and sass["STS"] >= 8 * rounds and sass["PRMT"] >= 16 * rounds
+    units = F8.transpose_units(cfg.tile_n, hdim)
+    assert sass["LDSM"] == units and sass["STSM"] > units and sass["PRMT"] >= 4 * units
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
     assert sass["HGMMA_WAITS"] == _commit_groups(**MASKS[mask]), "ptxas serialized the WGMMAs"
@@ -409,7 +410,7 @@ def test_forward_varlen_compiles(hdim, mask):
     assert report["smem_bytes"] <= SMEM_CAPACITY
 
 
-# FP8 ablation (FwdConfig.vt_in_gmem): V^T loaded as given, no transposer (no LDS.64 / STS.32 rounds)
+# FP8 ablation (FwdConfig.vt_in_gmem): V^T loaded as given, no transposer (no LDSM.T / STSM units)
 @pytest.mark.variant
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
@@ -418,7 +419,7 @@ def test_forward_fp8_vt_given_compiles(hdim, causal):
     report = inspect_kernel("fwd", dtype="e4m3", hdim=hdim, causal=causal, vt_in_gmem=True)
     sass = report["sass"]
     assert sass["QGMMA"] > 0 and sass["HGMMA_WAITS"] == _commit_groups(causal=causal)
-    assert sass["LDS"] <= 2 and sass["STS"] <= 2  # the epilogue's, no transposer
+    assert sass["LDS"] <= 2 and sass["STS"] <= 2 and sass["LDSM"] == 0  # the epilogue's, no transposer
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert report["smem_bytes"] < cfg.smem_bytes() + 3 * 1024
 

@@ -8,17 +8,44 @@ ring that the consumers' P @ V reads, one block behind the loads, through two pi
 sVt full/empty (TMA -> transposer) and sV full/empty (transposer -> consumers).
 
 Keys are written in P's register order (layout.acc_layout_as_operand_a_fp8): inside each 16
-keys, position 4q + j holds key 2q + j % 2 + 8 (j // 2), q = 0..3. So each 32-bit word of V^T
-(4 positions of one head-dim row) comes from keys 2q, 2q+1, 2q+8, 2q+9 of one 16-key group:
-a lane loads 8 bytes (8 head-dim columns) of each of those 4 key rows, rotates them, transposes
-the two 4 x 4 byte blocks with byte permutes, and stores 8 words, one per head-dim row. A warp
-takes 16 keys x 64 columns at once, laid out over its lanes so that neither its loads nor its
-stores meet a bank conflict at 128-byte rows (tests/test_fp8_layouts.py models the banks).
+keys, position 4q + j holds key 2q + j % 2 + 8 (j // 2), q = 0..3: the bytes ldmatrix.trans hands a
+lane from two 8-key halves. A warp moves a unit of 16 keys x 32 head-dim columns (512 bytes) with
+one LDSM.T x4, four PRMT and one STSM x4 per lane (FA3's scheme):
+
+- LDSM.T x4 reads the fp8 tile as 16-bit elements, four 8 x 8 matrices of 8 keys x 16 bytes:
+  lanes 0-15 address keys 0-15 of the unit's first 16 columns, lanes 16-31 those of the next 16
+  (`lane_roles`). Lane (q = lane % 4, j = lane // 4) receives, of each matrix, keys 2q and 2q+1 of
+  columns 2j and 2j+1;
+- byte_perm of the keys-0-7 and keys-8-15 registers with selectors 0x6420 / 0x7531 gives the
+  words of V^T's rows 2j and 2j+1 at positions 4q..4q+3 (keys 2q, 2q+1, 2q+8, 2q+9: P's order);
+- STSM x4 writes each register as one matrix of 8 rows x 16 bytes (one 16-key group), row i from
+  lanes 4i..4i+3. Lanes 16-31 swap their two words (the PRMT selector is a per-lane register), so
+  a matrix holds head-dim rows 0, 2, 4, 6, 9, 11, 13, 15 (or 1, 3, 5, 7, 8, 10, 12, 14) of its 16:
+  eight rows distinct mod 8, which each of the 32-, 64- and 128-byte swizzles puts in eight
+  different 16-byte bank groups (without the swap: 2-way conflicts). The LDSM.T matrices are 8
+  consecutive keys of one 16-byte column chunk, likewise. Neither meets a bank conflict: 4
+  wavefronts per x4 instruction, the least for 512 bytes (tests/test_fp8_layouts.py models the banks).
+
+Addresses. A swizzle XORs an offset's 16-byte chunk bits (bit 4 up to 6) with its row bits (bit 7 up
+to 9), so it commutes with adding whole 8-row periods. A lane's row inside a unit is fixed; a unit
+lies whole periods away from unit 0 (16 keys in sVt, 32 head-dim rows in sV), or whole column blocks,
+plus a chunk offset inside the swizzled row. So a lane's offset in unit u is (its offset in unit 0)
+XOR X(u) + K(u), X(u) the unit origin's chunk bits and K(u) the rest, both constants
+(`unit_offsets`; the tests check every lane of every unit). Each thread computes its two base
+addresses and selectors once (`lane_bases`); per V tile it adds the stage offsets (whole periods
+too), takes one LOP3 per distinct X, and gives K as the LDSM / STSM immediate. For every X and K to
+be constants each warp runs its own unrolled unit list (`warp_units`) behind a warp-uniform branch.
+Two units' LDSM.T go before their PRMT / STSM (UNITS_PER_BATCH: 8 words in flight; the asm
+statements keep their order, and in the SASS a batch's loads stay after the previous batch's stores).
+
+The stores are fenced for the consumers' WGMMA by fence.proxy.async.shared::cta before the
+mbarrier arrive: the arrive's release orders the writes for generic-proxy readers only, and
+WGMMA reads shared memory through the async proxy, so each writing thread needs the proxy fence.
+ptxas emits it as MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S, as for the epilogue's fence before its TMA
+store; PTX has no weaker form for generic writes.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import cutlass
 import cutlass.cute as cute
@@ -26,134 +53,163 @@ from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from flashhopper.config import FP8_KEY_ORDER, key_of_position  # noqa: F401 (the tests take it from here)
+from flashhopper.config import FP8_KEY_ORDER, key_of_position  # noqa: F401 (the tests take them from here)
 
 TRANSPOSER_WARPS = 3
 TRANSPOSER_THREADS = 32 * TRANSPOSER_WARPS
+# a warp's unit of work: 16 keys (one group of P's key order) x 32 head-dim columns, 512 bytes
+UNIT_KEYS, UNIT_COLS = 16, 32
+# units whose LDSM.T are issued before their PRMT / STSM (4 words each in flight per lane): with 4, the
+# producer's 48 registers spilled at hdim 96 and 192
+UNITS_PER_BATCH = 2
+# PRMT selectors: V^T's word of head-dim column 2j (SEL_EVEN) / 2j+1 (SEL_ODD) from an LDSM.T register of
+# keys 0-7 (bytes 0-3) and one of keys 8-15 (bytes 4-7)
+SEL_EVEN, SEL_ODD = 0x6420, 0x7531
 
 
 @dsl_user_op
-def ld_shared_v2(addr: Int32, *, loc=None, ip=None) -> tuple[Int32, Int32]:
-    """Two 32-bit words from a shared-memory byte address (8-byte aligned)."""
+def ldsm_x4_trans(addr: Int32, offset: int, *, loc=None, ip=None) -> tuple[Int32, Int32, Int32, Int32]:
+    """ldmatrix.trans of four 8 x 8 b16 matrices; this lane addresses row lane % 8 of matrix lane // 8
+    at shared byte address `addr` + `offset` (a constant, the instruction's immediate)."""
     res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32(), T.i32()]), [Int32(addr).ir_value(loc=loc, ip=ip)],
-        "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r",
+        llvm.StructType.get_literal([T.i32()] * 4), [Int32(addr).ir_value(loc=loc, ip=ip)],
+        f"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{$0, $1, $2, $3}}, [$4+{offset}];", "=r,=r,=r,=r,r",
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
     )
-    return (Int32(llvm.extractvalue(T.i32(), res, [0], loc=loc, ip=ip)),
-            Int32(llvm.extractvalue(T.i32(), res, [1], loc=loc, ip=ip)))
+    return tuple(Int32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
 @dsl_user_op
-def st_shared(addr: Int32, value: Int32, *, loc=None, ip=None) -> None:
-    """One 32-bit word to a shared-memory byte address (4-byte aligned)."""
+def stsm_x4(addr: Int32, offset: int, words, *, loc=None, ip=None) -> None:
+    """stmatrix of four 8 x 8 b16 matrices (register i: matrix i); this lane addresses row lane % 8
+    of matrix lane // 8 at shared byte address `addr` + `offset` (a constant)."""
     llvm.inline_asm(
-        None, [Int32(addr).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip)],
-        "st.shared.b32 [$0], $1;", "r,r",
+        None, [Int32(addr).ir_value(loc=loc, ip=ip), *(Int32(w).ir_value(loc=loc, ip=ip) for w in words)],
+        f"stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0+{offset}], {{$1, $2, $3, $4}};", "r,r,r,r,r",
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
     )
 
 
 @dsl_user_op
-def _prmt(a: Int32, b: Int32, selector: int, *, loc=None, ip=None) -> Int32:
+def _prmt(a: Int32, b: Int32, selector: Int32, *, loc=None, ip=None) -> Int32:
     return Int32(llvm.inline_asm(
-        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip)],
-        f"prmt.b32 $0, $1, $2, {selector:#x};", "=r,r,r",
+        T.i32(), [Int32(a).ir_value(loc=loc, ip=ip), Int32(b).ir_value(loc=loc, ip=ip),
+                  Int32(selector).ir_value(loc=loc, ip=ip)],
+        "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
     ))
 
 
-def byte_perm(a, b, selector: int):
-    """prmt.b32: byte i of the result is byte (selector >> 4i) & 7 of {b, a} (a: bytes 0-3). On
-    Python ints (the CPU tests' model of the transposer) computed here."""
-    if isinstance(a, int) and isinstance(b, int):
+def byte_perm(a, b, selector):
+    """prmt.b32: byte i of the result is byte (selector >> 4i) & 7 of {b, a} (a: bytes 0-3); the
+    selector may differ per lane. On Python ints (the CPU tests' model) computed here."""
+    if isinstance(a, int) and isinstance(b, int) and isinstance(selector, int):
         pool = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
         return sum(((pool >> (8 * ((selector >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
     return _prmt(a, b, selector)
 
 
-def transpose_4x4(r0, r1, r2, r3):
-    """Words r0..r3 (row i: bytes c0..c3) -> words out0..out3 (out c: byte i of row i)."""
-    t0, t1 = byte_perm(r0, r1, 0x5140), byte_perm(r0, r1, 0x7362)  # r0.c0 r1.c0 r0.c1 r1.c1 | c2, c3
-    t2, t3 = byte_perm(r2, r3, 0x5140), byte_perm(r2, r3, 0x7362)
-    return (byte_perm(t0, t2, 0x5410), byte_perm(t0, t2, 0x7632),
-            byte_perm(t1, t3, 0x5410), byte_perm(t1, t3, 0x7632))
-
-
-@dsl_user_op
-def _shf_r(lo: Int32, hi: Int32, bits: Int32, *, loc=None, ip=None) -> Int32:
-    return Int32(llvm.inline_asm(
-        T.i32(), [Int32(lo).ir_value(loc=loc, ip=ip), Int32(hi).ir_value(loc=loc, ip=ip),
-                  Int32(bits).ir_value(loc=loc, ip=ip)],
-        "shf.r.wrap.b32 $0, $1, $2, $3;", "=r,r,r,r",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    ))
-
-
-def rotate_bytes(lo, hi, n):
-    """The 8 bytes hi:lo rotated right by n bytes (0 <= n < 8): byte i of the result is byte
-    (i + n) % 8 of the input. On Python ints computed here."""
-    swap = (n >> 2) & 1
-    keep = swap - 1  # all ones when n < 4, else 0
-    lo, hi = (lo & keep) | (hi & ~keep), (hi & keep) | (lo & ~keep)
-    bits = (n & 3) * 8
-    if isinstance(lo, int) and isinstance(hi, int) and isinstance(bits, int):
-        pair = ((hi & 0xFFFFFFFF) << 32) | (lo & 0xFFFFFFFF)
-        pair = ((pair >> bits) | (pair << (64 - bits))) & 0xFFFFFFFFFFFFFFFF
-        return pair & 0xFFFFFFFF, pair >> 32
-    return _shf_r(lo, hi, bits), _shf_r(hi, lo, bits)
-
-
-def transpose_item(load2, store, vt_offset, v_offset, g, q, c, col):
-    """One lane's work: 8 head-dim columns col..col+7 of the 4 keys 16 g + 2 q + (0, 1, 8, 9), i.e.
-    V^T's word 4 g + q (positions 16 g + 4 q .. +3) in rows col..col+7. The 8-byte rows are rotated
-    by c bytes before the 4 x 4 byte transposes, so that the lane's i-th store goes to row
-    col + (i + c) % 8: the 8 lanes of a word (c = 0..7) then store to 8 different rows mod 8, which
-    the swizzle puts in different banks. `vt_offset(key, d)` / `v_offset(d, position)`: byte offsets
-    in sVt / sV; `load2(offset)`: two words; `store(offset, word)`. Plain Python: traced into the
-    kernel, or run by the CPU tests on ints."""
-    key0 = 16 * g + 2 * q
-    rows = [rotate_bytes(*load2(vt_offset(key0 + off, col)), c) for off in FP8_KEY_ORDER]
-    for half in range(2):  # the first 4 stores before the second transpose: 4 words fewer live
-        out = transpose_4x4(*(r[half] for r in rows))
-        for i in range(4):
-            store(v_offset(col + (4 * half + i + c) % 8, 16 * g + 4 * q), out[i])
-
-
 def transpose_units(tile_n: int, hdim_v: int) -> int:
-    """Warp-sized pieces of one V tile: 16 keys x 64 head-dim columns (the last one narrower at hdim 96)."""
-    return (tile_n // 16) * (-(-hdim_v // 64))
+    """Units (16 keys x 32 head-dim columns) of one V tile."""
+    assert tile_n % UNIT_KEYS == 0 and hdim_v % UNIT_COLS == 0, (tile_n, hdim_v)
+    return (tile_n // UNIT_KEYS) * (hdim_v // UNIT_COLS)
 
 
-def lane_item(warp, lane, rnd, tile_n: int):
-    """(unit, g, q, c, col) of a transposer lane in round `rnd`: warp w takes units w, w + 3, ...;
-    lane = q + 4 c. A unit's lanes read 16 distinct 8-byte bank pairs per half warp (q varies the
-    key row mod 8, c the column and its half of a 16-byte swizzle chunk) and store 32 distinct banks
-    (see transpose_item)."""
-    unit = warp + rnd * TRANSPOSER_WARPS
-    g, cb = unit % (tile_n // 16), unit // (tile_n // 16)
-    q, c = lane % 4, lane // 4
-    return unit, g, q, c, 64 * cb + 8 * c
+def warp_units(warp: int, tile_n: int, hdim_v: int) -> list[tuple[int, int]]:
+    """(first key, first head-dim column) of each unit of transposer warp `warp`, in its order: the
+    units numbered column-block fastest, each warp a contiguous third (which keeps the distinct XORs
+    of its addresses few)."""
+    blocks = hdim_v // UNIT_COLS
+    units = transpose_units(tile_n, hdim_v)
+    return [(UNIT_KEYS * (u // blocks), UNIT_COLS * (u % blocks))
+            for u in range(warp * units // TRANSPOSER_WARPS, (warp + 1) * units // TRANSPOSER_WARPS)]
+
+
+def lane_roles(lane):
+    """What lane `lane` (0..31, run-time or int) addresses in a unit: (key, column) of its LDSM.T row
+    in sVt, head-dim row of its STSM row in sV (at the unit's first position), and the selectors of
+    the PRMTs that make STSM registers 0 / 1 (2 / 3 alike) of the first / second 16 columns."""
+    half = lane // 16  # lanes 16-31 hold columns 8-15 of each 16 and swap their two words
+    ld_key, ld_col = lane % 16, 16 * half
+    # STSM matrix m = lane // 8, its row i = lane % 8 comes from lanes 4i..4i+3: head-dim row
+    # 16 (m // 2) + 2i + (m % 2 xor i // 4)
+    st_row = 16 * half + 2 * (lane % 8) + (lane // 8 + lane // 4) % 2
+    swap = half * (SEL_EVEN ^ SEL_ODD)
+    return ld_key, ld_col, st_row, SEL_EVEN ^ swap, SEL_ODD ^ swap
+
+
+def swizzle_bits(layout: cute.ComposedLayout) -> tuple[int, int]:
+    """(the offset bits a swizzled smem layout XORs: 16-byte chunk bits, the bits it XORs them with:
+    row bits inside the swizzle's period)."""
+    sw = layout.inner
+    chunk = ((1 << sw.num_bits) - 1) << sw.num_base
+    return chunk, chunk << sw.num_shift
+
+
+def unit_offsets(key: int, col: int, vt_offset, v_offset, vt_bits, v_bits) -> tuple[int, int, int, int]:
+    """(X, K) of the unit at (key, col) for the LDSM.T (sVt) and the STSM (sV): a lane whose offset in
+    the unit at (0, 0) is o has o ^ X + K in this one. `vt_offset(key, column)` / `v_offset(row,
+    position)`: stage-0 byte offsets (ints); `*_bits`: swizzle_bits of the layouts. X is the unit
+    origin's chunk bits, K the rest; the origin is on a swizzle period (no row bits), so that the
+    swizzle of a lane's row inside the unit is that of its row in unit (0, 0)."""
+    o_ld, o_st = vt_offset(key, col), v_offset(col, key)
+    assert not (o_ld & vt_bits[1] or o_st & v_bits[1]), (key, col, o_ld, o_st)
+    return o_ld & vt_bits[0], o_ld & ~vt_bits[0], o_st & v_bits[0], o_st & ~v_bits[0]
+
+
+def transpose_warp(units, ld_addr, st_addr, sel0, sel1, ldsm, stsm, perm=byte_perm) -> None:
+    """One warp's units of one V tile. `units`: unit_offsets of each; `ld_addr` / `st_addr`: the lane's
+    address in unit (0, 0) of this stage's sVt / sV; `sel0`, `sel1`: lane_roles' selectors;
+    `ldsm(addr, imm)` -> 4 words, `stsm(addr, imm, words)`, `perm(a, b, selector)`. Plain Python: traced
+    into the kernel per thread, run by the CPU tests on whole warps (tests/test_fp8_layouts.py)."""
+    based = {}
+
+    def xored(addr, x, side):
+        if (side, x) not in based:  # one LOP3 per distinct X of the warp
+            based[side, x] = addr ^ x if x else addr
+        return based[side, x]
+
+    for first in range(0, len(units), UNITS_PER_BATCH):
+        batch = units[first:first + UNITS_PER_BATCH]
+        loaded = [ldsm(xored(ld_addr, x_ld, "ld"), k_ld) for x_ld, k_ld, _, _ in batch]
+        for (_, _, x_st, k_st), (r0, r1, r2, r3) in zip(batch, loaded, strict=True):
+            words = (perm(r0, r1, sel0), perm(r0, r1, sel1), perm(r2, r3, sel0), perm(r2, r3, sel1))
+            stsm(xored(st_addr, x_st, "st"), k_st, words)
+
+
+def lane_bases(sVt_layout: cute.ComposedLayout, vt_base, sV_layout: cute.ComposedLayout, v_base, lane):
+    """Once per thread: (LDSM.T address in sVt's unit (0, 0) of stage 0, STSM address likewise in sV,
+    PRMT selectors 0 / 1). `*_base`: the buffers' shared byte addresses."""
+    ld_key, ld_col, st_row, sel0, sel1 = lane_roles(lane)
+    return (vt_base + sVt_layout((ld_key, ld_col, 0)), v_base + sV_layout((st_row, 0, 0)), sel0, sel1)
+
+
+def stage_plans(sVt_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, tile_n: int, hdim_v: int):
+    """unit_offsets of each transposer warp's units, from the layouts (stage 0), while tracing."""
+    def vt_offset(key, col):
+        return sVt_layout((key, col, 0))
+
+    def v_offset(row, pos):
+        return sV_layout((row, pos, 0))
+
+    vt_bits, v_bits = swizzle_bits(sVt_layout), swizzle_bits(sV_layout)
+    return [[unit_offsets(key, col, vt_offset, v_offset, vt_bits, v_bits)
+             for key, col in warp_units(w, tile_n, hdim_v)] for w in range(TRANSPOSER_WARPS)]
 
 
 @cute.jit
-def transpose_stage(sVt_layout: cute.ComposedLayout, vt_base: Int32, vt_stage: Int32,
-                    sV_layout: cute.ComposedLayout, v_base: Int32, v_stage: Int32, tid: Int32,
-                    tile_n: cutlass.Constexpr[int], hdim_v: cutlass.Constexpr[int]):
+def transpose_stage(sVt_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, bases, vt_stage: Int32,
+                    v_stage: Int32, warp: Int32, tile_n: cutlass.Constexpr[int],
+                    hdim_v: cutlass.Constexpr[int]):
     """One V tile: sVt[key, d] (stage vt_stage) -> sV[d, position] (stage v_stage), keys in P's
-    order, by the TRANSPOSER_THREADS threads (`tid` in [0, TRANSPOSER_THREADS)). Byte addresses:
-    `*_base` + the swizzled layouts' offsets (1-byte elements)."""
-    units = transpose_units(tile_n, hdim_v)
-    item = partial(transpose_item, lambda off: ld_shared_v2(vt_base + off),
-                   lambda off, word: st_shared(v_base + off, word),
-                   lambda key, d: sVt_layout((key, d, vt_stage)),
-                   lambda d, pos: sV_layout((d, pos, v_stage)))
-    warp, lane = tid // 32, tid % 32
-    for r in cutlass.range_constexpr(-(-units // TRANSPOSER_WARPS)):
-        unit, g, q, c, col = lane_item(warp, lane, r, tile_n)
-        whole_round = (r + 1) * TRANSPOSER_WARPS <= units
-        if cutlass.const_expr(whole_round and hdim_v % 64 == 0):
-            item(g=g, q=q, c=c, col=col)
-        else:
-            if unit < units and col < hdim_v:  # the last round's spare warps; hdim 96's last 32 columns
-                item(g=g, q=q, c=c, col=col)
+    order, by transposer warp `warp` (0..TRANSPOSER_WARPS-1, warp-uniform) with `bases` from
+    lane_bases."""
+    ld_base, st_base, sel0, sel1 = bases
+    vt_step, v_step = sVt_layout((0, 0, 1)), sV_layout((0, 0, 1))
+    # a stage is a whole number of swizzle periods: its offset commutes with the units' XORs
+    assert vt_step % 1024 == 0 and v_step % 1024 == 0, (vt_step, v_step)
+    plans = stage_plans(sVt_layout, sV_layout, tile_n, hdim_v)
+    ld_addr, st_addr = ld_base + vt_stage * vt_step, st_base + v_stage * v_step
+    for w in cutlass.range_constexpr(TRANSPOSER_WARPS):
+        if warp == w:
+            transpose_warp(plans[w], ld_addr, st_addr, sel0, sel1, ldsm_x4_trans, stsm_x4)

@@ -526,11 +526,14 @@ class FlashFwdSm90:
         order (highest key block first)."""
         vt_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.cfg.vt_stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_stages)
-        vt_base = storage.sVt.data_ptr().toint()
-        v_base = storage.sV.data_ptr().toint()
+        # each thread's addresses in the first unit of stage 0 and its PRMT selectors, once: every
+        # other address is one of these XOR / plus a constant (hopper/fp8.py)
+        bases = F8.lane_bases(sVt_layout, storage.sVt.data_ptr().toint(), sV_layout,
+                              storage.sV.data_ptr().toint(), tid % 32)
+        warp = cute.arch.make_warp_uniform(tid // 32)
         tile_blocks = partial(self.transpose_tile, coords=sched.coords, block_range=block_range,
-                              sVt_layout=sVt_layout, sV_layout=sV_layout, vt_base=vt_base, v_base=v_base,
-                              pipe_vt=pipe_vt, pipe_v=pipe_v, tid=tid)
+                              sVt_layout=sVt_layout, sV_layout=sV_layout, bases=bases, warp=warp,
+                              pipe_vt=pipe_vt, pipe_v=pipe_v)
         if cutlass.const_expr(self.cfg.dynamic_sched):
             sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
             tile = sched.read(sched_state)
@@ -546,29 +549,26 @@ class FlashFwdSm90:
                 tile += sched.stride
 
     @cute.jit
-    def transpose_tile(self, tile, coords, block_range, sVt_layout, sV_layout, vt_base, v_base, pipe_vt,
-                       pipe_v, vt_state, v_state, tid):
+    def transpose_tile(self, tile, coords, block_range, sVt_layout, sV_layout, bases, warp, pipe_vt, pipe_v,
+                       vt_state, v_state):
         """Every V block of one tile, in the producer's order; returns the advanced states."""
         m_block, _, _ = coords(tile)
         n_min, n_max = block_range(m_block)
         for _ in cutlass.range(cutlass.max(n_max - n_min, 0), unroll=1):
-            self.transpose_block(sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state, v_state,
-                                 tid)
+            self.transpose_block(sVt_layout, sV_layout, bases, warp, pipe_vt, pipe_v, vt_state, v_state)
             vt_state.advance()
             v_state.advance()
         return vt_state, v_state
 
     @cute.jit
-    def transpose_block(self, sVt_layout, sV_layout, vt_base, v_base, pipe_vt, pipe_v, vt_state, v_state,
-                        tid):
+    def transpose_block(self, sVt_layout, sV_layout, bases, warp, pipe_vt, pipe_v, vt_state, v_state):
         """One V block: wait for its TMA load and for a free V stage, write V^T, fence the writes
         for the consumers' WGMMA (async proxy), hand the stage over, free the sVt stage."""
         pipe_vt.consumer_wait(vt_state)
         pipe_v.producer_acquire(v_state)
-        # through _opaque: the item addresses are computed here, per block; hoisted out of the tile
-        # loop they fill the producer's 48 registers and spill
-        F8.transpose_stage(sVt_layout, vt_base, vt_state.index, sV_layout, v_base, v_state.index,
-                           _opaque(tid), self.tile_n, self.hdim_v)
+        F8.transpose_stage(sVt_layout, sV_layout, bases, vt_state.index, v_state.index, warp, self.tile_n,
+                           self.hdim_v)
+        # generic-proxy writes read by WGMMA (async proxy): the proxy fence, then the arrive (hopper/fp8.py)
         cute.arch.fence_proxy("async.shared", space="cta")
         pipe_v.producer_commit(v_state)
         cute.arch.sync_warp()  # every lane's reads of sVt are done before lane 0 frees it
