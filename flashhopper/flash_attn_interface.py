@@ -8,8 +8,8 @@ same results (out, or (out, softmax_lse) with return_attn_probs=True; LSE (b, h,
 Scheduling hints FA3 takes (num_splits, pack_gqa, sm_margin) are accepted and left to flashhopper's
 own dispatch. What flashhopper does not have raises NotImplementedError naming it: qv (MLA's
 absorbed query), attention_chunk, and for now in flash_attn_with_kvcache rotary embedding, appending
-packed new keys (cu_seqlens_k_new with k, v) and FP8 caches (a paged cache runs, for now through a
-contiguous copy of the page table's span). Differences from FA3: a row
+packed new keys (cu_seqlens_k_new with k, v) and FP8 caches (a paged cache runs: pages read in place
+where the page size allows, else through a contiguous copy of the table's span). Differences from FA3: a row
 that sees no key has LSE -inf (FA3: +inf); the varlen function has no backward through seqused_q /
 seqused_k (it raises when its inputs require grad).
 """
