@@ -43,11 +43,11 @@ demo: venv
 # test that skips fails.
 GPU_JOBS ?= 8
 gpu-test:
-	python3 -m flashhopper.cli precompile --bwd --jobs $$(nproc)
+	python3 -m flashhopper.cli precompile --bwd --paged --decode --jobs $$(nproc)
 	FLASHHOPPER_JIT=0 FH_REQUIRE_GPU=1 python3 -m pytest -q -m gpu -n $(GPU_JOBS) tests
 
 # also the GPU tests of kernel variants no user is dispatched (tests marked `variant`), compiled as
 # they come: run before a kernel change lands
 gpu-test-full:
-	python3 -m flashhopper.cli precompile --bwd --jobs $$(nproc)
+	python3 -m flashhopper.cli precompile --bwd --paged --decode --jobs $$(nproc)
 	FH_TEST_FULL=1 FH_REQUIRE_GPU=1 python3 -m pytest -q -m gpu -n $(GPU_JOBS) tests

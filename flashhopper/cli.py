@@ -419,8 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "decode's merge kernels (taken with FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1, which "
                         "also adds them)")
     p.add_argument("--paged", action="store_true",
-                   help="also the paged K / V kernels for pages of 16, 64, 128 and 256 rows (taken with "
-                        "FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1, which also adds them)")
+                   help="also the paged K / V kernels for pages of 16, 64, 128 and 256 rows (a paged KV "
+                        "cache reads its pages with them)")
     p.add_argument("--list", action="store_true", help="print the kernels' configs; compile nothing")
     p.add_argument("--json", metavar="FILE", help="also write the counts and times as JSON")
     p.set_defaults(func=_cmd_precompile)

@@ -885,7 +885,7 @@ class BwdPreConfig:
 
 # split-KV decode's merge (hopper/combine.py): the partial outputs' and the output's dtypes it is built for
 COMBINE_DTYPES = ("bf16", "fp16", "fp32")
-COMBINE_MAX_SPLITS = 64  # splitkv.MAX_SPLITS (this module imports nothing of flashhopper's)
+COMBINE_MAX_SPLITS = 64  # also the most splits splitkv.plan chooses (splitkv.MAX_SPLITS)
 
 
 @dataclass(frozen=True)

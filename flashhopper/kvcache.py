@@ -8,8 +8,8 @@ sequence's start and used length as it is given, the rows past it masked, their 
 shared memory, so unused cache slots may hold anything). The append is an index copy computed on the
 device (no host sync: capturable in a CUDA graph). A paged cache (`page_table`) has its semantics in
 backend="reference" (append included); on the kernels, every position the page table covers is
-gathered into a contiguous copy first (`_gather_pages`), unless FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1
-(not yet GPU-verified) and the page size is one the kernels read by TMA (a multiple of 8 that divides or
+gathered into a contiguous copy first (`_gather_pages`), unless the page size is one the kernels read by
+TMA (validation.paged_tma_enabled, on by default) (a multiple of 8 that divides or
 is divided by the key block: FwdConfig.page_size), with no cache_leftpad: then the kernels read the
 pages through the table themselves (`_kernel_call` with `pages`). Decode (one query token) fills the
 grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py). Not yet:

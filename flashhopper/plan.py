@@ -212,9 +212,9 @@ def fwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: b
     return fwd_config_paged(cfg, page_size), wl, wr
 
 
-# Paged KV by TMA (first version, compiled and CPU-checked, not yet run on a GPU: used only with
-# FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1, validation.paged_tma_enabled): the varlen (or decode) kernel reads
-# K and V from the cache's pages, a key block being whole pages or a part of one (FwdConfig._check_paged).
+# Paged KV by TMA (validation.paged_tma_enabled: on by default since its GPU tests passed): the varlen
+# (or decode) kernel reads K and V from the cache's pages, a key block being whole pages or a part of
+# one (FwdConfig._check_paged).
 # Where the tile's key block is neither (hdim 192's 112 keys, 256's 80, with pages of 32 or more), 64
 # keys a block; pages of another size (not a multiple of 8, or neither dividing nor divided by 64) are not
 # served: the cache is gathered first (kvcache._gather_pages)
@@ -242,7 +242,7 @@ def fwd_config_paged(cfg: FwdConfig, page_size: int) -> FwdConfig:
     return cfg
 
 
-# Decode (first version, compiled and CPU-checked, not yet run on a GPU: used only with
+# Decode (passes its GPU tests, timed no faster than the varlen tile: used only with
 # FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1, validation.decode_tile_enabled): kvcache's rearranged call
 # (flashhopper/splitkv.py: one query token, a sequence's rows the g query heads of a KV head, or one)
 # has at most a few real rows a tile, and the 128-row tile ran it compute-bound at about twice the
@@ -301,8 +301,8 @@ PAGED_PAGE_SIZES = (16, 64, 128, 256)
 
 def paged_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, page_sizes=PAGED_PAGE_SIZES) -> list:
     """The paged varlen configs (16-bit, no mask and causal, the query's own value head dim) and the paged
-    1-warpgroup decode configs (no mask) of each page size the kernels serve: not in dispatched_kernels
-    while FLASHHOPPER_EXPERIMENTAL_PAGED_TMA gates them (`flashhopper precompile --paged` builds them)."""
+    1-warpgroup decode configs (no mask) of each page size the kernels serve: not yet in
+    dispatched_kernels (`flashhopper precompile --paged` builds them)."""
     configs = []
     for dtype, hdim, page_size in itertools.product((d for d in dtypes if d in DTYPES), hdims, page_sizes):
         bases = [fwd_config_varlen(dtype, hdim, causal=causal) for causal in (False, True)]

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from flashhopper import validation
+from flashhopper.config import COMBINE_MAX_SPLITS
 
 # split only where the unsplit grid leaves SMs idle (the count by wave efficiency: wave_splits), into
 # chunks of at least this many keys
 MIN_CHUNK = 256
-MAX_SPLITS = 64
+MAX_SPLITS = COMBINE_MAX_SPLITS  # the merge kernel's bound (config.CombineConfig)
 CHUNK_ALIGN = 128  # chunks start on the kernels' key-block boundaries (every tile_n divides 128 or is 128+)
 
 

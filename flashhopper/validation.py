@@ -18,8 +18,9 @@ SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
 SPLIT_HDIMS = ((192, 128),)  # as flashhopper.config's (this module imports no more than torch)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 FP8_DTYPES = (torch.float8_e4m3fn,)
-# The FP8 forward compiles and its data movement is checked on the CPU (tests/test_fp8_layouts.py), but
-# it has not yet run on a GPU: until it has passed the GPU suite, calls need this variable set to 1
+# The FP8 forward: its first transposer passed the GPU suite and the fuzz, but ran at 0.62x cuDNN FP8;
+# the LDSM.T / STSM transposer that replaced it (CPU-checked: tests/test_fp8_layouts.py) has not yet run
+# on a GPU. Until it has, calls need this variable set to 1
 FP8_GPU_VERIFIED = False
 FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
 # varlen (forward and backward) has passed the GPU suite and the fuzz (docs/testing.md, 2026-12-05):
@@ -33,8 +34,8 @@ VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
 DECODE_TILE_GPU_VERIFIED = False
 DECODE_TILE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE"
 # the paged K / V path (FwdConfig.page_size: the varlen and decode kernels read a paged cache's pages by
-# TMA, plan.fwd_config_paged) has passed the GPU suite (tests/test_paged_gpu.py, 2026-12-05): on by
-# default where the page size serves (paged_tma_enabled); other page sizes gather the pages first
+# TMA, plan.fwd_config_paged) passed tests/test_paged_gpu.py's checks (2026-12-05): on by default where
+# the page size serves (paged_tma_enabled); other page sizes gather the pages first
 PAGED_TMA_GPU_VERIFIED = True
 PAGED_TMA_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_PAGED_TMA"
 # split-KV decode's merge by LSE in one kernel (hopper/combine.py) instead of splitkv.merge_by_lse's nine
@@ -156,11 +157,10 @@ def needs_grad(q, k, v) -> bool:
 
 
 def _require_verified(what: str, verified: bool, opt_in: str) -> None:
-    """A forward compiled and checked on the CPU but not yet run through the GPU suite: refused
-    unless the caller opts in."""
+    """A forward whose current kernels have not passed the GPU suite: refused unless the caller opts in."""
     if not verified and os.environ.get(opt_in) != "1":
-        raise NotImplementedError(f"the {what} forward has not yet been verified on a GPU; set {opt_in}=1 to "
-                                  "run it anyway")
+        raise NotImplementedError(f"the {what} forward's current kernels have not yet been verified on a "
+                                  f"GPU; set {opt_in}=1 to run it anyway")
 
 
 def decode_tile_enabled() -> bool:

@@ -277,8 +277,8 @@ def test_qk_descale_kind():
 
 
 def test_fp8_kernel_path_is_refused_until_verified(monkeypatch):
-    """The FP8 forward compiles and its data movement is checked on the CPU, but until it has passed
-    the GPU suite a call needs the opt-in; and an FP8 input that requires grad is refused."""
+    """Until the FP8 forward's current kernels have passed the GPU suite a call needs the opt-in; and an
+    FP8 input that requires grad is refused."""
     from flashhopper import validation
 
     q, k, v = fp8_qkv()

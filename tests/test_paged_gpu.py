@@ -1,15 +1,15 @@
-"""Paged KV read by the kernels (FwdConfig.page_size) on the GPU, opted in by
-FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1: flash_attn_with_kvcache over a paged cache whose page size the
-kernels read by TMA, each item by the rule of flashhopper/accuracy.py against the float64 reference
-over its keys. Page tables shuffled, their entries past the pages in use garbage (-1, a page far past
-the cache, a page of another item), every cache slot no item uses NaN (it must stay out: masked scores,
-V rows zeroed), every launch checked to have been the paged kernel (no gathered copy). Decode (one query
-token: PackGQA and split-KV, whose chunks start inside their item's table row) on the varlen tile and
-the 1-warpgroup decode tile, prefill (causal, several query tokens, an append across pages), GQA and
-not, head dims 64 / 128 / 256, pages of 16, 64, 128 and 256 rows.
+"""Paged KV read by the kernels (FwdConfig.page_size) on the GPU (on by default where the page size allows;
+the tests also set FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1): flash_attn_with_kvcache over a paged cache
+whose page size the kernels read by TMA, each item by the rule of flashhopper/accuracy.py against the
+float64 reference over its keys. Page tables shuffled, their entries past the pages in use garbage (-1, a
+page far past the cache, a page of another item), every cache slot no item uses NaN (it must stay out:
+masked scores, V rows zeroed), every launch checked to have been the paged kernel (no gathered copy).
+Decode (one query token: PackGQA and split-KV, whose chunks start inside their item's table row) on the
+varlen tile and the 1-warpgroup decode tile, prefill (causal, several query tokens, an append across
+pages), GQA and not, head dims 64 / 128 / 256, pages of 16, 64, 128 and 256 rows.
 
-Experimental until it has passed here on a GPU (validation.PAGED_TMA_GPU_VERIFIED): run with
-FH_TEST_EXPERIMENTAL=1."""
+Passed on an H100 (2026-12-05, docs/testing.md), hence validation.PAGED_TMA_GPU_VERIFIED; `make gpu-test`
+precompiles its kernels (`precompile --paged --decode`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from flashhopper import flash_attn_with_kvcache, validation
 from flashhopper.accuracy import check_forward
 from flashhopper.hopper import runtime
 
-pytestmark = [pytest.mark.gpu, pytest.mark.experimental]
+pytestmark = pytest.mark.gpu
 
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
