@@ -34,15 +34,18 @@ def _fp8_opt_in(monkeypatch):
     monkeypatch.setenv(FP8_OPT_IN, "1")
 
 
-def make_case(b, sq, sk, hq, hk, d, layout="bshd", descale="tensor", magnitude=2.0):
+def make_inputs(b, sq, sk, hq, hk, d, layout="bshd", descale="tensor", magnitude=2.0):
+    """e4m3 q, k, v drawn from a seed of the case (descale: the case's descale kind, part of the seed)."""
     torch.manual_seed(zlib.crc32(repr((b, sq, sk, hq, hk, d, layout, descale, magnitude)).encode()))
     if layout == "packed":
         assert sq == sk and hq == hk
-        qkv = (magnitude * torch.randn(b, sq, 3, hq, d, device=DEV)).to(E4M3)
-        q, k, v = qkv.unbind(2)
-    else:
-        q, k, v = ((magnitude * torch.randn(b, s, h, d, device=DEV)).to(E4M3)
-                   for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+        return (magnitude * torch.randn(b, sq, 3, hq, d, device=DEV)).to(E4M3).unbind(2)
+    return tuple((magnitude * torch.randn(b, s, h, d, device=DEV)).to(E4M3)
+                 for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+
+
+def make_case(b, sq, sk, hq, hk, d, layout="bshd", descale="tensor", magnitude=2.0):
+    q, k, v = make_inputs(b, sq, sk, hq, hk, d, layout, descale, magnitude)
     if descale == "none":
         descales = (None, None, None)
     elif descale == "scalar":  # what vLLM and SGLang pass: one value, expanded
@@ -52,15 +55,21 @@ def make_case(b, sq, sk, hq, hk, d, layout="bshd", descale="tensor", magnitude=2
     return q, k, v, descales
 
 
-def run_case(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=0.0, layout="bshd",
-             descale="tensor", softmax_scale=None):
-    q, k, v, descales = make_case(b, sq, sk, hq, hk, d, layout, descale)
+def check_call(q, k, v, descales, causal=False, window=(-1, -1), softcap=0.0, softmax_scale=None):
+    """One call (out and LSE poisoned first by runtime.poison) checked by the rule; returns out."""
     out, lse = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window,
                                softcap=softcap, return_lse=True, q_descale=descales[0], k_descale=descales[1],
                                v_descale=descales[2])
     torch.cuda.synchronize()
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales)
+    return out
+
+
+def run_case(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=0.0, layout="bshd",
+             descale="tensor", softmax_scale=None):
+    q, k, v, descales = make_case(b, sq, sk, hq, hk, d, layout, descale)
+    check_call(q, k, v, descales, causal, window, softcap, softmax_scale)
 
 
 CASES = [  # b, sq, sk, hq, hk, d, causal, window, softcap

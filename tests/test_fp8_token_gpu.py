@@ -13,14 +13,10 @@ head dim, the packed qkv layout, and enough key blocks for the k-descale ring to
 
 from __future__ import annotations
 
-import math
-import zlib
-
 import pytest
 import torch
 
 from flashhopper import fp8
-from flashhopper.accuracy import check_forward
 from flashhopper.validation import FP8_OPT_IN
 
 pytestmark = pytest.mark.gpu
@@ -28,10 +24,9 @@ pytestmark = pytest.mark.gpu
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
 
-from flashhopper import flash_attn_func  # noqa: E402
+from test_fp8_gpu import DEV, check_call, make_inputs  # noqa: E402  (the per-head suite's draws and check)
 
-DEV = "cuda"
-E4M3 = torch.float8_e4m3fn
+from flashhopper import flash_attn_func  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -64,24 +59,8 @@ def make_descales(q, k, kind):
 
 
 def make_case(b, sq, sk, hq, hk, d, layout="bshd", descale="token", magnitude=2.0):
-    torch.manual_seed(zlib.crc32(repr((b, sq, sk, hq, hk, d, layout, descale, magnitude)).encode()))
-    if layout == "packed":
-        assert sq == sk and hq == hk
-        q, k, v = (magnitude * torch.randn(b, sq, 3, hq, d, device=DEV)).to(E4M3).unbind(2)
-    else:
-        q, k, v = ((magnitude * torch.randn(b, s, h, d, device=DEV)).to(E4M3)
-                   for s, h in ((sq, hq), (sk, hk), (sk, hk)))
+    q, k, v = make_inputs(b, sq, sk, hq, hk, d, layout, descale, magnitude)
     return q, k, v, make_descales(q, k, descale)
-
-
-def check_call(q, k, v, descales, causal=False, window=(-1, -1), softcap=0.0, softmax_scale=None):
-    out, lse = flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window,
-                               softcap=softcap, return_lse=True, q_descale=descales[0], k_descale=descales[1],
-                               v_descale=descales[2])
-    torch.cuda.synchronize()
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales)
-    return out
 
 
 def run_case(b, sq, sk, hq, hk, d, causal=False, window=(-1, -1), softcap=0.0, layout="bshd",
