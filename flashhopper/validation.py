@@ -156,9 +156,14 @@ def needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
+def _enabled(verified: bool, opt_in: str) -> bool:
+    """A gated path's switch: its GPU_VERIFIED constant, or the caller's opt-in variable set to 1."""
+    return verified or os.environ.get(opt_in) == "1"
+
+
 def _require_verified(what: str, verified: bool, opt_in: str) -> None:
     """A forward whose current kernels have not passed the GPU suite: refused unless the caller opts in."""
-    if not verified and os.environ.get(opt_in) != "1":
+    if not _enabled(verified, opt_in):
         raise NotImplementedError(f"the {what} forward's current kernels have not yet been verified on a "
                                   f"GPU; set {opt_in}=1 to run it anyway")
 
@@ -166,19 +171,19 @@ def _require_verified(what: str, verified: bool, opt_in: str) -> None:
 def decode_tile_enabled() -> bool:
     """Whether the rearranged decode runs on the 1-warpgroup tile (DECODE_TILE_GPU_VERIFIED, or opted
     in by DECODE_TILE_OPT_IN=1); otherwise on the varlen forward's own tile."""
-    return DECODE_TILE_GPU_VERIFIED or os.environ.get(DECODE_TILE_OPT_IN) == "1"
+    return _enabled(DECODE_TILE_GPU_VERIFIED, DECODE_TILE_OPT_IN)
 
 
 def paged_tma_enabled() -> bool:
     """Whether flash_attn_with_kvcache reads a paged cache's pages in the kernels (PAGED_TMA_GPU_VERIFIED,
     or opted in by PAGED_TMA_OPT_IN=1) where they serve its page size; otherwise it gathers them first."""
-    return PAGED_TMA_GPU_VERIFIED or os.environ.get(PAGED_TMA_OPT_IN) == "1"
+    return _enabled(PAGED_TMA_GPU_VERIFIED, PAGED_TMA_OPT_IN)
 
 
 def decode_merge_enabled() -> bool:
     """Whether kvcache's rearranged decode merges the splits in one kernel (DECODE_MERGE_GPU_VERIFIED, or
     opted in by DECODE_MERGE_OPT_IN=1); otherwise by splitkv.merge_by_lse's torch ops."""
-    return DECODE_MERGE_GPU_VERIFIED or os.environ.get(DECODE_MERGE_OPT_IN) == "1"
+    return _enabled(DECODE_MERGE_GPU_VERIFIED, DECODE_MERGE_OPT_IN)
 
 
 def check_split_hdims_call(q, k, v) -> None:

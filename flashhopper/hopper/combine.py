@@ -32,17 +32,17 @@ from cutlass import Float32
 from cutlass.cute.nvgpu import cpasync
 
 from flashhopper.config import CombineConfig
+from flashhopper.hopper import layout as L
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 WARPS = 4  # rows (warps) a CTA: 8 CTAs for 32 rows, one item of 32 query heads
 IN_FLIGHT = 8  # 16-byte vectors a lane loads before it sums them (passes a loop iteration: 8 / vectors)
-CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": Float32}
 
 
 def vector_elems(dtype: str) -> int:
     """Elements of a 16-byte vector of `dtype`."""
-    return 16 // (CUTE_DTYPES[dtype].width // 8)
+    return 16 // (L.CUTE_DTYPES[dtype].width // 8)
 
 
 def lanes_per_row(vectors: int) -> int:
@@ -60,8 +60,8 @@ class CombineSplits:
     def __init__(self, cfg: CombineConfig):
         cfg.check()
         self.cfg = cfg
-        self.dtype = CUTE_DTYPES[cfg.dtype]
-        self.out_dtype = CUTE_DTYPES[cfg.out_dtype]
+        self.dtype = L.CUTE_DTYPES[cfg.dtype]
+        self.out_dtype = L.CUTE_DTYPES[cfg.out_dtype]
         self.vec = vector_elems(cfg.dtype)
         vectors = cfg.hdim // self.vec
         self.lanes = lanes_per_row(vectors)
@@ -173,7 +173,7 @@ def fake_args(cfg: CombineConfig):
     """The compile's stand-ins: symbolic extents shared by the four tensors, symbolic strides (the head
     dim's 1, the others whole 16-byte vectors for the partials and the output)."""
     b, s, rows, heads = (cute.sym_int() for _ in range(4))
-    dt, out_dt = CUTE_DTYPES[cfg.dtype], CUTE_DTYPES[cfg.out_dtype]
+    dt, out_dt = L.CUTE_DTYPES[cfg.dtype], L.CUTE_DTYPES[cfg.out_dtype]
 
     def strides(n, dtype=None):
         if dtype is None:

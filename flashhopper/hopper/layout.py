@@ -8,8 +8,9 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-# the kernels' element types by the config's dtype name
-CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "e4m3": cutlass.Float8E4M3FN}
+# the kernels' element types by the config's dtype name (fp32: the split-KV merge's partials and output)
+CUTE_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "e4m3": cutlass.Float8E4M3FN,
+               "fp32": cutlass.Float32}
 
 
 def smem_struct(fields: dict):
