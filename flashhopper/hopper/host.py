@@ -76,3 +76,70 @@ def paged_block_rows(page_table, page_start: int, n_block: int, used_k: int, til
     first = n_block * tile_n
     return [(j * rows, paged_row(page_table, page_start, first + j * rows, used_k, page_size), rows)
             for j in range(boxes)]
+
+
+# ---- the varlen forward's walk (tile_scheduler.FwdTileScheduler.varlen_tile; hopper/varlen_walk.py builds
+# its table on the device)
+
+WARP = 32
+
+
+def varlen_m_blocks(len_q: int, tile_m: int) -> int:
+    """Query blocks of a sequence with `len_q` used queries: its tiles per head (varlen_walk.walk_table's
+    rule, the same formula)."""
+    return (len_q + tile_m - 1) // tile_m
+
+
+def section_coords(tile: int, *, num_m_blocks: int, num_pairs: int, l2_section: int,
+                   from_last: bool) -> tuple[int, int]:
+    """tile_scheduler.section_coords on the host: tile index -> (m_block, pair), pairs taken
+    `l2_section` at a time, the pair fastest inside a section, m from the last block down with
+    `from_last`."""
+    per_section = num_m_blocks * l2_section
+    section = tile // per_section
+    local = tile - section * per_section
+    pairs_here = min(l2_section, num_pairs - section * l2_section)
+    m_idx = local // pairs_here
+    pair = section * l2_section + local - m_idx * pairs_here
+    return (num_m_blocks - 1 - m_idx if from_last else m_idx), pair
+
+
+def varlen_find(ends, unit: int) -> tuple[int, int, int] | None:
+    """tile_scheduler.VarlenWalk.find on the host, lane by lane: the first position whose entry of the
+    non-decreasing `ends` exceeds `unit`, as (position, the entry before it or 0, its entry), or None
+    where none does. Each round the warp's 32 lanes load the last entry of 32 equal chunks of the range
+    left (a lane past the range its last entry, then -1 in its place), and the first chunk whose entry
+    exceeds `unit` is the next range: ceil(log32(len)) rounds of one load per lane."""
+    lo, n, below, found = 0, len(ends), 0, None
+    while n > 0:
+        step = (n + WARP - 1) // WARP
+        loaded = [ends[lo + min((lane + 1) * step, n) - 1] for lane in range(WARP)]
+        probes = [value if lane * step < n else -1 for lane, value in enumerate(loaded)]
+        hits = [lane for lane in range(WARP) if probes[lane] > unit]
+        if not hits:
+            break
+        f = hits[0]
+        below = probes[f - 1] if f > 0 else below
+        top = probes[f]
+        lo += f * step
+        if step == 1:
+            found = (lo, below, top)
+            break
+        n = min(step, n - f * step)
+    return found
+
+
+def varlen_tile(tile: int, table, *, heads: int, l2_section: int,
+                from_last: bool) -> tuple[int, int, int] | None:
+    """FwdTileScheduler.varlen_tile on the host: tile index -> (sequence, head, m_block) on the walk
+    table (varlen_walk.walk_table: the cumulative query blocks of the sequences in walk order, then the
+    sequences' ids), or None past the last tile. Sequence i of the walk holds tiles heads * ends[i - 1]
+    up to heads * ends[i], taken as section_coords takes a dense launch's with its heads as the pairs."""
+    batch = len(table) // 2
+    found = varlen_find(table[:batch], tile // heads)
+    if found is None:
+        return None
+    pos, below, top = found
+    m_block, head = section_coords(tile - below * heads, num_m_blocks=top - below, num_pairs=heads,
+                                   l2_section=l2_section, from_last=from_last)
+    return table[batch + pos], head, m_block

@@ -81,7 +81,7 @@ def cache_root() -> Path:
 
 
 # host-only modules of hopper/ (they do not import the DSL): editing them leaves every binary alone
-_HOST_ONLY = {"runtime.py", "kernel_cache.py"}
+_HOST_ONLY = {"runtime.py", "kernel_cache.py", "varlen_walk.py"}
 
 
 def _kernel_sources() -> list[Path]:
