@@ -126,6 +126,22 @@ def sass_digest(text: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 
 
+_ADDRESSED = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+_BRA_DIV = re.compile(r"BRA\.DIV\s+\S+,\s*0x([0-9a-f]+)")
+
+
+def diverged_count(text: str, opcode: str) -> int:
+    """How many `opcode` instructions of `cuobjdump -sass` text lie in the code that BRA.DIVs branch to
+    (from the lowest such target on: ptxas places it after the code a converged warp runs)."""
+    lines = [(int(m.group(1), 16), _PREDICATE.sub("", m.group(2)))
+             for m in map(_ADDRESSED.match, text.splitlines()) if m]
+    targets = [int(t.group(1), 16) for _, body in lines if (t := _BRA_DIV.match(body))]
+    if not targets:
+        return 0
+    start = min(targets)
+    return sum(1 for address, body in lines if address >= start and body.split(" ")[0].startswith(opcode))
+
+
 def count_opcodes(instructions, names=SASS_OPCODES) -> dict[str, int]:
     return {
         name: sum(1 for op, _ in instructions if op == name or op.startswith(name + "."))
@@ -202,6 +218,9 @@ def inspect_cubin(cubin: bytes, smem_bytes: int | None = None, ptxas_log: str = 
     # thread-block clusters: multicast TMA loads, mbarrier arrives that go through the cluster's
     # shared window (.RED: to a peer CTA, or to our own by its cluster address), cluster barriers
     ops = [op for op, _ in instructions]
+    # copies of warp-synchronous code that ptxas adds for a warp it cannot prove converged, reached only
+    # through a BRA.DIV (never, where the warp is converged) and placed after the rest of the code
+    sass["UTMALDG_DIVERGED"] = diverged_count(sass_text, "UTMALDG")
     sass["UTMALDG_MULTICAST"] = sum(1 for op in ops if op.startswith("UTMALDG") and "MULTICAST" in op)
     sass["SYNCS_ARRIVE_RED"] = sum(1 for op in ops if op.startswith("SYNCS.ARRIVE") and ".RED" in op)
     sass["UCGABAR"] = sum(1 for op in ops if op.startswith("UCGABAR"))

@@ -14,6 +14,7 @@ from flashhopper import cli
 from flashhopper.compile import (
     CompiledArtifact,
     count_opcodes,
+    diverged_count,
     ensure_arch_env,
     find_sass_tools,
     inspect_cubin,
@@ -131,6 +132,21 @@ def test_parse_sass_lines():
     assert setmaxnreg_values(ins) == [{"kind": "TRY_ALLOC.CTAPOOL", "regs": 240},
                                       {"kind": "DEALLOC.CTAPOOL", "regs": 24}]
     assert parse_ptxas_spills("no spills here") == 0
+
+
+def test_diverged_count_counts_from_the_lowest_bra_div_target():
+    text = """
+        /*0070*/              @UP0 UTMALDG.4D [UR8], [UR6], desc[URZ] ;
+        /*0080*/                   BRA.DIV UR6, 0xc0 ;
+        /*0090*/              @UP1 UTMALDG.4D [UR8], [UR6], desc[URZ] ;
+        /*00a0*/                   EXIT ;
+        /*00b0*/                   BRA.DIV UR6, 0xd0 ;
+        /*00c0*/                   WARPSYNC.COLLECTIVE R10, 0xe0 ;
+        /*00d0*/              @UP0 UTMALDG.4D [UR8], [UR6], desc[URZ] ;
+        /*00e0*/                   BRA 0x90 ;
+    """
+    assert diverged_count(text, "UTMALDG") == 1 and diverged_count(text, "WARPSYNC") == 1
+    assert diverged_count(text.replace("BRA.DIV", "BRA"), "UTMALDG") == 0
 
 
 def test_sass_digest_ignores_addresses_and_encodings():
