@@ -40,6 +40,11 @@ def key_of_position(pos: int) -> int:
     """The key whose V row sits at position `pos` of FP8 V^T (and whose P is A operand column `pos`)."""
     return 16 * (pos // 16) + 2 * ((pos % 16) // 4) + FP8_KEY_ORDER[pos % 4]
 
+# The dynamic scheduler's ring (hopper/tile_scheduler.py): slots, and int32 words a slot: a tile index, or
+# with varlen a tile's record (m_block, head, sequence, query offset, used queries, used keys)
+SCHED_STAGES = 2
+VARLEN_RECORD_WORDS = 6
+
 # Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
 SMEM_CAPACITY = 232448
 # FwdConfig.lazy_max: a block whose row sum (with the stale max) exceeds 2^this is redone exactly;
@@ -178,9 +183,10 @@ class FwdConfig(_KernelConfig):
     # carried through every key block's P @ V loses bits as the keys grow (vllm#23813); with this each
     # block's P @ V starts a fresh accumulator, added into the fp32 O by FADDs once it is done
     pv_two_level: bool = False
-    # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): each tile's
-    # query and key bounds come from cu_seqlens / seqused, a tile past its sequence's end is skipped,
-    # and O is stored row by row up to the sequence's end (a TMA box would write the next one's rows)
+    # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): the persistent
+    # dynamic scheduler walks each sequence's real tiles, longest sequence first (hopper/tile_scheduler.py),
+    # each tile's query and key bounds come from cu_seqlens / seqused, and O is stored row by row up to
+    # the sequence's end (a TMA box would write the next one's rows)
     varlen: bool = False
     # the value (and output) head dim when it differs from the query / key one (SPLIT_HDIMS); 0: hdim
     dv: int = 0
@@ -245,7 +251,8 @@ class FwdConfig(_KernelConfig):
             q = max(q, o_bytes)  # O staged in Q's buffer (with FP8 inputs, wider than Q)
         o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v_ring else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
-        scheduler = 2 * 8 * 2 + 4 * 2  # the dynamic scheduler's 2-slot ring (always allocated)
+        # the dynamic scheduler's ring (always allocated): two mbarriers and a slot's words a stage
+        scheduler = SCHED_STAGES * (2 * 8 + 4 * (VARLEN_RECORD_WORDS if self.varlen else 1))
         if self.is_fp8 and not self.vt_in_gmem:  # the ring V arrives in before it is transposed
             v += self.vt_stages * self.tile_n * self.hdim_v + 8 * 2 * self.vt_stages
         if self.token_descales:  # the k-descale ring and its mbarriers
@@ -381,9 +388,12 @@ class FwdConfig(_KernelConfig):
             raise ValueError("e4m3: wg_epilogue needs O's own smem tile")
 
     def _check_varlen(self) -> None:
-        """What the varlen forward (first version: one CTA per tile, the shared epilogue) is built for."""
-        unsupported = {"e4m3": self.is_fp8, "cluster_m": self.cluster_m != 1, "persistent": self.persistent,
-                       "dynamic_sched": self.dynamic_sched, "o_in_v": self.o_in_v,
+        """What the varlen forward (its tiles walked by the persistent dynamic scheduler, the shared
+        epilogue) is built for."""
+        if not (self.persistent and self.dynamic_sched):
+            raise ValueError("varlen: needs persistent=True and dynamic_sched=True (the scheduler walks each "
+                             "sequence's tiles from the walk table)")
+        unsupported = {"e4m3": self.is_fp8, "cluster_m": self.cluster_m != 1, "o_in_v": self.o_in_v,
                        "wg_epilogue": self.wg_epilogue}
         if bad := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"varlen: {', '.join(bad)} not supported with packed sequences")

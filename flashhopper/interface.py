@@ -166,7 +166,7 @@ def flash_attn_varlen_func(
             from flashhopper.hopper import forward_varlen
 
             out, lse = forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
-                                      scale, causal, window, softcap, out=buffer)
+                                      scale, causal, window, softcap, out=buffer, max_seqlen_k=max_seqlen_k)
     if buffer is not None and out.data_ptr() != buffer.data_ptr():
         buffer.copy_(out)
         out = buffer
@@ -212,7 +212,8 @@ class _HopperVarlenAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, deterministic):
         from flashhopper.hopper import forward_varlen
 
-        out, lse = forward_varlen(q, k, v, cu_q, cu_k, max_q, None, None, scale, causal, window, softcap)
+        out, lse = forward_varlen(q, k, v, cu_q, cu_k, max_q, None, None, scale, causal, window, softcap,
+                                  max_seqlen_k=max_k)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)

@@ -104,7 +104,8 @@ def fwd_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: 
     validation.check_varlen_call(q, k, v, seqused_q, seqused_k)
     check_layouts(*((name, t) for name, t in (("q", q), ("k", k), ("v", v)) if t.numel()))
     return _kernels().forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k,
-                                     softmax_scale, causal, (window_left, window_right), softcap)
+                                     softmax_scale, causal, (window_left, window_right), softcap,
+                                     max_seqlen_k=max_seqlen_k)
 
 
 @fwd_varlen.register_fake

@@ -184,21 +184,24 @@ def _fwd_config_untimed(dtype: str, hdim: int, tiles: tuple[int, int], causal: b
     return cfg
 
 
-# Varlen forward (first version, not yet timed): the dense tiles of the mask, one CTA per tile (the
-# scheduler does not yet walk sequences), the shared epilogue (O stored row by row)
-_VARLEN_OFF = {"persistent": False, "dynamic_sched": False, "o_in_v": False, "o_v_stages": False,
-               "wg_epilogue": False, "q_stages": 1}
+# Varlen forward: the dense tiles of the mask on the persistent grid, whose dynamic scheduler walks each
+# sequence's real tiles, longest first (hopper/tile_scheduler.py); the shared epilogue (O stored row by row)
+_VARLEN = {"persistent": True, "dynamic_sched": True, "o_in_v": False, "o_v_stages": False,
+           "wg_epilogue": False, "q_stages": 1}
 
 
 @functools.cache
 def fwd_config_varlen(dtype: str, hdim: int, causal: bool = False, local: bool = False,
                       softcap: bool = False, dv: int = 0) -> FwdConfig:
-    """The varlen forward's configuration: the dense one of the mask with what varlen does not take
-    turned off (FwdConfig._check_varlen)."""
+    """The varlen forward's configuration: the dense one of the mask on varlen's scheduler, with what
+    varlen does not take turned off (FwdConfig._check_varlen)."""
     cfg = dataclasses.replace(fwd_config(dtype, hdim, causal=causal, local=local, softcap=softcap, dv=dv),
-                              varlen=True, **_VARLEN_OFF)
+                              varlen=True, **_VARLEN)
     if local:  # the window's bounds next to the sequence's leave lazy_max no registers (4 spilled at 128)
         cfg = dataclasses.replace(cfg, lazy_max=False)
+    if causal and cfg.lazy_max:  # nor the late K release (72 bytes spilled at hdim 128 in bf16); the early
+        # one (FwdConfig.late_k_release off) timed the same in the dense kernel (docs/design.md)
+        cfg = dataclasses.replace(cfg, late_k_release=False)
     cfg.check()
     return cfg
 

@@ -639,3 +639,23 @@ def test_decode_tile_configs_fit():
             dataclasses.replace(cfg, num_stages=cfg.num_stages + 1).check()
     assert plan.fwd_plan_decode("bf16", 128, False) == plan.fwd_config_decode("bf16", 128)
     assert plan.fwd_config_decode("fp16", 192, dv=192) == plan.fwd_config_decode("fp16", 192)
+
+
+def test_varlen_configs_walk_on_the_persistent_dynamic_scheduler():
+    """Every varlen config (dispatched, split head dims, decode tile, paged) runs on the persistent grid
+    whose dynamic scheduler walks the sequences' tiles (hopper/tile_scheduler.py); one without it is
+    refused. Causal with lazy_max releases K early (the late release spills with the sequence's bounds
+    in registers); its ring slots hold a tile's record (config.VARLEN_RECORD_WORDS)."""
+    cfgs = [plan.fwd_config_varlen(dtype, hdim, **mask, softcap=softcap)
+            for dtype, hdim, mask, softcap in DISPATCHED]
+    cfgs += plan.decode_kernels() + plan.paged_kernels() + [plan.fwd_config_varlen("bf16", 192, dv=128)]
+    for cfg in cfgs:
+        assert cfg.varlen and cfg.persistent and cfg.dynamic_sched, cfg
+        assert cfg.late_k_release == (not (cfg.causal and cfg.lazy_max)), cfg
+        assert cfg.smem_bytes() == dataclasses.replace(cfg, varlen=False).smem_bytes() + 2 * 4 * (
+            config.VARLEN_RECORD_WORDS - 1)
+    assert any(cfg.causal and cfg.lazy_max for cfg in cfgs)
+    for off in ({"persistent": False}, {"dynamic_sched": False}, {"persistent": False,
+                                                                   "dynamic_sched": False}):
+        with pytest.raises(ValueError, match="varlen: needs persistent=True and dynamic_sched=True"):
+            dataclasses.replace(plan.fwd_config_varlen("bf16", 128), **off).check()

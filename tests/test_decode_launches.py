@@ -11,15 +11,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashhopper.hopper
 from flashhopper import kvcache, splitkv, validation
+from flashhopper.hopper.varlen_walk import uniform_walk_table, walk_table
 from flashhopper.reference import attention_ref
 
-# launches besides the attention kernel (forward_varlen's own seqused_q included) of one call, 32 query
-# heads over 8 KV heads, hdim 128, bf16 (paged: pages read in place by the kernel); before the launches
-# were cut: 40, 48, 40 and 53
-LAUNCHES = {"1 x 8k": 15, "1 x 8k, append": 19, "8 x 32k": 17, "1 x 8k, paged 16": 16}
+# launches besides the attention kernel (forward_varlen's own seqused_q and walk table included) of one
+# call, 32 query heads over 8 KV heads, hdim 128, bf16 (paged: pages read in place by the kernel); before
+# the launches were cut: 40, 48, 40 and 53; the walk table (varlen_walk.uniform_walk_table, a rearranged
+# decode's) added two to each
+LAUNCHES = {"1 x 8k": 17, "1 x 8k, append": 21, "8 x 32k": 19, "1 x 8k, paged 16": 18}
 # the same with the merge in one kernel (FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1: hopper/combine.py), that
-# kernel counted
-MERGED_LAUNCHES = {"1 x 8k": 7, "1 x 8k, append": 11, "8 x 32k": 9, "1 x 8k, paged 16": 8}
+# kernel counted (the walk table's two included)
+MERGED_LAUNCHES = {"1 x 8k": 9, "1 x 8k, append": 13, "8 x 32k": 11, "1 x 8k, paged 16": 10}
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "_unsafe_view", "lift_fresh"}  # no kernel
 
 
@@ -40,16 +42,21 @@ class Launches(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None, decode=False, **paged):
-    """forward_varlen but its kernel: seqused_q from cu_seqlens_q where not given, the outputs."""
+def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None, decode=False, **kwargs):
+    """forward_varlen but its kernel: seqused_q from cu_seqlens_q where not given, the walk table, the
+    outputs."""
     if used_q is None:
         used_q = cu_q[1:] - cu_q[:-1]
+    if decode:
+        uniform_walk_table(used_k.shape[0], max_q, tile_m=128, device=q.device)
+    else:
+        walk_table(used_q, used_k, tile_m=128)
     out = torch.empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype) if out is None else out
     return out, torch.empty(q.shape[1], q.shape[0])
 
 
 def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal, window, softcap, out=None,
-                     decode=False):
+                     decode=False, **kwargs):
     """forward_varlen on the CPU: sequence n's rows against keys starts[n] .. starts[n] + used_k[n] in
     float64, rounded to q's dtype as the kernel's output is; what it is given checked first (`decode`:
     only the rearranged decode, one query token packed or split, with no mask and no out)."""

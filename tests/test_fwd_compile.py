@@ -502,9 +502,10 @@ def test_forward_decode_tile_compiles(cfg):
 # compiles with one WGMMA wait per commit group, its tile's register split, no spills, and the K / V
 # boxes of a key block (tile_n / page_size boxes of whole pages, or one box inside a page) issued by one
 # loop at each load site: UTMALDG as many as the unpaged kernel's, Q once and K, V at two sites each, one
-# per swizzle-atom column chunk of the head dim. Two in the default compile set (pages of 16 under the
-# 128-key varlen tile, 8 boxes a stage; the decode tile at hdim 256, 4 boxes of 16 of 4 chunks each); the
-# rest with FH_TEST_FULL=1.
+# per swizzle-atom column chunk of the head dim (on the path a converged warp runs: the varlen producer's
+# search of its walk table leaves ptxas unsure of that, and it adds copies for a diverged warp). Two in
+# the default compile set (pages of 16 under the 128-key varlen tile, 8 boxes a stage; the decode tile at
+# hdim 256, 4 boxes of 16 of 4 chunks each); the rest with FH_TEST_FULL=1.
 _PAGED_CHEAP = {("bf16", 128, 16, 2, False), ("bf16", 256, 16, 1, False)}
 
 
@@ -534,7 +535,8 @@ def test_forward_paged_compiles(cfg):
     report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
     sass = report["sass"]
     assert cfg.varlen and (cfg.tile_n % cfg.page_size == 0 or cfg.page_size % cfg.tile_n == 0)
-    assert sass["UTMALDG"] == 5 * _tma_column_chunks(cfg.hdim) and sass["UTMASTG"] == 0
+    assert sass["UTMALDG"] - sass["UTMALDG_DIVERGED"] == 5 * _tma_column_chunks(cfg.hdim)
+    assert sass["UTMASTG"] == 0
     assert sass["HGMMA_WAITS"] == _commit_groups(causal=cfg.causal) + (4 if cfg.lazy_max_active else 0)
     assert sass["USETMAXREG"] == sorted([cfg.producer_regs, cfg.consumer_regs])
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0

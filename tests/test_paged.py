@@ -8,6 +8,7 @@ reference backend. The kernels themselves: tests/test_fwd_compile.py (compiled),
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 
@@ -17,7 +18,7 @@ import torch
 from flashhopper import flash_attn_with_kvcache, kvcache, plan, splitkv, validation
 from flashhopper.config import DTYPES, SUPPORTED_HDIMS, FwdConfig
 from flashhopper.hopper import runtime
-from flashhopper.hopper.host import paged_block_rows, paged_box_count, paged_row
+from flashhopper.hopper.host import paged_block_rows, paged_box_count, paged_row, varlen_tile
 from flashhopper.reference import attention_ref
 
 # ---------------------------------------------------------------- config checks and dispatch
@@ -172,11 +173,20 @@ LOG2E = math.log2(math.e)
 def _emulated_kernel(cfg, launched):
     """The varlen kernel as its arguments document it, in float64: sequence b's query rows cu_q[b] ..
     + used_q[b] against its used_k[b] keys, at rows cu_k[b] + p, or paged (cfg.page_size) at
-    host.paged_row(table, cu_k[b], p, ...): the flat table's entries from cu_k[b] on."""
+    host.paged_row(table, cu_k[b], p, ...): the flat table's entries from cu_k[b] on. The walk table is
+    walked as the kernel walks it (host.varlen_tile): every used row's query block must be among its
+    tiles, for every head."""
     def run(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd,
-            cu_q, cu_k, used_q, used_k, max_q, table):
+            cu_q, cu_k, used_q, used_k, walk, table):
         launched.append(cfg)
         assert cfg.local is False and (table is not None) == bool(cfg.page_size)
+        heads, walk = q.shape[2], walk.tolist()
+        walked = (varlen_tile(t, walk, heads=heads, l2_section=section, from_last=cfg.causal)
+                  for t in itertools.count())
+        tiles = set(itertools.takewhile(lambda t: t is not None, walked))
+        need = {(b, h, m) for b in range(used_q.shape[0]) for h in range(heads)
+                for m in range(-(-int(used_q[b]) // cfg.tile_m))}
+        assert need <= tiles and num_ctas >= 1
         q, k, v, out, lse = q[0], k[0], v[0], out[0], lse[0]
         softcap = scale_log2 / LOG2E if cfg.softcap else 0.0
         scale = softcap_pre * softcap if cfg.softcap else scale_log2 / LOG2E
@@ -210,6 +220,7 @@ def emulated(monkeypatch):
     monkeypatch.setattr(splitkv, "_sm_count", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(runtime, "_tile_counter", lambda device, capturing=None: None)
+    monkeypatch.setattr(runtime, "_sm_count", lambda index: 132)
     monkeypatch.setattr(runtime, "get_kernel", lambda cfg: _emulated_kernel(cfg, launched))
     monkeypatch.setenv(validation.PAGED_TMA_OPT_IN, "1")
     return launched

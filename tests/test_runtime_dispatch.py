@@ -171,13 +171,17 @@ def test_decode_tile_only_where_opted_in(fwd_launches, monkeypatch, opt_in):
         if decode and opt_in and not causal:
             want = plan.fwd_config_decode("bf16", 128, softcap=softcap > 0)
             assert want.tile_m == 64 and want.num_consumer_wg == 1
-        assert cfg == want and args[10] == config.fwd_grid(want, 4, 8 * 6, None) == 8 * 6
+        # the decode walk: every sequence its 4 rows, in order (varlen_walk.uniform_walk_table)
+        assert cfg == want and args[10] == 8 * 6 and args[19].tolist() == [1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5]
 
 
-def test_varlen_launches_its_config_over_the_longest_sequence(fwd_launches):
+def test_varlen_launches_its_config_on_the_walk_of_its_sequences(fwd_launches, monkeypatch):
     """flash_attn_varlen_func's launch: the varlen config of the mask, (1, total, h, d) views of the
-    packed tensors, (1, h, total) for LSE, one CTA per (query block of the longest sequence, head,
-    sequence), the bounds and seqused from cu_seqlens when not given."""
+    packed tensors, (1, h, total) for LSE, the bounds and seqused from cu_seqlens when not given, the walk
+    table of the used lengths (longest keys first), a persistent grid no larger than the tiles' bound,
+    L2 sections of heads sized by max_seqlen_k (k's rows when not given)."""
+    from flashhopper.hopper import varlen_walk
+
     q = torch.empty(300, 4, 128, dtype=torch.bfloat16)
     k, v = (torch.empty(500, 2, 128, dtype=torch.bfloat16) for _ in range(2))
     cu_q = torch.tensor([0, 100, 300], dtype=torch.int32)
@@ -185,11 +189,24 @@ def test_varlen_launches_its_config_over_the_longest_sequence(fwd_launches):
     out, lse = runtime.forward_varlen(q, k, v, cu_q, cu_k, 200, None, None, 0.1, True, (-1, -1), 0.0)
     assert out.shape == (300, 4, 128) and lse.shape == (4, 300)
     cfg, args = fwd_launches.pop()
-    assert cfg == plan.fwd_config_varlen("bf16", 128, causal=True) and cfg.varlen
+    assert cfg == plan.fwd_config_varlen("bf16", 128, causal=True) and cfg.varlen and cfg.dynamic_sched
     assert args[0].shape == (1, 300, 4, 128) and args[4].shape == (1, 4, 300)
-    assert args[10] == config.fwd_grid(cfg, 200, 4 * 2, None)  # 2 query blocks x 4 heads x 2 sequences
-    assert args[12:15] == (None,) * 3 and args[19] == 200
+    # the tiles' bound: 2 sequences of at most 2 query blocks, 300 rows in at most 2 + 2 partial blocks
+    assert args[10] == varlen_walk.walk_grid(tile_m=128, total_q=300, batch=2, max_seqlen_q=200, heads=4,
+                                             max_ctas=132) == 4 * 4
+    assert args[11] == runtime._l2_section(500, cfg, 4)  # heads a section, from k's 500 rows
+    assert args[12:15] == (None,) * 3 and args[20] is None
     assert args[17].tolist() == [100, 200] and args[18].tolist() == [250, 250]  # seqused from cu_seqlens
+    # sequence 0 first (its keys tie with sequence 1's), 1 then 2 query blocks
+    assert args[19].dtype == torch.int32 and args[19].tolist() == [1, 3, 0, 1]
+    long_keys = 1 << 20  # 512 MiB of K and V a head: one head a section
+    runtime.forward_varlen(q, k, v, cu_q, cu_k, 200, None, None, 0.1, True, (-1, -1), 0.0,
+                           max_seqlen_k=long_keys)
+    assert fwd_launches.pop()[1][11] == runtime._l2_section(long_keys, cfg, 4) == 1
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", 3)  # the tests' cap: a few CTAs walk every tile
+    runtime.forward_varlen(q, k, v, cu_q, cu_k, 200, None, None, 0.1, False, (-1, -1), 0.0)
+    cfg, args = fwd_launches.pop()
+    assert args[10] == 3 and args[11] == 1  # no mask: one head a section (m fastest)
     # no key at all: no launch, 0 and -inf
     no_keys = torch.zeros(3, dtype=torch.int32)
     out, lse = runtime.forward_varlen(q, k[:0], v[:0], cu_q, no_keys, 200, None, None, 0.1, False, (-1, -1),

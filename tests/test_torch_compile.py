@@ -161,7 +161,8 @@ def cpu_varlen(monkeypatch):
 
     calls = []
 
-    def forward_varlen(q, k, v, cu_q, cu_k, max_q, used_q, used_k, scale, causal, window, softcap):
+    def forward_varlen(q, k, v, cu_q, cu_k, max_q, used_q, used_k, scale, causal, window, softcap,
+                       max_seqlen_k=None):
         calls.append(max_q)
         out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, used_q, used_k, scale, causal, window, softcap)
         return out.to(q.dtype), lse

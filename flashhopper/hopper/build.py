@@ -60,7 +60,8 @@ def _fake_descales(cfg: FwdConfig):
 
 
 def _fake_varlen(cfg: FwdConfig):
-    """Varlen: cu_seqlens_q / _k (batch + 1,) and seqused_q / _k (batch,) int32, max_seqlen_q; else None."""
+    """Varlen: cu_seqlens_q / _k (batch + 1,), seqused_q / _k (batch,) and the walk table (2 batch,) int32
+    (hopper/varlen_walk.py); else None."""
     if not cfg.varlen:
         return None, None, None, None, None
     b = cute.sym_int()
@@ -68,7 +69,7 @@ def _fake_varlen(cfg: FwdConfig):
     def ints(n):
         return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), (1,), assumed_align=4)
 
-    return ints(cute.sym_int()), ints(cute.sym_int()), ints(b), ints(b), cutlass.Int32(1)
+    return ints(cute.sym_int()), ints(cute.sym_int()), ints(b), ints(b), ints(cute.sym_int())
 
 
 def _fake_page_table(cfg: FwdConfig):

@@ -32,7 +32,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from flashhopper.config import FP8_P_SHIFT_LOG2, LAZY_MAX_LOG2, FwdConfig
+from flashhopper.config import FP8_P_SHIFT_LOG2, LAZY_MAX_LOG2, SCHED_STAGES, VARLEN_RECORD_WORDS, FwdConfig
 from flashhopper.hopper import fp8 as F8
 from flashhopper.hopper import fp8_descale as KD
 from flashhopper.hopper import fwd_cluster as C
@@ -43,7 +43,7 @@ from flashhopper.hopper.barriers import NUM_NAMED_BARRIERS, FwdBarrier
 from flashhopper.hopper.host import paged_box_count
 from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 from flashhopper.hopper.opaque import opaque as _opaque
-from flashhopper.hopper.tile_scheduler import SCHED_STAGES, FwdTileScheduler
+from flashhopper.hopper.tile_scheduler import FwdTileScheduler, VarlenWalk
 
 
 class FlashFwdSm90:
@@ -99,7 +99,7 @@ class FlashFwdSm90:
         mCuK: cute.Tensor | None,  # (paged: each sequence's first entry in mPageTable)
         mUsedQ: cute.Tensor | None,  # varlen: (batch,) int32 lengths of each sequence's used part
         mUsedK: cute.Tensor | None,
-        max_seqlen_q: Int32 | None,  # varlen: the longest query length (the grid's query blocks)
+        mWalk: cute.Tensor | None,  # varlen: the walk table (hopper/varlen_walk.py), int32 (2 batch,)
         mPageTable: cute.Tensor | None,  # paged (cfg.page_size): the page table, flat int32; K / V the
         # cache's rows (1, pages * page_size, hk, d); key p of sequence b in entry mCuK[b] + p // page_size
         stream: cuda.CUstream,
@@ -148,7 +148,8 @@ class FlashFwdSm90:
             "mbar_V": mem[cutlass.Int64, 2 * self.num_stages],
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
             "mbar_sched": mem[cutlass.Int64, 2 * SCHED_STAGES],
-            "sTile": mem[Int32, SCHED_STAGES],
+            # varlen: a tile's record a slot (FwdTileScheduler.publish_record)
+            "sTile": mem[Int32, SCHED_STAGES * (VARLEN_RECORD_WORDS if self.cfg.varlen else 1)],
         }
         if cutlass.const_expr(self.transposer):  # the ring V is loaded into as stored: its mbarriers
             fields["mbar_Vt"] = mem[cutlass.Int64, 2 * self.cfg.vt_stages]
@@ -219,7 +220,7 @@ class FlashFwdSm90:
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, mQd, mKd, mVd, sVt_layout,
-            mCuQ, mCuK, mUsedQ, mUsedK, max_seqlen_q, mO if self.cfg.varlen else None, mPageTable,
+            mCuQ, mCuK, mUsedQ, mUsedK, mWalk, mO if self.cfg.varlen else None, mPageTable,
         )
         if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
@@ -262,7 +263,7 @@ class FlashFwdSm90:
         mCuK: cute.Tensor | None,
         mUsedQ: cute.Tensor | None,
         mUsedK: cute.Tensor | None,
-        max_seqlen_q: Int32 | None,
+        mWalk: cute.Tensor | None,
         mO_rows: cute.Tensor | None,  # varlen: O itself (mO is TMA's view of it), stored row by row
         mPageTable: cute.Tensor | None,
     ):
@@ -351,7 +352,10 @@ class FlashFwdSm90:
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
-            sTile = storage.sTile.get_tensor(cute.make_layout(SCHED_STAGES))
+            if cutlass.const_expr(self.cfg.varlen):  # a record a slot (FwdTileScheduler.publish_record)
+                sTile = storage.sTile.get_tensor(cute.make_layout((VARLEN_RECORD_WORDS, SCHED_STAGES)))
+            else:
+                sTile = storage.sTile.get_tensor(cute.make_layout(SCHED_STAGES))
         kd_ring = None
         if cutlass.const_expr(self.token):
             # per-token k descales (hopper/fp8_descale.py): the producer warp's 32 lanes fill a stage and
@@ -371,9 +375,9 @@ class FlashFwdSm90:
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
         varlen = self.cfg.varlen
-        if cutlass.const_expr(varlen):  # tiles of every sequence as if each were the longest
-            num_m_blocks = (max_seqlen_q + self.tile_m - 1) // self.tile_m
-            num_pairs = num_heads * (mCuQ.shape[0] - 1)
+        walk, num_m_blocks, num_pairs = None, None, None
+        if cutlass.const_expr(varlen):  # each sequence's real tiles, from the walk table
+            walk = VarlenWalk(mWalk, mUsedQ.shape[0])
         else:
             num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
             num_pairs = num_heads * mQ.shape[3]
@@ -388,11 +392,12 @@ class FlashFwdSm90:
         sched = FwdTileScheduler(has_right=self.has_right, cluster_m=self.cluster_m if cluster else 1,
                                  num_m_blocks=num_m_blocks, num_pairs=num_pairs, num_heads=num_heads,
                                  l2_section=l2_section, bidx=bidx, grid_size=grid_size, counter=mTileCounter,
-                                 pipe=pipe_sched, slots=sTile)
+                                 pipe=pipe_sched, slots=sTile, walk=walk)
         num_tiles, rank = sched.num_tiles, sched.rank
 
-        # Both roles walk the same static tile sequence (tile = blockIdx.x, += gridDim.x); the
-        # pipeline states carry over from tile to tile.
+        # Both roles walk the same tiles: the static sequence (tile = blockIdx.x, += gridDim.x), or the
+        # producer warp's claims handed to the consumers through sTile (dynamic; varlen: with each tile's
+        # sequence bounds). The pipeline states carry over from tile to tile.
         if warp_idx < 4:
             if cutlass.const_expr(self.cfg.reg_realloc):
                 cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
@@ -407,7 +412,33 @@ class FlashFwdSm90:
                     pipe_v_loaded, v_ring = pipe_vt, self.cfg.vt_stages
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, v_ring)
                 tile = bidx
-                if cutlass.const_expr(dynamic):
+                if cutlass.const_expr(varlen):
+                    # the walk table's tiles, each published with its sequence's bounds (the consumers
+                    # read them from smem); FP8, whose transposer warps would need them too, has no varlen
+                    lane = cute.arch.lane_idx()
+                    sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                               SCHED_STAGES)
+                    m_block, head, seq = sched.varlen_tile(tile)
+                    while seq >= 0:
+                        off_q, len_q, off_k, len_k = seq_bounds(seq)
+                        sched.publish_record(sched_state, (m_block, head, seq, off_q, len_q, len_k), lane)
+                        sched_state.advance()
+                        nxt = sched.claim(lane)  # its sequence is found once this tile's loads are out
+                        n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                        pages = None
+                        if cutlass.const_expr(self.cfg.page_size):  # off_k: its first table entry
+                            pages = (mPageTable, off_k, len_k)
+                        q_state, k_state, v_state = self.produce(
+                            mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                            pipe_v_loaded, m_block, head, head // head_ratio, 0, n_min, n_max, q_state,
+                            k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k), pages=pages)
+                        tile = nxt
+                        m_block, head, seq = sched.varlen_tile(tile)
+                    sched.retire(lane)  # the last claim is done (its tile is past the walk's end)
+                    # the end marker (sequence -1) lets the consumers leave
+                    sched.publish_record(sched_state, (Int32(0), Int32(0), Int32(-1), Int32(0), Int32(0),
+                                                       Int32(0)), lane)
+                elif cutlass.const_expr(dynamic):
                     lane = cute.arch.lane_idx()
                     sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                                SCHED_STAGES)
@@ -432,25 +463,12 @@ class FlashFwdSm90:
                     tile = sched.first
                     while tile < num_tiles:
                         m_block, head, batch = sched.coords(tile)
-                        if cutlass.const_expr(varlen):
-                            off_q, len_q, off_k, len_k = seq_bounds(batch)
-                            if m_block * self.tile_m < len_q:  # else a tile past its sequence's end
-                                n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
-                                pages = None
-                                if cutlass.const_expr(self.cfg.page_size):  # off_k: its first table entry
-                                    pages = (mPageTable, off_k, len_k)
-                                q_state, k_state, v_state = self.produce(
-                                    mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
-                                    pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, 0, n_min, n_max,
-                                    q_state, k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k),
-                                    pages=pages)
-                        else:
-                            n_min, n_max = block_range(m_block)
-                            q_state, k_state, v_state = self.produce(
-                                mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
-                                pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
-                                q_state, k_state, v_state, rank=rank, pipe_o=pipe_o,
-                                kd=None if kd_ring is None else (mKd, *kd_ring))
+                        n_min, n_max = block_range(m_block)
+                        q_state, k_state, v_state = self.produce(
+                            mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q,
+                            pipe_k, pipe_v_loaded, m_block, head, head // head_ratio, batch, n_min, n_max,
+                            q_state, k_state, v_state, rank=rank, pipe_o=pipe_o,
+                            kd=None if kd_ring is None else (mKd, *kd_ring))
                         tile += sched.stride
                     if cutlass.const_expr(cluster):
                         # the peer's consumers arrive on our empty barriers until they release
@@ -474,7 +492,21 @@ class FlashFwdSm90:
                 # the ping-pong token, primed once and carried across tiles (taken back at the end)
                 self.pingpong_prime(consumer_wg, True)
             tile = bidx
-            if cutlass.const_expr(dynamic):
+            if cutlass.const_expr(varlen):
+                # the producer's records: the tile and its sequence's bounds, sequence -1 at the end
+                sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
+                m_block, head, seq, off_q, len_q, len_k = sched.read_record(sched_state)
+                sched_state.advance()
+                while seq >= 0:
+                    n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                    q_state, k_state, v_state = self.consume(
+                        mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                        pipe_v, tidx - 128, m_block, head, 0, n_min, n_max, len_q, len_k, scale_log2,
+                        softcap_pre, window_left, window_right, q_state, k_state, v_state, pipe_o=pipe_o,
+                        varlen_out=(mO_rows, off_q))
+                    m_block, head, seq, off_q, len_q, len_k = sched.read_record(sched_state)
+                    sched_state.advance()
+            elif cutlass.const_expr(dynamic):
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
                 tile = sched.read(sched_state)
                 sched_state.advance()
@@ -492,22 +524,12 @@ class FlashFwdSm90:
                 tile = sched.first
                 while tile < num_tiles:
                     m_block, head, batch = sched.coords(tile)
-                    if cutlass.const_expr(varlen):
-                        off_q, len_q, off_k, len_k = seq_bounds(batch)
-                        if m_block * self.tile_m < len_q:
-                            n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
-                            q_state, k_state, v_state = self.consume(
-                                mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q,
-                                pipe_k, pipe_v, tidx - 128, m_block, head, 0, n_min, n_max, len_q, len_k,
-                                scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                                pipe_o=pipe_o, varlen_out=(mO_rows, off_q))
-                    else:
-                        n_min, n_max = block_range(m_block)
-                        q_state, k_state, v_state = self.consume(
-                            mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                            pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
-                            scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
-                            pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio), kd_ring=kd_ring)
+                    n_min, n_max = block_range(m_block)
+                    q_state, k_state, v_state = self.consume(
+                        mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
+                        pipe_v, tidx - 128, m_block, head, batch, n_min, n_max, seqlen_q, seqlen_k,
+                        scale_log2, softcap_pre, window_left, window_right, q_state, k_state, v_state,
+                        pipe_o=pipe_o, descales=(mQd, mKd, mVd, head_ratio), kd_ring=kd_ring)
                     tile += sched.stride
             if cutlass.const_expr(self.cfg.wg_epilogue):
                 self.pingpong_finish(consumer_wg, True)

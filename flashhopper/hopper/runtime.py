@@ -27,7 +27,7 @@ from flashhopper.config import (
     fwd_grid,
     key_of_position,
 )
-from flashhopper.hopper import kernel_cache
+from flashhopper.hopper import kernel_cache, varlen_walk
 from flashhopper.hopper.host import PRE_ROWS_PER_CTA, softmax_constants
 from flashhopper.plan import bwd_config, fwd_config
 
@@ -315,7 +315,8 @@ def _flat_page_table(page_table, page_starts, batch: int):
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, seqused_q, seqused_k,
                    softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None,
-                   decode: bool = False, page_table=None, page_size: int = 0, page_starts=None):
+                   decode: bool = False, page_table=None, page_size: int = 0, page_starts=None,
+                   max_seqlen_k: int | None = None):
     """The varlen forward on validated CUDA tensors: q (total_q, hq, d), k / v (total_k, hk, d), int32
     cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
     (out (total_q, hq, dv), lse (hq, total_q)). `decode`: kvcache's rearranged decode (a few rows a
@@ -327,7 +328,13 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     page_table[b, p // page_size] * page_size + p % page_size; cu_seqlens_k must be None and seqused_k
     given. `page_starts` (int32 (batch,)): each sequence's first entry in the table's memory where its
     pages do not start a row (kvcache's split decode: a split starts inside its item's row); default row
-    b. The call's config must serve page_size (varlen_config), else ValueError: the caller gathers."""
+    b. The call's config must serve page_size (varlen_config), else ValueError: the caller gathers.
+
+    The kernel walks each sequence's tiles, longest sequence first, from a walk table built on the device
+    before the launch (hopper/varlen_walk.py: a sort and a cumulative sum of the lengths, no device-to-host
+    copy; with `decode`, every sequence as max_seqlen_q rows in its own order), on a persistent grid no
+    larger than the tiles can fill. `max_seqlen_k` (at least every sequence's keys; default k's rows)
+    sizes the L2 sections of a causal or windowed walk."""
     total_q, h, d = q.shape
     dv = v.shape[-1] if v.shape[-1] != d else 0
     paged = page_table is not None
@@ -372,12 +379,18 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
         seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
     fn = get_kernel(cfg)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    num_ctas = fwd_grid(cfg, max(int(max_seqlen_q), 1), h * batch, None)
-    section = 1  # one CTA per tile: the grid's order is the hardware's
+    if decode:  # kvcache's rearranged decode: every sequence max_seqlen_q rows, alike: no sort to pay for
+        walk = varlen_walk.uniform_walk_table(batch, int(max_seqlen_q), tile_m=cfg.tile_m, device=q.device)
+    else:
+        walk = varlen_walk.walk_table(seqused_q, seqused_k, tile_m=cfg.tile_m)
+    num_ctas = varlen_walk.walk_grid(tile_m=cfg.tile_m, total_q=total_q, batch=batch,
+                                     max_seqlen_q=int(max_seqlen_q), heads=h,
+                                     max_ctas=persistent_ctas_cap or _sm_count(q.device.index))
+    keys = k.shape[0] if max_seqlen_k is None else int(max_seqlen_k)
+    section = _l2_section(max(keys, 1), cfg, h) if cfg.causal or cfg.local else 1  # heads a section
     counter = _counter_for(cfg, q.device)
     fn(q[None], k[None], v[None], out[None], lse[None], counter, scale_log2, softcap_pre, wl, wr, num_ctas,
-       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q),
-       flat_table)
+       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, walk, flat_table)
     return out, lse
 
 

@@ -11,8 +11,14 @@ L2 sections (`coords`). Two walks over the indices:
       the walk. The last CTA to finish claiming puts the counter back to zero (`retire`), so the
       next launch needs no memset.
 
-Varlen walks every sequence as if it were the longest (a tile past its sequence's end is skipped by
-the kernel). The host sizes the grid (config.fwd_grid: the SM count for the persistent kernels).
+Varlen walks only the real tiles, on the dynamic walk of a persistent grid: the sequences longest
+first (hopper/varlen_walk.py builds the walk's table on the device before the launch), each
+sequence's ceil(used queries / tile_m) x heads tiles together, taken as a dense launch's with the
+sequence's heads as the pairs (`section_coords`: m from the last block down under a right bound).
+The producer warp finds a tile's sequence in the table (`VarlenWalk.find`, a warp-wide search) and
+hands the consumers the tile with its sequence's bounds (`publish_record`), so they read nothing
+from global memory to start it. The host sizes the grid (config.fwd_grid: the SM count for the
+persistent kernels; varlen_walk.walk_grid for varlen).
 """
 
 from __future__ import annotations
@@ -21,7 +27,73 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-SCHED_STAGES = 2  # tile indices the dynamic scheduler's producer may run ahead of the consumers
+from flashhopper.config import VARLEN_RECORD_WORDS
+
+
+@cute.jit
+def section_coords(tile, num_m_blocks, num_pairs, l2_section, from_last: cutlass.Constexpr[bool]):
+    """tile index -> (m_block, pair) over num_m_blocks query blocks of num_pairs pairs: the pairs are taken
+    `l2_section` at a time, the pair fastest inside a section; m from the last block down with
+    `from_last` (host.section_coords is its twin)."""
+    per_section = num_m_blocks * l2_section
+    section = tile // per_section
+    local = tile - section * per_section
+    pairs_here = cutlass.min(l2_section, num_pairs - section * l2_section)
+    m_idx = local // pairs_here
+    pair = section * l2_section + local - m_idx * pairs_here
+    m_block = m_idx
+    if cutlass.const_expr(from_last):
+        m_block = num_m_blocks - 1 - m_idx
+    return m_block, pair
+
+
+class VarlenWalk:
+    """Varlen: which sequence a tile falls in, from the walk table (hopper/varlen_walk.py: the cumulative
+    query blocks of the sequences in walk order, then their ids). Called by a whole warp."""
+
+    def __init__(self, table, batch):
+        self.table, self.batch = table, batch
+
+    def __extract_mlir_values__(self):
+        return []
+
+    def __new_from_mlir_values__(self, values):
+        return self
+
+    @cute.jit
+    def find(self, unit):
+        """(sequence id, the cumulative count before it, its own) of the first walk position whose
+        cumulative query blocks exceed `unit` (tile // heads); sequence -1 past the last. Each round the
+        32 lanes load the last entry of 32 equal chunks of the range left, and a ballot picks the first
+        chunk whose entry exceeds `unit` as the next range: ceil(log32(batch)) rounds, one load per
+        lane each (host.varlen_find is the twin)."""
+        lane = cute.arch.lane_idx()
+        lo, n, below, top, pos = Int32(0), self.batch, Int32(0), Int32(0), Int32(-1)
+        while n > 0:
+            step = (n + 31) // 32
+            # every lane loads (a lane past the range reads its last entry) and the ones past it drop
+            # theirs by a select, not a branch on the lane
+            probe = self.table[lo + cutlass.min((lane + 1) * step, n) - 1]
+            probe = probe if lane * step < n else Int32(-1)
+            hits = cute.arch.vote_ballot_sync(probe > unit)
+            if hits == 0:
+                n = Int32(0)
+            else:
+                first = Int32(cute.arch.clz(cute.arch.brev(hits)))
+                before = cute.arch.shuffle_sync(probe, cutlass.max(first - 1, 0))
+                if first > 0:
+                    below = before
+                top = cute.arch.shuffle_sync(probe, first)
+                lo = lo + first * step
+                if step == 1:
+                    pos = lo
+                    n = Int32(0)
+                else:
+                    n = cutlass.min(step, n - first * step)
+        seq = Int32(-1)
+        if pos >= 0:
+            seq = self.table[self.batch + pos]
+        return seq, below, top
 
 
 class FwdTileScheduler:
@@ -29,12 +101,13 @@ class FwdTileScheduler:
     run-time `if` or loop reads them, it need not carry them)."""
 
     def __init__(self, *, has_right: bool, cluster_m: int, num_m_blocks, num_pairs, num_heads, l2_section,
-                 bidx, grid_size, counter=None, pipe=None, slots=None):
+                 bidx, grid_size, counter=None, pipe=None, slots=None, walk: VarlenWalk | None = None):
         self.has_right, self.cluster_m = has_right, cluster_m
         self.num_pairs, self.num_heads, self.l2_section = num_pairs, num_heads, l2_section
         self.grid_size, self.counter, self.pipe, self.slots = grid_size, counter, pipe, slots
-        self.num_m_blocks = num_m_blocks
-        self.num_tiles = num_m_blocks * num_pairs
+        self.num_m_blocks, self.walk = num_m_blocks, walk
+        # varlen: the walk knows where the tiles end (num_m_blocks / num_pairs None)
+        self.num_tiles = None if walk is not None else num_m_blocks * num_pairs
         self.first, self.stride, self.rank = bidx, grid_size, 0
         if cluster_m > 1:  # cluster tiles: pairs of query blocks of one (head, batch)
             self.rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
@@ -57,18 +130,46 @@ class FwdTileScheduler:
         bound (no causal/window) the section is 1 pair, i.e. m fastest. With one, m runs from
         the last query block down: those tiles see the most keys, so the longest go first.
         """
-        per_section = self.num_m_blocks * self.l2_section
-        section = tile // per_section
-        local = tile - section * per_section
-        pairs_here = cutlass.min(self.l2_section, self.num_pairs - section * self.l2_section)
-        m_idx = local // pairs_here
-        pair = section * self.l2_section + local - m_idx * pairs_here
-        m_block = m_idx
-        if cutlass.const_expr(self.has_right):
-            m_block = self.num_m_blocks - 1 - m_idx
+        m_block, pair = section_coords(tile, self.num_m_blocks, self.num_pairs, self.l2_section,
+                                       self.has_right)
         if cutlass.const_expr(self.cluster_m > 1):
             m_block = m_block * self.cluster_m + self.rank
         return m_block, pair % self.num_heads, pair // self.num_heads
+
+    @cute.jit
+    def varlen_tile(self, tile):
+        """Varlen, producer warp: tile index -> (m_block, head, sequence) on the walk (host.varlen_tile is
+        the twin); sequence -1 past the last tile. The sequence's tiles are coords' with its heads as
+        the pairs: its query blocks heads at a time per L2 section, m from the last down under a right
+        bound."""
+        seq, below, top = self.walk.find(tile // self.num_heads)
+        m_block, head = Int32(0), Int32(0)
+        if seq >= 0:
+            m_block, head = section_coords(tile - below * self.num_heads, top - below, self.num_heads,
+                                           self.l2_section, self.has_right)
+        return m_block, head, seq
+
+    @cute.jit
+    def publish_record(self, state, record, lane):
+        """Varlen, producer warp: hand a tile to the consumers as its record (m_block, head, sequence,
+        query offset, used queries, used keys: VARLEN_RECORD_WORDS; sequence -1 ends the walk)."""
+        assert len(record) == VARLEN_RECORD_WORDS
+        if lane == 0:
+            self.pipe.producer_acquire(state)
+            for i in cutlass.range_constexpr(len(record)):
+                self.slots[i, state.index] = record[i]
+            self.pipe.producer_commit(state)
+
+    @cute.jit
+    def read_record(self, state):
+        """Varlen, consumers: the next tile's record from the producer, (m_block, head, sequence, query
+        offset, used queries, used keys)."""
+        self.pipe.consumer_wait(state)
+        record = []
+        for i in cutlass.range_constexpr(VARLEN_RECORD_WORDS):
+            record.append(self.slots[i, state.index])
+        self.pipe.consumer_release(state)
+        return tuple(record)
 
     @cute.jit
     def publish(self, state, tile, lane):
