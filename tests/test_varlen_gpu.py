@@ -21,7 +21,7 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
 
 from flashhopper import flash_attn_varlen_func  # noqa: E402
-from flashhopper.hopper import backward_varlen, forward_varlen  # noqa: E402
+from flashhopper.hopper import backward_varlen, forward_varlen, runtime  # noqa: E402
 
 DEV = "cuda"
 
@@ -93,6 +93,121 @@ def test_varlen_split_head_dims():
         rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
         check_forward(out[None, rows], lse[None, :, rows], q[None, rows], k[None, keys], v[None, keys],
                       192 ** -0.5, True, (-1, -1), 0.0)
+
+
+# The walk (hopper/tile_scheduler.py): only each sequence's real tiles, longest sequence first, claimed
+# by the CTAs of a persistent grid from the walk table (hopper/varlen_walk.py). A missed tile leaves NaN,
+# a tile walked twice or outside its sequence writes where the rule or the NaN check sees it.
+WALK_Q = [3, 0, 1, 17, 4097, 127, 128, 129, 0, 300]  # the longest neither first nor last
+WALK_K = [5, 0, 0, 17, 4000, 127, 500, 129, 3, 299]  # sq != sk; a sequence with a query and no key
+
+
+def _short_documents(count=512, seed=0):
+    """`count` documents of 16-511 tokens (the bench's many-short-documents shape), seeded."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(16, 512, (count,), generator=generator).tolist()
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0), (True, (37, -1), 0.0)])
+@pytest.mark.parametrize("cap", [None, 3])
+def test_varlen_walk_visits_every_tile_once(d, causal, window, softcap, cap, monkeypatch):
+    """Lengths 0, 1, 17, 127, 128, 129, 4097 in one packing, GQA; on the SM count's grid and on 3
+    CTAs (runtime.persistent_ctas_cap), each CTA claiming tile after tile across sequences."""
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", cap)
+    run_case(WALK_Q, WALK_K, hq=6, hk=2, d=d, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("d,causal,cap", [(128, False, None), (128, True, 7), (64, True, None),
+                                         (256, False, 7)])
+def test_varlen_walk_many_short_documents(d, causal, cap, monkeypatch):
+    """512 documents of 16-511 tokens: ~1-4 query blocks each, far more tiles than CTAs."""
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", cap)
+    lens = _short_documents()
+    run_case(lens, lens, hq=4, hk=1, d=d, causal=causal)
+
+
+def test_varlen_walk_with_no_tile_at_all_then_again():
+    """seqused_q 0 everywhere: every CTA finds no tile and leaves (its consumers on the end marker),
+    nothing is written, the tile counter is put back; the next launch on the stream walks normally."""
+    run_case([5, 9, 300], [5, 9, 300], used_q=[0, 0, 0])
+    run_case([5, 9, 300], [5, 9, 300], causal=True)
+    _counters_zero()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_walk_back_to_back_launches_reset_the_counter(causal, monkeypatch):
+    """Launches of different packings back to back on one stream, no sync between them: each starts
+    from a zero tile counter (the last CTA of the one before put it back), so each output is the same
+    bits as the same launch alone; then every counter reads 0."""
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", 5)
+    torch.manual_seed(3)
+    packings = [WALK_Q, _short_documents(64, seed=1), [1] * 40, [2000, 1, 700]]
+    inputs = []
+    for lens in packings:
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+        q, k, v = (torch.randn(sum(lens), 4, 128, device=DEV, dtype=torch.bfloat16) for _ in range(3))
+        inputs.append((q, k, v, cu, max(lens)))
+
+    def launch(q, k, v, cu, max_len):
+        return forward_varlen(q, k, v, cu, cu, max_len, None, None, 128 ** -0.5, causal, (-1, -1), 0.0)
+
+    alone = []
+    for x in inputs:
+        alone.append(launch(*x))
+        torch.cuda.synchronize()
+    _counters_zero()
+    together = [(i, launch(*inputs[i])) for _ in range(3) for i in range(len(inputs))]
+    _counters_zero()
+    for i, (out, lse) in together:
+        assert torch.equal(out, alone[i][0]) and torch.equal(lse, alone[i][1]), i
+    q, k, v, cu, _ = inputs[0]
+    check_varlen_forward(alone[0][0], alone[0][1], q, k, v, cu.tolist(), cu.tolist(), WALK_Q, WALK_Q,
+                         128 ** -0.5, causal, (-1, -1), 0.0)
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (64, 0))])
+def test_varlen_graph_replay_with_new_lengths(causal, window, monkeypatch):
+    """Captured once (walk table, tile counter and kernel in the graph), replayed with other cu_seqlens
+    of the same batch and total: each replay walks the lengths it is given (no host sync, the grid sized
+    at capture from max_seqlen_q). Rows past the last sequence stay NaN."""
+    monkeypatch.setattr(runtime, "persistent_ctas_cap", None)
+    torch.manual_seed(4)
+    total, hq, hk, d = 2100, 4, 2, 128
+    q = torch.randn(total, hq, d, device=DEV, dtype=torch.bfloat16)
+    k, v = (torch.randn(total, hk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    first = [100, 300, 1, 599, 600, 400]
+    cu = torch.tensor([0, *torch.tensor(first).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    out = torch.full((total, hq, d), float("nan"), device=DEV, dtype=torch.bfloat16)
+    lse = torch.full((hq, total), float("nan"), device=DEV)
+    scale = d ** -0.5
+
+    def call():
+        forward_varlen(q, k, v, cu, cu, total, None, None, scale, causal, window, 0.0, out=out, lse=lse)
+
+    call()  # compiles / loads outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for lens in (first, [0, 2000, 0, 1, 17, 82], [350] * 6, [1, 1, 1, 1, 1, 2095], [0] * 6, [129] * 6):
+        cu.copy_(torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        starts = cu.tolist()
+        check_varlen_forward(out, lse, q, k, v, starts, starts, lens, lens, scale, causal, window, 0.0)
+        assert out[starts[-1]:].isnan().all() and lse[:, starts[-1]:].isnan().all(), lens
+
+
+def _counters_zero():
+    """Every tile counter (one per stream) is back at 0 once the GPU is idle."""
+    torch.cuda.synchronize()
+    assert runtime._tile_counters, "no counter was allocated"
+    for key, counter in runtime._tile_counters.items():
+        assert counter.shape == (2,) and not counter.any(), (key, counter.tolist())
 
 
 def test_varlen_nan_past_seqused_k_stays_out():
