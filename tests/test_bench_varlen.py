@@ -22,12 +22,14 @@ from flashhopper.validation import VARLEN_OPT_IN
 
 
 def test_packings_are_the_stated_documents():
-    a, b = varlen.packings()
+    a, b, c = varlen.packings()
     assert (a.name, len(a.seqlens), b.name, len(b.seqlens)) == ("16x100-4000", 16, "512x16-512", 512)
     assert all(100 <= n < 4000 for n in a.seqlens) and all(16 <= n < 512 for n in b.seqlens)
     # targets.md's serving table: the same seed-0 packings hold 26,704 and 135,022 tokens
     assert (a.total, b.total) == (26704, 135022)
     assert a.max_seqlen == max(a.seqlens) and b.max_seqlen == 511
+    # the equal documents the dense kernel is timed on as well: the grid's 16 x 1024 tokens
+    assert (c.name, c.seqlens, c.equal) == ("16x1024", (1024,) * 16, True) and not (a.equal or b.equal)
 
 
 def test_packings_are_deterministic_and_leave_the_global_rng_alone():
@@ -75,8 +77,8 @@ def test_varlen_flops_sum_the_documents():
 
 def test_points():
     points = varlen.varlen_points()
-    # 2 packings x (3 head dims x 2 masks x fwd, bwd + (192, 128) x 2 masks x fwd)
-    assert len(points) == len(set(points)) == 28
+    # 3 packings x (3 head dims x 2 masks x fwd, bwd + (192, 128) x 2 masks x fwd)
+    assert len(points) == len(set(points)) == 42
     assert not any(p.backward and p.split for p in points)  # (192, 128) is forward only
     assert points[0].label == "16x100-4000 hdim 64 non-causal fwd" and points[1].direction == "bwd"
     quick = varlen.varlen_points(quick=True)
@@ -85,7 +87,7 @@ def test_points():
         ("16x100-4000", 128, True, "fwd"), ("16x100-4000", 128, True, "bwd")]
     picked = varlen.varlen_points(hdims=[192], causal=(True,))
     assert [(p.hdim, p.hdim_v, p.hdim_label, p.backward) for p in picked] == \
-        [(192, 128, "192/128", False)] * 2
+        [(192, 128, "192/128", False)] * 3
     p = quick[3]
     assert p.flops == varlen.varlen_flops(p.packing.seqlens, p.packing.seqlens, 16, 128, causal=True,
                                           backward=True)
@@ -149,6 +151,46 @@ def test_run_point_skips_providers_without_split_head_dims(fake_timing):
                                                         ("fa4", (16, 2, 192), (16, 2, 128), False)]
     assert row["skipped"] == {"fa2": "no head dims (192, 128)"} and row["errors"] == {}
     assert row["tflops"]["fa2"] is None and row["ratio"] == pytest.approx(2.0)
+
+
+def test_dense_provider_only_on_equal_documents_and_its_ratio(fake_timing, tmp_path):
+    """fh-dense (flashhopper's dense kernel on the packed tensors viewed as a batch) is timed only where
+    every document has one length; fh/dense is flashhopper over it, apart from the peers' ratio."""
+    provs = [_provider("flashhopper", 2.0), varlen.VarlenProvider("fh-dense", *[_provider("d", 1.0).make] * 2,
+                                                                    equal_only=True),
+             _provider("fa2", 4.0), _provider("fa4", 1.0)]
+    equal = varlen.Packing("equal", (4, 4, 4))
+    points = [varlen.VarlenPoint(SMALL, 64, 64, False, False, heads=2),
+              varlen.VarlenPoint(equal, 64, 64, True, False, heads=2)]
+    rows = [varlen.run_varlen_point(point, provs, device="cpu", rounds=1) for point in points]
+    assert rows[0]["skipped"] == {"fh-dense": "documents of different lengths"}
+    assert rows[0]["dense_ratio"] is None
+    assert rows[1]["skipped"] == {} and rows[1]["dense_ratio"] == pytest.approx(0.5)
+    assert rows[1]["ratio"] == pytest.approx(0.5)  # against fa4's 1 ms: fh-dense is no peer
+    names = [p.name for p in provs]
+    assert varlen.format_header(names).split()[-2:] == ["fh/best", "fh/dense"]
+    assert varlen.format_row(rows[1], names).split()[-2:] == ["0.50", "0.50"]
+    assert varlen.format_row(rows[0], names).split()[-1] == "-"
+    summary = varlen.summarize(rows)
+    assert summary["dense"] == {"geomean_ratio": pytest.approx(0.5), "points": 1,
+                                "min_ratio": pytest.approx(0.5), "min_point": "equal hdim 64 causal fwd"}
+    assert varlen.format_summary(summary)[-1] == (
+        "flashhopper varlen / fh-dense (equal documents): geomean 0.500 over 1 points, lowest 0.500 at "
+        "equal hdim 64 causal fwd")
+
+
+def test_dense_provider_views_the_packing_as_a_batch(monkeypatch):
+    seen = []
+
+    def fake_dense(q, k, v, causal, deterministic):
+        seen.append((q.shape, k.shape, v.shape, causal, deterministic))
+        return q + k + v
+
+    monkeypatch.setattr("flashhopper.interface.flash_attn_func", fake_dense)
+    x = _packed(varlen.Packing("equal", (4, 4, 4)))
+    out = varlen.flashhopper_dense().make(x, True)()
+    assert seen == [((3, 4, 2, 64), (3, 4, 2, 64), (3, 4, 2, 64), True, False)]
+    assert torch.equal(out, x.q + x.k + x.v)
 
 
 def test_run_bench_table_summary_and_json(fake_timing, tmp_path):
@@ -307,7 +349,7 @@ def test_fa4_is_skipped_with_a_note_when_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # import fails as for an absent package
     out = io.StringIO()
     provs = varlen.varlen_providers(out)
-    assert [p.name for p in provs] == ["flashhopper", "fa2"]
+    assert [p.name for p in provs] == ["flashhopper", "fh-dense", "fa2"]
     assert out.getvalue().startswith("(FA4 not measured: flash_attn.cute unavailable:")
 
 
@@ -329,10 +371,10 @@ def test_fa4_called_by_keyword_and_its_lse_dropped(monkeypatch):
                                                                                 interface)):
         monkeypatch.setitem(sys.modules, name, module)
     provs = varlen.varlen_providers(io.StringIO())
-    assert [p.name for p in provs] == ["flashhopper", "fa2", "fa4"] and provs[2].split_hdims
+    assert [p.name for p in provs] == ["flashhopper", "fh-dense", "fa2", "fa4"] and provs[3].split_hdims
     x = _packed(SMALL)
-    with provs[2].context():
-        grads = provs[2].make_bwd(x, True)()
+    with provs[3].context():
+        grads = provs[3].make_bwd(x, True)()
     assert [g.shape for g in grads] == [(16, 2, 64)] * 3
     assert seen == [{"cu_seqlens_q": x.cu_seqlens, "cu_seqlens_k": x.cu_seqlens, "max_seqlen_q": 9,
                      "max_seqlen_k": 9, "causal": True}]
@@ -370,8 +412,8 @@ def test_cli_bench_varlen_runs_the_points(monkeypatch):
     assert quick == varlen.varlen_points(quick=True) and quick_kw == {"dtype": "bf16", "json_path": "v.json",
                                                                       "rounds": 1}
     assert [(p.packing.name, p.hdim, p.causal, p.direction) for p in bwd] == [
-        ("16x100-4000", 64, True, "bwd"), ("512x16-512", 64, True, "bwd")]
-    assert {(p.hdim, p.hdim_v, p.direction) for p in split} == {(192, 128, "fwd")} and len(split) == 4
+        ("16x100-4000", 64, True, "bwd"), ("512x16-512", 64, True, "bwd"), ("16x1024", 64, True, "bwd")]
+    assert {(p.hdim, p.hdim_v, p.direction) for p in split} == {(192, 128, "fwd")} and len(split) == 6
     assert split_kw["dtype"] == "fp16"
 
 

@@ -3,7 +3,9 @@
 The packings are targets.md's serving shapes, self-attention documents packed along the token
 dimension (q and k share cu_seqlens): 16 documents of 100-4000 tokens and 512 documents of 16-512
 tokens, lengths drawn by torch.randint (upper bound excluded) from a CPU torch.Generator seeded 0,
-so every machine packs the same lengths (26,704 and 135,022 tokens, the totals targets.md records).
+so every machine packs the same lengths (26,704 and 135,022 tokens, the totals targets.md records);
+and 16 documents of 1024 tokens, where flashhopper's dense kernel on the same tensors viewed as
+(16, 1024, heads, d) is timed too (fh-dense): the varlen kernel's cost over the dense one's (fh/dense).
 Head dims 64, 128, 256 and (192, 128), 16 heads; forward and backward (the backward alone, its
 forward run outside the timing); (192, 128) forward only: flashhopper has no backward for it.
 
@@ -41,10 +43,11 @@ HEADS = 16
 HDIMS = ((64, 64), (128, 128), (256, 256), (192, 128))
 QUICK_HDIMS = ((128, 128),)
 # name: (documents, shortest, longest + 1) for torch.randint
-PACKINGS = {"16x100-4000": (16, 100, 4000), "512x16-512": (512, 16, 512)}
+PACKINGS = {"16x100-4000": (16, 100, 4000), "512x16-512": (512, 16, 512), "16x1024": (16, 1024, 1025)}
 QUICK_PACKINGS = ("16x100-4000",)
 SEED = 0
 PEERS = ("fa2", "fa4")
+DENSE = "fh-dense"  # flashhopper's dense kernel, on equal documents only
 BWD_FLOP_FACTOR = 2.5
 DEFAULT_ROUNDS = 3
 # a provider whose result differs from the reference provider's by more than this fraction of the
@@ -70,6 +73,11 @@ class Packing:
     @property
     def max_seqlen(self) -> int:
         return max(self.seqlens)
+
+    @property
+    def equal(self) -> bool:
+        """Every document as long as the others: the packed tensors are a dense batch's too."""
+        return len(set(self.seqlens)) == 1
 
     def cu_seqlens(self, device="cpu") -> torch.Tensor:
         """int32 (documents + 1,): 0, then the running total of the lengths; built on the CPU."""
@@ -189,6 +197,8 @@ class VarlenProvider:
     context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
     # takes a value head dim other than the query's
     split_hdims: bool = True
+    # takes only documents of one length (a dense kernel on the packed tensors viewed as a batch)
+    equal_only: bool = False
 
     def timed_call(self, x: Packed, causal: bool, backward: bool) -> Callable:
         if not backward:
@@ -199,7 +209,7 @@ class VarlenProvider:
 
 
 def differentiable_varlen(name: str, attn: Callable, context=contextlib.nullcontext,
-                          split_hdims: bool = True) -> VarlenProvider:
+                          split_hdims: bool = True, equal_only: bool = False) -> VarlenProvider:
     """A provider from `attn(q, k, v, cu_seqlens, max_seqlen, causal) -> out or (out, ...)`; its
     backward runs the forward once on fresh leaves that require grad (the round's tensors are left
     as they are) and times torch.autograd.grad alone."""
@@ -214,7 +224,7 @@ def differentiable_varlen(name: str, attn: Callable, context=contextlib.nullcont
         dout = x.dout
         return lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
-    return VarlenProvider(name, make, make_bwd, context, split_hdims)
+    return VarlenProvider(name, make, make_bwd, context, split_hdims, equal_only)
 
 
 @contextlib.contextmanager
@@ -241,6 +251,22 @@ def flashhopper_varlen() -> VarlenProvider:
                                       deterministic=False)
 
     return differentiable_varlen("flashhopper", attn, _varlen_opt_in)
+
+
+def flashhopper_dense() -> VarlenProvider:
+    """flashhopper's dense kernel (flash_attn_func) on a packing of equal documents, its tensors viewed
+    as (documents, length, heads, d): what the varlen kernel costs over it (fh/dense); the output viewed
+    back as the packed one, for the agreement check."""
+
+    def attn(q, k, v, cu, max_seqlen, causal):
+        from flashhopper.interface import flash_attn_func
+
+        batch = q.shape[0] // max_seqlen
+        out = flash_attn_func(*(t.view(batch, max_seqlen, *t.shape[1:]) for t in (q, k, v)), causal=causal,
+                              deterministic=False)
+        return out.view(q.shape[0], *out.shape[2:])
+
+    return differentiable_varlen(DENSE, attn, equal_only=True)
 
 
 def fa2_forward(q, k, v, cu, max_seqlen, causal):
@@ -287,7 +313,7 @@ def fa4_varlen(out=sys.stdout) -> VarlenProvider | None:
 
 def varlen_providers(out=sys.stdout) -> list[VarlenProvider]:
     fa4 = fa4_varlen(out)
-    return [flashhopper_varlen(), fa2_varlen(), *([fa4] if fa4 else [])]
+    return [flashhopper_varlen(), flashhopper_dense(), fa2_varlen(), *([fa4] if fa4 else [])]
 
 
 # --- timing ---
@@ -335,6 +361,8 @@ def run_varlen_point(point: VarlenPoint, providers: list[VarlenProvider], dtype=
     for p in providers:
         if point.split and not p.split_hdims:
             skipped[p.name] = f"no head dims ({point.hdim}, {point.hdim_v})"
+        elif p.equal_only and not point.packing.equal:
+            skipped[p.name] = "documents of different lengths"
         else:
             active.append(p)
             samples[p.name] = []
@@ -370,6 +398,7 @@ def run_varlen_point(point: VarlenPoint, providers: list[VarlenProvider], dtype=
         "hdim": point.hdim, "hdim_v": point.hdim_v, "causal": point.causal, "direction": point.direction,
         "heads": point.heads, "flops": point.flops, "tflops": tflops,
         "ratio": mine / max(rates) if mine and rates else None, "errors": errors, "skipped": skipped,
+        "dense_ratio": mine / tflops[DENSE] if mine and tflops.get(DENSE) else None,
         "rounds": rounds, "spread": {n: [min(samples[n]), max(samples[n])] for n in measured},
         "percentiles": {n: runner.percentiles(samples[n]) for n in measured},
         "agreement": {"against": reference, "max_rel_diff": diffs} if diffs else None,
@@ -378,15 +407,17 @@ def run_varlen_point(point: VarlenPoint, providers: list[VarlenProvider], dtype=
 
 def format_header(names) -> str:
     cols = "".join(n.rjust(12) for n in names)
-    return f"{'packing':>11} {'hdim':>7} {'causal':>6} {'dir':>3}{cols}{'fh/best':>9}"
+    dense = f"{'fh/dense':>9}" if DENSE in names else ""
+    return f"{'packing':>11} {'hdim':>7} {'causal':>6} {'dir':>3}{cols}{'fh/best':>9}{dense}"
 
 
 def format_row(row: dict, names) -> str:
     cells = "".join(runner._cell(row["tflops"].get(n)) for n in names)
     hdim = str(row["hdim"]) if row["hdim_v"] == row["hdim"] else f"{row['hdim']}/{row['hdim_v']}"
     causal = "yes" if row["causal"] else "no"
+    dense = runner._cell(row.get("dense_ratio"), 9, "{:.2f}") if DENSE in names else ""
     return (f"{row['packing']:>11} {hdim:>7} {causal:>6} {row['direction']:>3}{cells}"
-            f"{runner._cell(row['ratio'], 9, '{:.2f}')}")
+            f"{runner._cell(row['ratio'], 9, '{:.2f}')}{dense}")
 
 
 def describe(row: dict) -> str:
@@ -407,17 +438,28 @@ def summarize(rows: list[dict]) -> dict:
         ratios = [r["ratio"] for r in rated if r["direction"] == direction]
         if ratios:
             summary["by_direction"][direction] = {"geomean_ratio": geomean(ratios), "points": len(ratios)}
+    dense = [r for r in rows if r.get("dense_ratio")]
+    if dense:
+        lowest = min(dense, key=lambda r: r["dense_ratio"])
+        summary["dense"] = {"geomean_ratio": geomean(r["dense_ratio"] for r in dense), "points": len(dense),
+                            "min_ratio": lowest["dense_ratio"], "min_point": describe(lowest)}
     return summary
 
 
 def format_summary(summary: dict, peers=PEERS) -> list[str]:
     if summary["geomean_ratio"] is None:
-        return [f"no point has a flashhopper / {peer_text(peers)} ratio (peers not measured)"]
-    parts = ", ".join(f"{d} {s['geomean_ratio']:.3f} over {s['points']}"
-                      for d, s in summary["by_direction"].items())
-    return [f"geomean flashhopper / {peer_text(peers)}: {summary['geomean_ratio']:.3f} over "
-            f"{summary['points_with_ratio']} of {summary['points']} points ({parts})",
-            f"lowest: {summary['min_ratio']:.3f} at {summary['min_point']}"]
+        lines = [f"no point has a flashhopper / {peer_text(peers)} ratio (peers not measured)"]
+    else:
+        parts = ", ".join(f"{d} {s['geomean_ratio']:.3f} over {s['points']}"
+                          for d, s in summary["by_direction"].items())
+        lines = [f"geomean flashhopper / {peer_text(peers)}: {summary['geomean_ratio']:.3f} over "
+                 f"{summary['points_with_ratio']} of {summary['points']} points ({parts})",
+                 f"lowest: {summary['min_ratio']:.3f} at {summary['min_point']}"]
+    if dense := summary.get("dense"):
+        lines.append(f"flashhopper varlen / {DENSE} (equal documents): geomean {dense['geomean_ratio']:.3f} "
+                     f"over {dense['points']} points, lowest {dense['min_ratio']:.3f} at "
+                     f"{dense['min_point']}")
+    return lines
 
 
 def run_varlen_bench(points: list[VarlenPoint], dtype: str = "bf16", json_path: str | None = None,
@@ -441,7 +483,8 @@ def run_varlen_bench(points: list[VarlenPoint], dtype: str = "bf16", json_path: 
         print(f"packing {name}: {len(p.seqlens)} documents, {p.total} tokens, longest {p.max_seqlen}",
               file=out, flush=True)
     print(f"varlen TFLOP/s, {HEADS} heads, median of {rounds} round(s) on fresh inputs; bwd: the backward "
-          f"alone, FLOPs 2.5 x forward; fh/best = flashhopper / {peer_text(PEERS)}", file=out, flush=True)
+          f"alone, FLOPs 2.5 x forward; fh/best = flashhopper / {peer_text(PEERS)}"
+          + (f", fh/dense = flashhopper / {DENSE}" if DENSE in names else ""), file=out, flush=True)
     print(format_header(names), file=out, flush=True)
     for point in points:
         row = run_varlen_point(point, providers, runner.DTYPES[dtype], rounds=rounds)
