@@ -40,9 +40,11 @@ def key_of_position(pos: int) -> int:
     """The key whose V row sits at position `pos` of FP8 V^T (and whose P is A operand column `pos`)."""
     return 16 * (pos // 16) + 2 * ((pos % 16) // 4) + FP8_KEY_ORDER[pos % 4]
 
-# The dynamic scheduler's ring (hopper/tile_scheduler.py): slots, and int32 words a slot: a tile index, or
-# with varlen a tile's record (m_block, head, sequence, query offset, used queries, used keys)
+# The dynamic scheduler's ring (hopper/tile_scheduler.py): slots of a tile index; with varlen one slot of a
+# tile's record (m_block, head, sequence, query offset, used queries, used keys), whose phase both sides
+# take from Q's one stage (one record a tile: no state of its own to carry)
 SCHED_STAGES = 2
+VARLEN_SCHED_STAGES = 1
 VARLEN_RECORD_WORDS = 6
 
 # Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
@@ -251,8 +253,10 @@ class FwdConfig(_KernelConfig):
             q = max(q, o_bytes)  # O staged in Q's buffer (with FP8 inputs, wider than Q)
         o_reads = (self.num_stages if self.o_per_stage else 1) if self.o_in_v_ring else 0  # O-read hand-offs
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
-        # the dynamic scheduler's ring (always allocated): two mbarriers and a slot's words a stage
-        scheduler = SCHED_STAGES * (2 * 8 + 4 * (VARLEN_RECORD_WORDS if self.varlen else 1))
+        # the dynamic scheduler's ring (always allocated): two mbarriers and a slot's words a stage; varlen:
+        # and the producer's claimed next tile
+        stages, words = (VARLEN_SCHED_STAGES, VARLEN_RECORD_WORDS) if self.varlen else (SCHED_STAGES, 1)
+        scheduler = stages * (2 * 8 + 4 * words) + (4 if self.varlen else 0)
         if self.is_fp8 and not self.vt_in_gmem:  # the ring V arrives in before it is transposed
             v += self.vt_stages * self.tile_n * self.hdim_v + 8 * 2 * self.vt_stages
         if self.token_descales:  # the k-descale ring and its mbarriers
@@ -394,7 +398,7 @@ class FwdConfig(_KernelConfig):
             raise ValueError("varlen: needs persistent=True and dynamic_sched=True (the scheduler walks each "
                              "sequence's tiles from the walk table)")
         unsupported = {"e4m3": self.is_fp8, "cluster_m": self.cluster_m != 1, "o_in_v": self.o_in_v,
-                       "wg_epilogue": self.wg_epilogue}
+                       "wg_epilogue": self.wg_epilogue, "q_stages": self.q_stages != 1}
         if bad := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"varlen: {', '.join(bad)} not supported with packed sequences")
 

@@ -32,7 +32,14 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, pipeline
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from flashhopper.config import FP8_P_SHIFT_LOG2, LAZY_MAX_LOG2, SCHED_STAGES, VARLEN_RECORD_WORDS, FwdConfig
+from flashhopper.config import (
+    FP8_P_SHIFT_LOG2,
+    LAZY_MAX_LOG2,
+    SCHED_STAGES,
+    VARLEN_RECORD_WORDS,
+    VARLEN_SCHED_STAGES,
+    FwdConfig,
+)
 from flashhopper.hopper import fp8 as F8
 from flashhopper.hopper import fp8_descale as KD
 from flashhopper.hopper import fwd_cluster as C
@@ -141,16 +148,19 @@ class FlashFwdSm90:
             sO_in_q = cute.cosize(sO_layout) * (self.o_dtype.width // self.dtype.width)
 
         mem, align = cute.struct.MemRange, cute.struct.Align
+        sched_stages = VARLEN_SCHED_STAGES if self.cfg.varlen else SCHED_STAGES
         fields = {
             # with o_in_v, the O-read hand-off's barriers follow Q's (see pipe_o)
             "mbar_Q": mem[cutlass.Int64, 2 * q_stages + (2 * self.o_stages if o_in_v else 0)],
             "mbar_K": mem[cutlass.Int64, 2 * self.num_stages],
             "mbar_V": mem[cutlass.Int64, 2 * self.num_stages],
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
-            "mbar_sched": mem[cutlass.Int64, 2 * SCHED_STAGES],
-            # varlen: a tile's record a slot (FwdTileScheduler.publish_record)
-            "sTile": mem[Int32, SCHED_STAGES * (VARLEN_RECORD_WORDS if self.cfg.varlen else 1)],
+            "mbar_sched": mem[cutlass.Int64, 2 * sched_stages],
+            # varlen: a tile's record (FwdTileScheduler.publish_record)
+            "sTile": mem[Int32, sched_stages * (VARLEN_RECORD_WORDS if self.cfg.varlen else 1)],
         }
+        if cutlass.const_expr(self.cfg.varlen):  # the producer's next tile, kept through a tile's loads
+            fields["sClaimed"] = mem[Int32, 1]
         if cutlass.const_expr(self.transposer):  # the ring V is loaded into as stored: its mbarriers
             fields["mbar_Vt"] = mem[cutlass.Int64, 2 * self.cfg.vt_stages]
         fields |= {
@@ -348,12 +358,12 @@ class FlashFwdSm90:
             # FP8 the transposer threads read each tile too
             readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.transposer else 0)
             pipe_sched = pipeline.PipelineAsync.create(
-                num_stages=SCHED_STAGES, producer_group=producer,
+                num_stages=VARLEN_SCHED_STAGES if self.cfg.varlen else SCHED_STAGES, producer_group=producer,
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
             if cutlass.const_expr(self.cfg.varlen):  # a record a slot (FwdTileScheduler.publish_record)
-                sTile = storage.sTile.get_tensor(cute.make_layout((VARLEN_RECORD_WORDS, SCHED_STAGES)))
+                sTile = storage.sTile.get_tensor(cute.make_layout((VARLEN_RECORD_WORDS, VARLEN_SCHED_STAGES)))
             else:
                 sTile = storage.sTile.get_tensor(cute.make_layout(SCHED_STAGES))
         kd_ring = None
@@ -389,10 +399,11 @@ class FlashFwdSm90:
                               window_left=window_left, window_right=window_right)
         # this CTA's tiles (a cluster tile is a pair of query blocks; both CTAs of a cluster walk
         # the same pairs)
+        claimed = storage.sClaimed.get_tensor(cute.make_layout(1)) if cutlass.const_expr(varlen) else None
         sched = FwdTileScheduler(has_right=self.has_right, cluster_m=self.cluster_m if cluster else 1,
                                  num_m_blocks=num_m_blocks, num_pairs=num_pairs, num_heads=num_heads,
                                  l2_section=l2_section, bidx=bidx, grid_size=grid_size, counter=mTileCounter,
-                                 pipe=pipe_sched, slots=sTile, walk=walk)
+                                 pipe=pipe_sched, slots=sTile, walk=walk, claimed=claimed)
         num_tiles, rank = sched.num_tiles, sched.rank
 
         # Both roles walk the same tiles: the static sequence (tile = blockIdx.x, += gridDim.x), or the
@@ -416,14 +427,11 @@ class FlashFwdSm90:
                     # the walk table's tiles, each published with its sequence's bounds (the consumers
                     # read them from smem); FP8, whose transposer warps would need them too, has no varlen
                     lane = cute.arch.lane_idx()
-                    sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                                               SCHED_STAGES)
                     m_block, head, seq = sched.varlen_tile(tile)
                     while seq >= 0:
                         off_q, len_q, off_k, len_k = seq_bounds(seq)
-                        sched.publish_record(sched_state, (m_block, head, seq, off_q, len_q, len_k), lane)
-                        sched_state.advance()
-                        nxt = sched.claim(lane)  # its sequence is found once this tile's loads are out
+                        sched.publish_record(q_state, (m_block, head, seq, off_q, len_q, len_k), lane)
+                        sched.claim_ahead(lane)
                         n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
                         pages = None
                         if cutlass.const_expr(self.cfg.page_size):  # off_k: its first table entry
@@ -432,12 +440,12 @@ class FlashFwdSm90:
                             mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                             pipe_v_loaded, m_block, head, head // head_ratio, 0, n_min, n_max, q_state,
                             k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k), pages=pages)
-                        tile = nxt
+                        tile = sched.claimed()
                         m_block, head, seq = sched.varlen_tile(tile)
                     sched.retire(lane)  # the last claim is done (its tile is past the walk's end)
                     # the end marker (sequence -1) lets the consumers leave
-                    sched.publish_record(sched_state, (Int32(0), Int32(0), Int32(-1), Int32(0), Int32(0),
-                                                       Int32(0)), lane)
+                    end = (Int32(0), Int32(0), Int32(-1), Int32(0), Int32(0), Int32(0))
+                    sched.publish_record(q_state, end, lane)
                 elif cutlass.const_expr(dynamic):
                     lane = cute.arch.lane_idx()
                     sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
@@ -494,9 +502,7 @@ class FlashFwdSm90:
             tile = bidx
             if cutlass.const_expr(varlen):
                 # the producer's records: the tile and its sequence's bounds, sequence -1 at the end
-                sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
-                m_block, head, seq, off_q, len_q, len_k = sched.read_record(sched_state)
-                sched_state.advance()
+                m_block, head, seq, off_q, len_q, len_k = sched.read_record(q_state)
                 while seq >= 0:
                     n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
                     q_state, k_state, v_state = self.consume(
@@ -504,8 +510,7 @@ class FlashFwdSm90:
                         pipe_v, tidx - 128, m_block, head, 0, n_min, n_max, len_q, len_k, scale_log2,
                         softcap_pre, window_left, window_right, q_state, k_state, v_state, pipe_o=pipe_o,
                         varlen_out=(mO_rows, off_q))
-                    m_block, head, seq, off_q, len_q, len_k = sched.read_record(sched_state)
-                    sched_state.advance()
+                    m_block, head, seq, off_q, len_q, len_k = sched.read_record(q_state)
             elif cutlass.const_expr(dynamic):
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
                 tile = sched.read(sched_state)

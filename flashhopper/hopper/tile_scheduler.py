@@ -16,18 +16,18 @@ first (hopper/varlen_walk.py builds the walk's table on the device before the la
 sequence's ceil(used queries / tile_m) x heads tiles together, taken as a dense launch's with the
 sequence's heads as the pairs (`section_coords`: m from the last block down under a right bound).
 The producer warp finds a tile's sequence in the table (`VarlenWalk.find`, a warp-wide search) and
-hands the consumers the tile with its sequence's bounds (`publish_record`), so they read nothing
-from global memory to start it. The host sizes the grid (config.fwd_grid: the SM count for the
-persistent kernels; varlen_walk.walk_grid for varlen).
+hands the consumers the tile with its sequence's bounds (`publish_record`: a one-slot ring whose
+phase both sides take from Q's), so they read nothing from global memory to start it. The host sizes
+the grid (config.fwd_grid: the SM count for the persistent kernels; varlen_walk.walk_grid for varlen).
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, pipeline
 
-from flashhopper.config import VARLEN_RECORD_WORDS
+from flashhopper.config import VARLEN_RECORD_WORDS, VARLEN_SCHED_STAGES
 
 
 @cute.jit
@@ -101,11 +101,13 @@ class FwdTileScheduler:
     run-time `if` or loop reads them, it need not carry them)."""
 
     def __init__(self, *, has_right: bool, cluster_m: int, num_m_blocks, num_pairs, num_heads, l2_section,
-                 bidx, grid_size, counter=None, pipe=None, slots=None, walk: VarlenWalk | None = None):
+                 bidx, grid_size, counter=None, pipe=None, slots=None, walk: VarlenWalk | None = None,
+                 claimed=None):
         self.has_right, self.cluster_m = has_right, cluster_m
         self.num_pairs, self.num_heads, self.l2_section = num_pairs, num_heads, l2_section
         self.grid_size, self.counter, self.pipe, self.slots = grid_size, counter, pipe, slots
-        self.num_m_blocks, self.walk = num_m_blocks, walk
+        # varlen: the walk, and an smem word for the claimed next tile (claim_ahead)
+        self.num_m_blocks, self.walk, self.claimed_slot = num_m_blocks, walk, claimed
         # varlen: the walk knows where the tiles end (num_m_blocks / num_pairs None)
         self.num_tiles = None if walk is not None else num_m_blocks * num_pairs
         self.first, self.stride, self.rank = bidx, grid_size, 0
@@ -149,25 +151,35 @@ class FwdTileScheduler:
                                            self.l2_section, self.has_right)
         return m_block, head, seq
 
+    # Varlen: one record a tile through a one-slot ring, whose state on either side is Q's there (one Q
+    # stage, one load / one wait a tile; the producer publishes a tile's record before its Q, the
+    # consumers read it before they wait for that Q): neither side carries a state of its own for it
+    @staticmethod
+    def record_state(q_state):
+        return pipeline.PipelineState(VARLEN_SCHED_STAGES, Int32(0), Int32(0), q_state.phase)
+
     @cute.jit
-    def publish_record(self, state, record, lane):
-        """Varlen, producer warp: hand a tile to the consumers as its record (m_block, head, sequence,
-        query offset, used queries, used keys: VARLEN_RECORD_WORDS; sequence -1 ends the walk)."""
+    def publish_record(self, q_state, record, lane):
+        """Varlen, producer warp: hand the next tile (Q not yet loaded: `q_state`) to the consumers as
+        its record (m_block, head, sequence, query offset, used queries, used keys:
+        VARLEN_RECORD_WORDS; sequence -1 ends the walk)."""
         assert len(record) == VARLEN_RECORD_WORDS
+        state = self.record_state(q_state)
         if lane == 0:
             self.pipe.producer_acquire(state)
             for i in cutlass.range_constexpr(len(record)):
-                self.slots[i, state.index] = record[i]
+                self.slots[i, 0] = record[i]
             self.pipe.producer_commit(state)
 
     @cute.jit
-    def read_record(self, state):
-        """Varlen, consumers: the next tile's record from the producer, (m_block, head, sequence, query
-        offset, used queries, used keys)."""
+    def read_record(self, q_state):
+        """Varlen, consumers: the next tile's record (its Q not yet waited for: `q_state`), (m_block,
+        head, sequence, query offset, used queries, used keys)."""
+        state = self.record_state(q_state)
         self.pipe.consumer_wait(state)
         record = []
         for i in cutlass.range_constexpr(VARLEN_RECORD_WORDS):
-            record.append(self.slots[i, state.index])
+            record.append(self.slots[i, 0])
         self.pipe.consumer_release(state)
         return tuple(record)
 
@@ -179,6 +191,19 @@ class FwdTileScheduler:
             self.pipe.producer_acquire(state)
             self.slots[state.index] = tile
             self.pipe.producer_commit(state)
+
+    @cute.jit
+    def claim_ahead(self, lane):
+        """Varlen, producer warp: claim the next tile before this one's loads (the atomic's latency
+        under them), kept in smem through them (`claimed`): the producer's registers are full there."""
+        if lane == 0:
+            self.claimed_slot[0] = cute.arch.atomic_add(self.counter.iterator, Int32(1)) + self.grid_size
+
+    @cute.jit
+    def claimed(self):
+        """Varlen, producer warp: the tile claim_ahead claimed, in every lane."""
+        cute.arch.sync_warp()  # lane 0's store before the other lanes' loads
+        return self.claimed_slot[0]
 
     @cute.jit
     def claim(self, lane):
