@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import torch
 
+from flashhopper.hopper.host import varlen_m_blocks
+
 
 def walk_table(used_q: torch.Tensor, used_k: torch.Tensor, *, tile_m: int) -> torch.Tensor:
     """The table for int32 (batch,) used query / key lengths and `tile_m`-row query blocks: the sequences
-    sorted by used keys, longest first (stable), then their query blocks summed in that order. Seven
-    kernels on CUDA: argsort (three), gather, round up (two), cumulative sum, and the ids' copy."""
+    sorted by used keys, longest first (stable), then their query blocks summed in that order. About
+    eight small kernels on CUDA: the stable sort (two or three), the ids' copy, a gather, the round up
+    (two) and a cumulative sum."""
     batch = used_q.shape[0]
     table = torch.empty(2 * batch, dtype=torch.int32, device=used_q.device)
     order = torch.argsort(used_k, descending=True, stable=True)
     table[batch:].copy_(order)
     blocks = used_q.index_select(0, order)
-    # host.varlen_m_blocks's rule: (len + tile_m - 1) // tile_m
-    blocks = (blocks + (tile_m - 1)).div_(tile_m, rounding_mode="floor")
+    blocks = (blocks + (tile_m - 1)).div_(tile_m, rounding_mode="floor")  # host.varlen_m_blocks, elementwise
     torch.cumsum(blocks, 0, dtype=torch.int32, out=table[:batch])
     return table
 
@@ -35,7 +37,7 @@ def uniform_walk_table(batch: int, rows: int, *, tile_m: int, device) -> torch.T
     same rows (one query token, or a KV head's query heads); correct for any packing whose sequences
     have at most `rows` queries (a sequence's tiles past its used queries store nothing), but those tiles
     are walked for nothing."""
-    blocks = (rows + tile_m - 1) // tile_m
+    blocks = varlen_m_blocks(rows, tile_m)
     table = torch.empty(2 * batch, dtype=torch.int32, device=device)
     if blocks:
         torch.arange(blocks, (batch + 1) * blocks, blocks, out=table[:batch])
@@ -50,5 +52,5 @@ def walk_grid(*, tile_m: int, total_q: int, batch: int, max_seqlen_q: int, heads
     host bounds the tiles without reading the lengths: each sequence's query blocks are at most
     max_seqlen_q's, and all of them at most total_q's plus one partial block a sequence. A bound that
     is too low (max_seqlen_q below a sequence's length) only makes fewer CTAs walk every tile."""
-    blocks = min(batch * ((max_seqlen_q + tile_m - 1) // tile_m), (total_q + batch * (tile_m - 1)) // tile_m)
+    blocks = min(batch * varlen_m_blocks(max_seqlen_q, tile_m), (total_q + batch * (tile_m - 1)) // tile_m)
     return max(1, min(max_ctas, blocks * heads))
