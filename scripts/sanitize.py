@@ -5,6 +5,7 @@ first lengths that dispatch it (flashhopper.plan.dispatched_calls), forward and 
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize.py
     compute-sanitizer --tool racecheck --report-api-errors no python3 scripts/sanitize.py --fwd
+    compute-sanitizer --tool memcheck --report-api-errors no python3 scripts/sanitize.py --decode
     python3 scripts/sanitize.py --list
 
 Run it for each of memcheck, racecheck and synccheck; a clean run ends with "0 errors".
@@ -32,7 +33,12 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="every dispatched kernel, not the covering subset")
     parser.add_argument("--list", action="store_true", help="print the calls; run nothing")
     parser.add_argument("--pick", type=int, nargs="+", metavar="I", help="only these calls (--list numbers)")
+    parser.add_argument("--decode", action="store_true",
+                        help="the KV-cache calls instead (split-KV decode, appends, paged caches of 1 / 16 / "
+                             "128 rows a page, chunked prefill)")
     args = parser.parse_args()
+    if args.decode:
+        return _decode(args.list)
     calls = dispatched_calls(backward=not args.fwd)
     if not args.all:  # and the varlen kernels covered on their own (their offsets meet every tile shape)
         varlen = [cfg for cfg in calls if getattr(cfg, "varlen", False)]
@@ -97,6 +103,44 @@ def _varlen(call, bwd: bool) -> None:
         out.sum().backward()
     torch.cuda.synchronize()
     print(("bwd " if bwd else "fwd ") + f"{call!r}: finite={bool(out.isfinite().all())}", flush=True)
+
+
+# (batch, query rows, context, page size or 0, new rows appended, query heads, kv heads, hdim)
+_DECODE_CALLS = [(1, 1, 8192, 0, 0, 32, 8, 128), (3, 1, 1000, 0, 1, 32, 8, 128),
+                 (2, 4, 700, 16, 0, 8, 2, 64), (2, 1, 3000, 1, 1, 8, 8, 128),
+                 (2, 1, 2000, 128, 0, 16, 2, 256), (2, 37, 300, 16, 37, 4, 2, 128)]
+
+
+def _decode(list_only: bool) -> int:
+    """flash_attn_with_kvcache over the split-KV decode, its merge, appends and the paged reads."""
+    for i, call in enumerate(_DECODE_CALLS):
+        print(f"{i:3d} decode (batch, q rows, context, page, appended, hq, hk, d) = {call}")
+    if list_only:
+        print(f"{len(_DECODE_CALLS)} calls")
+        return 0
+    from flashhopper import flash_attn_with_kvcache
+
+    for b, sq, ctx, page, new, hq, hk, d in _DECODE_CALLS:
+        torch.manual_seed(0)
+        lens = torch.tensor([ctx - new - 37 * i for i in range(b)], dtype=torch.int32, device="cuda")
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+        kv = {"k": torch.randn(b, new, hk, d, device="cuda", dtype=torch.bfloat16),
+              "v": torch.randn(b, new, hk, d, device="cuda", dtype=torch.bfloat16)} if new else {}
+        if page:
+            pages = -(-ctx // page)
+            k_cache, v_cache = (torch.randn(b * pages, page, hk, d, device="cuda", dtype=torch.bfloat16)
+                                for _ in range(2))
+            table = torch.randperm(b * pages, device="cuda", dtype=torch.int32).view(b, pages)
+        else:
+            k_cache, v_cache = (torch.randn(b, ctx, hk, d, device="cuda", dtype=torch.bfloat16)
+                                for _ in range(2))
+            table = None
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, page_table=table, causal=True,
+                                      **kv)
+        torch.cuda.synchronize()
+        print(f"decode {(b, sq, ctx, page, new, hq, hk, d)}: finite={bool(out.isfinite().all())}", flush=True)
+    print(f"{len(_DECODE_CALLS)} calls ran", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
