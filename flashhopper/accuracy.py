@@ -307,7 +307,7 @@ def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, *, out, la
     emus = emulate_backward(q, k, v, dout, scale, causal, window, softcap, out=out,
                             ds_scaled=_dispatched_scale_in_ds(q, k, causal, window, softcap))
     big = {name: t.abs().max().item() for name, t in (("q", q), ("k", k), ("v", v), ("do", dout))}
-    ds_big = 2 * q.shape[-1] * big["do"] * big["v"]  # |dP - D|
+    ds_big = 2 * v.shape[-1] * big["do"] * big["v"]  # |dP - D|: sums over the value head dim
     sq, sk = q.shape[1], k.shape[1]
     floors = (cancellation_floor(dout, v, k, scale) + ftz_floor(sk, ds_big, big["k"], scale),
               cancellation_floor(dout, v, q, scale) + ftz_floor(sq, ds_big, big["q"], scale),
@@ -318,18 +318,26 @@ def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, *, out, la
 
 
 def check_varlen_grads(grads, q, k, v, dout, cu_seqlens_q, cu_seqlens_k, scale, causal, window,
-                       softcap, *, out) -> None:
+                       softcap, *, out, used_q=None, used_k=None) -> None:
     """A varlen backward's (dq, dk, dv), packed like q, k, v, sequence by sequence by the rule
     (check_grads; `out` the packed forward output the backward was given); a sequence with no query
-    or no key gets all-zero gradients."""
+    or no key gets all-zero gradients. `used_q` / `used_k`: each sequence's seqused lengths (lists;
+    None: the whole ones): the rule holds on the used rows and keys, and the rows and keys past them
+    get exactly zero (whatever q, k, v and dout hold there)."""
     dq, dk, dv = grads
     starts_q, starts_k = [int(x) for x in cu_seqlens_q], [int(x) for x in cu_seqlens_k]
-    for i in range(len(starts_q) - 1):
-        rows, keys = slice(starts_q[i], starts_q[i + 1]), slice(starts_k[i], starts_k[i + 1])
-        if rows.stop > rows.start and keys.stop > keys.start:
+    lens_q = [b - a for a, b in zip(starts_q, starts_q[1:], strict=False)]
+    lens_k = [b - a for a, b in zip(starts_k, starts_k[1:], strict=False)]
+    used_q, used_k = used_q or lens_q, used_k or lens_k
+    for i, (lq, lk) in enumerate(zip(used_q, used_k, strict=True)):
+        rows, keys = slice(starts_q[i], starts_q[i] + lq), slice(starts_k[i], starts_k[i] + lk)
+        if lq and lk:
             check_grads((dq[None, rows], dk[None, keys], dv[None, keys]), q[None, rows], k[None, keys],
                         v[None, keys], dout[None, rows], scale, causal, window, softcap,
                         out=out[None, rows], label=f" sequence {i}")
         else:
             for name, x in (("dq", dq[rows]), ("dk", dk[keys]), ("dv", dv[keys])):
                 assert (x == 0).all(), f"sequence {i} (no query or no key): {name} not all zero"
+        unused_q, unused_k = slice(rows.stop, starts_q[i + 1]), slice(keys.stop, starts_k[i + 1])
+        for name, x in (("dq", dq[unused_q]), ("dk", dk[unused_k]), ("dv", dv[unused_k])):
+            assert (x == 0).all(), f"sequence {i}: {name} not all zero past seqused"

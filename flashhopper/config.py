@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
 # (query / key head dim, value head dim) pairs other than equal ones: DeepSeek's MLA prefill, which vLLM
-# and SGLang run through FA3 (forward only here for now)
+# and SGLang run through FA3. The backward of a pair runs the query head dim's kernel on V and dO padded
+# with zero columns to that head dim (hopper/runtime.py, _pad_value_dim; BwdPreConfig.of's `dv`)
 SPLIT_HDIMS = ((192, 128),)
 DTYPES = ("bf16", "fp16")
 # FP8 inputs (forward only): e4m3 Q, K, V with fp32 descales, bf16 output (FA3's convention)
@@ -892,7 +893,13 @@ class BwdPreConfig:
     varlen: bool = False
 
     @classmethod
-    def of(cls, cfg: BwdConfig) -> BwdPreConfig:
+    def of(cls, cfg: BwdConfig, dv: int = 0) -> BwdPreConfig:
+        """The preprocess `cfg` launches. `dv`: a (cfg.hdim, dv) pair's value head dim (SPLIT_HDIMS),
+        whose main kernel takes V and dO padded to cfg.hdim: D is formed from O and dO as they are
+        (dv wide, no padded copy of O), and the host clears the dQ accumulator (cfg.hdim wide), so
+        this preprocess neither clears it nor launches the main kernel early (pdl)."""
+        if dv and dv != cfg.hdim:
+            return cls(cfg.dtype, dv, scale_d=cfg.scale_in_ds, varlen=cfg.varlen)
         return cls(cfg.dtype, cfg.hdim, scale_d=cfg.scale_in_ds, zero_dq=cfg.pre_zero_dq, pdl=cfg.pdl,
                    varlen=cfg.varlen)
 

@@ -50,7 +50,7 @@ class Case:
     # (used query, used key) lengths when seqused is passed (else empty)
     seqlens: tuple = ()
     seqused: tuple = ()
-    dv: int = 0  # the value head dim when it differs from hdim (config.SPLIT_HDIMS; forward only)
+    dv: int = 0  # the value head dim when it differs from hdim (config.SPLIT_HDIMS)
 
     @property
     def varlen(self) -> bool:
@@ -154,14 +154,10 @@ def make_inputs(case: Case, device="cuda"):
     return q, k, v, dout
 
 
-def varlen_backward(case: Case) -> bool:
-    """Whether a varlen case also runs the backward: not through seqused, nor (192, 128)."""
-    return not case.seqused and not case.dv
-
-
 def run_varlen(case: Case, backward: bool = True) -> str | None:
     """A varlen case through flash_attn_varlen_func, each sequence checked by the rule; rows past a
-    sequence's seqused_q must still hold the poison (NaN). Then (varlen_backward) its gradients."""
+    sequence's seqused_q must still hold the poison (NaN). Then its gradients; with seqused the rows of
+    q, k, v and dout past the used ones hold NaN, and their gradients must be exactly zero."""
     import torch
 
     from flashhopper import flash_attn_varlen_func
@@ -181,10 +177,12 @@ def run_varlen(case: Case, backward: bool = True) -> str | None:
     k, v = packed(sum(lens_k), case.hk, 0), packed(sum(lens_k), case.hk, 1, case.dv or case.hdim)
     cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device="cuda")
                   for lens in (lens_q, lens_k))
+    unused_q, unused_k = (_past_used(cu.tolist(), used) for cu, used in ((cu_q, used_q), (cu_k, used_k)))
+    for x, unused in ((q, unused_q), (k, unused_k), (v, unused_k)):
+        x[unused] = float("nan")  # never read into a result
     seqused = ({"seqused_q": torch.tensor(used_q, dtype=torch.int32, device="cuda"),
                 "seqused_k": torch.tensor(used_k, dtype=torch.int32, device="cuda")} if case.seqused else {})
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
-    backward = backward and varlen_backward(case)
     args = (q, k, v)
     if backward:
         args = tuple(t.detach().requires_grad_() for t in args)
@@ -193,14 +191,20 @@ def run_varlen(case: Case, backward: bool = True) -> str | None:
                                       softcap=case.softcap, deterministic=case.deterministic, return_lse=True)
     if backward:
         dout = (torch.randn(out.shape, device="cuda", generator=g) * case.magnitude).to(dt)
+        dout[unused_q] = float("nan")
         grads = torch.autograd.grad(out, args, dout)
     torch.cuda.synchronize()
     check_varlen_forward(out.detach(), lse, q, k, v, cu_q.tolist(), cu_k.tolist(), used_q, used_k, scale,
                          case.causal, case.window, case.softcap)
     if backward:
         check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, case.causal,
-                           case.window, case.softcap, out=out.detach())
+                           case.window, case.softcap, out=out.detach(), used_q=used_q, used_k=used_k)
     return None
+
+
+def _past_used(starts: list, used) -> list:
+    """The packed rows past each sequence's used ones (starts: cu_seqlens as a list)."""
+    return [r for i, n in enumerate(used) for r in range(starts[i] + n, starts[i + 1])]
 
 
 def make_descales(case: Case, device="cuda"):
@@ -227,7 +231,7 @@ def run(case: Case, backward: bool = True) -> str | None:
     from flashhopper import flash_attn_func
     from flashhopper.accuracy import check_forward, check_grads
     from flashhopper.hopper import runtime
-    from flashhopper.validation import FP8_OPT_IN, VARLEN_OPT_IN
+    from flashhopper.validation import FP8_OPT_IN, SEQUSED_BWD_OPT_IN, VARLEN_OPT_IN
 
     runtime.poison = True  # every output and workspace starts as NaN
     q, k, v, dout = make_inputs(case)
@@ -235,10 +239,11 @@ def run(case: Case, backward: bool = True) -> str | None:
     kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, softmax_scale=case.scale)
     fp8 = case.dtype in FP8_DTYPES
     varlen_bwd = backward
-    backward = backward and not fp8 and not case.varlen and not case.dv  # forward only there, yet
-    # the fuzzer is how the FP8 and varlen forwards get verified: it runs them before the opt-in goes
+    backward = backward and not fp8 and not case.varlen  # no FP8 backward; varlen: run_varlen
+    # the fuzzer is how the gated paths get verified: it runs them before their opt-in goes
     os.environ.setdefault(FP8_OPT_IN, "1")
     os.environ.setdefault(VARLEN_OPT_IN, "1")
+    os.environ.setdefault(SEQUSED_BWD_OPT_IN, "1")
     descales = make_descales(case) if fp8 else (None, None, None)
     if fp8:
         kw.update(q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
@@ -270,18 +275,18 @@ def kernels_of(case: Case, backward: bool) -> set:
     if case.varlen:
         hit = {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
                                     case.dv)[0]}
-        if backward and varlen_backward(case):
+        if backward:
             cfg = plan.bwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
                                        case.deterministic)[0]
-            hit |= {cfg, BwdPreConfig.of(cfg)}
+            hit |= {cfg, BwdPreConfig.of(cfg, case.dv)}
         return hit
     kind = "token" if case.descale == "token" else "head"
     hit = {plan.fwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                          case.softcap > 0, case.dv, qk_descale=kind)[0]}
-    if backward and case.dtype in DTYPES and not case.dv:
+    if backward and case.dtype in DTYPES:
         cfg = plan.bwd_plan(case.dtype, case.hdim, case.sq, case.sk, case.causal, case.window,
                             case.softcap > 0, case.deterministic)[0]
-        hit |= {cfg, BwdPreConfig.of(cfg)}
+        hit |= {cfg, BwdPreConfig.of(cfg, case.dv)}
     return hit
 
 

@@ -119,9 +119,13 @@ def flash_attn_varlen_func(
     sequence's seqused_k may hold anything, NaN too (the kernel masks them and zeroes their V rows).
     The bounds' types and shapes are checked (check_varlen_tensors says which properties are the
     caller's contract); backend="reference" (exact float64 per sequence, any device) checks all.
-    Differentiable (dq, dk, dv; `deterministic` makes dq bitwise reproducible) except through
-    seqused_q / seqused_k, and with head dims (192, 128) forward only. Non-finite values in one
-    sequence's q, k, v or gradient may reach the gradients of its neighbours (the kernels read a
+    Differentiable (dq, dk, dv; `deterministic` makes dq bitwise reproducible), head dims (192, 128)
+    included. Through seqused_q / seqused_k (for now with FLASHHOPPER_EXPERIMENTAL_SEQUSED_BWD=1:
+    validation.SEQUSED_BWD_GPU_VERIFIED): rows past a sequence's seqused_q get dq = 0 and their
+    gradient (and out, lse) is not read, keys past its seqused_k get dk = dv = 0 and are not seen; there
+    q, k, v and the gradient may hold anything, NaN too (the kernels zero those rows in shared memory;
+    FA3 reads them as they are and leaves their gradients unwritten). Otherwise non-finite values in
+    one sequence's q, k, v or gradient may reach the gradients of its neighbours (the kernels read a
     tile past a sequence's end from the next one and zero its contribution arithmetically). Under
     torch.compile it runs as the custom operators torch.ops.flashhopper.fwd_varlen / bwd_varlen.
 
@@ -159,9 +163,9 @@ def flash_attn_varlen_func(
         validation.require_hopper(q, backend)
         check_varlen_call(q, k, v, seqused_q, seqused_k)
         if validation.needs_grad(q, k, v):
-            out, lse = _HopperVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                    max_seqlen_k, scale, causal, window, softcap,
-                                                    deterministic)
+            out, lse = _HopperVarlenAttention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q,
+                                                    seqused_k, max_seqlen_q, max_seqlen_k, scale, causal,
+                                                    window, softcap, deterministic)
         else:
             from flashhopper.hopper import forward_varlen
 
@@ -206,17 +210,18 @@ def _varlen_paged(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, seqused_q, 
 
 
 class _HopperVarlenAttention(torch.autograd.Function):
-    """flash_attn_varlen_func with gradients (no seqused: check_varlen_call)."""
+    """flash_attn_varlen_func with gradients."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap, deterministic):
+    def forward(ctx, q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, scale, causal, window, softcap,
+                deterministic):
         from flashhopper.hopper import forward_varlen
 
-        out, lse = forward_varlen(q, k, v, cu_q, cu_k, max_q, None, None, scale, causal, window, softcap,
+        out, lse = forward_varlen(q, k, v, cu_q, cu_k, max_q, used_q, used_k, scale, causal, window, softcap,
                                   max_seqlen_k=max_k)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k)
         ctx.config = (max_q, max_k, scale, causal, window, softcap, deterministic)
         return out, lse
 
@@ -225,12 +230,13 @@ class _HopperVarlenAttention(torch.autograd.Function):
         from flashhopper.hopper import backward_varlen
 
         if dout is None:
-            return (None,) * 12
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+            return (None,) * 14
+        q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
         max_q, max_k, scale, causal, window, softcap, deterministic = ctx.config
         dq, dk, dv = backward_varlen(q, k, v, out, ops.tma_ready(dout), lse, cu_q, cu_k, max_q, max_k, scale,
-                                     causal, window, softcap, deterministic=deterministic)
-        return (dq, dk, dv) + (None,) * 9
+                                     causal, window, softcap, deterministic=deterministic, seqused_q=used_q,
+                                     seqused_k=used_k)
+        return (dq, dk, dv) + (None,) * 11
 
 
 def _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling):

@@ -117,26 +117,28 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, m
 
 @torch.library.custom_op("flashhopper::bwd_varlen", mutates_args=())
 def bwd_varlen(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+               lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+               seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, max_seqlen_q: int,
                max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
                softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the varlen forward from its out and lse."""
+    """(dq, dk, dv) of the varlen forward from its out and lse (zero past seqused_q / seqused_k)."""
     validation.require_hopper(q)
     return _kernels().backward_varlen(q, k, v, out, tma_ready(dout), lse, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                                      (window_left, window_right), softcap, deterministic=deterministic)
+                                      (window_left, window_right), softcap, deterministic=deterministic,
+                                      seqused_q=seqused_q, seqused_k=seqused_k)
 
 
 @bwd_varlen.register_fake
-def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-      window_left, window_right, softcap, deterministic):
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+      softmax_scale, causal, window_left, window_right, softcap, deterministic):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context_varlen(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, _, _, *config = inputs
+    q, k, v, cu_q, cu_k, used_q, used_k, *config = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, used_q, used_k)
     ctx.config = tuple(config)
     ctx.mark_non_differentiable(lse)
 
@@ -144,8 +146,8 @@ def _setup_context_varlen(ctx, inputs, output):
 def _backward_varlen(ctx, dout, dlse):
     if dout is None:
         return (None,) * 15
-    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.config)
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    dq, dk, dv = bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.config)
     return (dq, dk, dv) + (None,) * 12
 
 

@@ -345,7 +345,7 @@ def bwd_plan_varlen(dtype: str, hdim: int, causal: bool, window_size, softcap: b
 
 
 # (hdim, dv) pairs (SPLIT_HDIMS; first version, not yet timed): the tile of hdim; O (dv wide) has room
-# for its own smem tile and the per-warpgroup epilogue
+# for its own smem tile and the per-warpgroup epilogue. Their backward is hdim's (BwdPreConfig.of's dv)
 _SPLIT_TILES = {(192, 128): (128, 112)}
 
 
@@ -539,15 +539,16 @@ def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward:
                         seen.setdefault(fwd_plan_varlen(dtype, hdim, causal, window, softcap, dv)[0],
                                         Call(dtype, hdim, sq, sk, causal, window, softcap, False, True, dv))
             if backward and hdim in BWD_HDIMS and dtype in DTYPES:  # no FP8 backward
-                for deterministic in (False, True):
+                # a split pair (value_hdims) runs hdim's main kernel and a preprocess of its own
+                for deterministic, dv in itertools.product((False, True), value_hdims(hdim)):
                     cfg = bwd_plan(dtype, hdim, sq, sk, causal, window, softcap, deterministic)[0]
-                    call = Call(dtype, hdim, sq, sk, causal, window, softcap, deterministic)
+                    call = Call(dtype, hdim, sq, sk, causal, window, softcap, deterministic, dv=dv)
                     seen.setdefault(cfg, call)
-                    seen.setdefault(BwdPreConfig.of(cfg), call)
+                    seen.setdefault(BwdPreConfig.of(cfg, dv), call)
                     cfg = bwd_plan_varlen(dtype, hdim, causal, window, softcap, deterministic)[0]
                     call = dataclasses.replace(call, varlen=True)
                     seen.setdefault(cfg, call)
-                    seen.setdefault(BwdPreConfig.of(cfg), call)
+                    seen.setdefault(BwdPreConfig.of(cfg, dv), call)
     return seen
 
 

@@ -28,6 +28,12 @@ FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
 # (hopper/varlen_walk.py), which came after those runs, has not yet run on a GPU (docs/testing.md's open list)
 VARLEN_GPU_VERIFIED = True
 VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
+# the varlen backward through seqused_q / seqused_k (the used lengths taken by the kernels, a sequence's
+# unused rows zeroed in shared memory, zero gradients past them): checked on the CPU (tests/test_varlen.py,
+# the compile tests), not yet run on a GPU; calls with gradients need this variable set to 1 until
+# tests/test_varlen_gpu.py has passed
+SEQUSED_BWD_GPU_VERIFIED = False
+SEQUSED_BWD_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_SEQUSED_BWD"
 # the 1-warpgroup decode tile (plan.fwd_config_decode) for kvcache's rearranged decode: it passes the
 # GPU suite (tests/test_decode_gpu.py, 2026-12-05) but timed no faster than the varlen kernel's tile
 # (docs/results-decode.md: decode is bound by its host-side kernels, not by the tile), so decode keeps
@@ -163,10 +169,11 @@ def _enabled(verified: bool, opt_in: str) -> bool:
 
 
 def _require_verified(what: str, verified: bool, opt_in: str) -> None:
-    """A forward whose current kernels have not passed the GPU suite: refused unless the caller opts in."""
+    """A path (`what`: "the FP8 forward", ...) whose current kernels have not passed the GPU suite:
+    refused unless the caller opts in."""
     if not _enabled(verified, opt_in):
-        raise NotImplementedError(f"the {what} forward's current kernels have not yet been verified on a "
-                                  f"GPU; set {opt_in}=1 to run it anyway")
+        raise NotImplementedError(f"{what}: its current kernels have not yet been verified on a GPU; set "
+                                  f"{opt_in}=1 to run it anyway")
 
 
 def decode_tile_enabled() -> bool:
@@ -188,13 +195,9 @@ def decode_merge_enabled() -> bool:
 
 
 def check_split_hdims_call(q, k, v) -> None:
-    """A value head dim other than the query's is forward only for now."""
-    if v.shape[-1] != q.shape[-1]:
-        if needs_grad(q, k, v):
-            raise NotImplementedError(f"head dims ({q.shape[-1]}, {v.shape[-1]}): no backward yet; detach "
-                                      "the inputs (forward only)")
-        if q.dtype in FP8_DTYPES:
-            raise TypeError("float8_e4m3fn inputs take equal q and v head dims")
+    """A value head dim other than the query's (SPLIT_HDIMS, forward and backward) takes 16-bit inputs."""
+    if v.shape[-1] != q.shape[-1] and q.dtype in FP8_DTYPES:
+        raise TypeError("float8_e4m3fn inputs take equal q and v head dims")
 
 
 def check_fp8_call(q, k, v) -> None:
@@ -204,7 +207,7 @@ def check_fp8_call(q, k, v) -> None:
     if needs_grad(q, k, v):
         raise NotImplementedError("float8_e4m3fn inputs that require grad: there is no FP8 backward; "
                                   "detach them, or train in bf16 / fp16")
-    _require_verified("FP8", FP8_GPU_VERIFIED, FP8_OPT_IN)
+    _require_verified("the FP8 forward", FP8_GPU_VERIFIED, FP8_OPT_IN)
 
 
 def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
@@ -253,14 +256,12 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 
 def check_varlen_call(q, k, v, seqused_q=None, seqused_k=None) -> None:
-    """What the varlen kernels do not do (yet): gradients through seqused_q / seqused_k, and running
-    before their GPU verification."""
+    """What the varlen kernels do not do (yet): the backward through seqused_q / seqused_k before its GPU
+    verification (SEQUSED_BWD_GPU_VERIFIED), and any call before theirs."""
     if needs_grad(q, k, v) and (seqused_q is not None or seqused_k is not None):
-        # rows past seqused may hold anything (NaN too), which the backward would carry into dS
-        raise NotImplementedError("flash_attn_varlen_func: no backward through seqused_q / seqused_k yet; "
-                                  "pass them as None for training (the sequences' whole lengths), or detach "
-                                  "the inputs")
-    _require_verified("varlen", VARLEN_GPU_VERIFIED, VARLEN_OPT_IN)
+        _require_verified("the varlen backward through seqused_q / seqused_k", SEQUSED_BWD_GPU_VERIFIED,
+                          SEQUSED_BWD_OPT_IN)
+    _require_verified("the varlen forward", VARLEN_GPU_VERIFIED, VARLEN_OPT_IN)
 
 
 def layout_problem(name: str, t: torch.Tensor) -> str | None:

@@ -77,9 +77,9 @@ def test_varlen_flops_sum_the_documents():
 
 def test_points():
     points = varlen.varlen_points()
-    # 3 packings x (3 head dims x 2 masks x fwd, bwd + (192, 128) x 2 masks x fwd)
-    assert len(points) == len(set(points)) == 42
-    assert not any(p.backward and p.split for p in points)  # (192, 128) is forward only
+    # 3 packings x 4 head dims ((192, 128) among them) x 2 masks x fwd, bwd
+    assert len(points) == len(set(points)) == 48
+    assert sum(p.backward and p.split for p in points) == 6
     assert points[0].label == "16x100-4000 hdim 64 non-causal fwd" and points[1].direction == "bwd"
     quick = varlen.varlen_points(quick=True)
     assert [(p.packing.name, p.hdim, p.causal, p.direction) for p in quick] == [
@@ -87,7 +87,7 @@ def test_points():
         ("16x100-4000", 128, True, "fwd"), ("16x100-4000", 128, True, "bwd")]
     picked = varlen.varlen_points(hdims=[192], causal=(True,))
     assert [(p.hdim, p.hdim_v, p.hdim_label, p.backward) for p in picked] == \
-        [(192, 128, "192/128", False)] * 3
+        [(192, 128, "192/128", False), (192, 128, "192/128", True)] * 3
     p = quick[3]
     assert p.flops == varlen.varlen_flops(p.packing.seqlens, p.packing.seqlens, 16, 128, causal=True,
                                           backward=True)
@@ -412,8 +412,9 @@ def test_cli_bench_varlen_runs_the_points(monkeypatch):
     assert quick == varlen.varlen_points(quick=True) and quick_kw == {"dtype": "bf16", "json_path": "v.json",
                                                                       "rounds": 1}
     assert [(p.packing.name, p.hdim, p.causal, p.direction) for p in bwd] == [
-        ("16x100-4000", 64, True, "bwd"), ("512x16-512", 64, True, "bwd"), ("16x1024", 64, True, "bwd")]
-    assert {(p.hdim, p.hdim_v, p.direction) for p in split} == {(192, 128, "fwd")} and len(split) == 6
+        ("16x100-4000", 64, True, "bwd"), ("16x100-4000", 192, True, "bwd"), ("512x16-512", 64, True, "bwd"),
+        ("512x16-512", 192, True, "bwd"), ("16x1024", 64, True, "bwd"), ("16x1024", 192, True, "bwd")]
+    assert {(p.hdim, p.hdim_v) for p in split} == {(192, 128)} and len(split) == 12
     assert split_kw["dtype"] == "fp16"
 
 
@@ -426,7 +427,6 @@ def test_cli_bench_varlen_runs_the_points(monkeypatch):
     (["--seqlen", "1024"], "--seqlen does not apply to --varlen (fixed by its packings)"),
     (["--hdim", "96"], "--varlen --hdim [96] not benchmarked; choose from [64, 128, 192, 256]"),
     (["--rounds", "0"], "--rounds takes N >= 1, got 0"),
-    (["--bwd", "--hdim", "192"], "no varlen point left: head dims (192, 128) are forward only"),
 ])
 def test_cli_bench_varlen_refuses_other_options(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(varlen, "run_varlen_bench", lambda *a, **kw: pytest.fail("must not run"))

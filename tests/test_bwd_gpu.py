@@ -28,28 +28,36 @@ DEV = "cuda"
 
 
 
-def make_inputs(b, sq, sk, hq, hk, d, dtype, layout, seed):
+def make_inputs(b, sq, sk, hq, hk, d, dtype, layout, seed, dv=None):
+    """q, k (head dim d), v and dout (dv, default d); `layout` "packed": q, k, v of one (b, s, 3, h, d)
+    tensor, "strided": each every other head of a tensor of twice the heads, else contiguous."""
     torch.manual_seed(seed)
+    dv = dv or d
     if layout == "packed":  # q, k, v sliced out of one (b, s, 3, h, d) tensor: strided heads
-        assert sq == sk and hq == hk
+        assert sq == sk and hq == hk and dv == d
         qkv = torch.randn(b, sq, 3, hq, d, device=DEV, dtype=dtype)
         q, k, v = (t.detach() for t in qkv.unbind(2))
+    elif layout == "strided":
+        q = torch.randn(b, sq, 2 * hq, d, device=DEV, dtype=dtype)[:, :, ::2]
+        k = torch.randn(b, sk, 2 * hk, d, device=DEV, dtype=dtype)[:, :, 1::2]
+        v = torch.randn(b, sk, 2 * hk, dv, device=DEV, dtype=dtype)[:, :, ::2]
     else:
         q = torch.randn(b, sq, hq, d, device=DEV, dtype=dtype)
         k = torch.randn(b, sk, hk, d, device=DEV, dtype=dtype)
-        v = torch.randn(b, sk, hk, d, device=DEV, dtype=dtype)
-    dout = torch.randn(b, sq, hq, d, device=DEV, dtype=dtype)
+        v = torch.randn(b, sk, hk, dv, device=DEV, dtype=dtype)
+    dout = torch.randn(b, sq, hq, dv, device=DEV, dtype=dtype)
     return q, k, v, dout
 
 
 def run_case(b, sq, sk, hq, hk, d, dtype=torch.bfloat16, causal=False, window=(-1, -1), softcap=0.0,
-             layout="bshd", draw=0):
+             layout="bshd", draw=0, dv=None):
     # a stable seed per case: hash() of a str differs per process, so a failure would not reproduce;
-    # `draw` picks other inputs of the same case
-    seed = zlib.crc32(repr((b, sq, sk, hq, hk, d, causal, window, softcap, layout)).encode()) + draw
-    q, k, v, dout = make_inputs(b, sq, sk, hq, hk, d, dtype, layout, seed)
+    # `draw` picks other inputs of the same case; `dv`: the value head dim (default d)
+    key = (b, sq, sk, hq, hk, d, causal, window, softcap, layout) + ((dv,) if dv else ())
+    seed = zlib.crc32(repr(key).encode()) + draw
+    q, k, v, dout = make_inputs(b, sq, sk, hq, hk, d, dtype, layout, seed, dv)
     scale = 1.0 / math.sqrt(d)
-    if layout == "packed":  # keep the strided views: they are what the kernel must read
+    if layout in ("packed", "strided"):  # keep the strided views: they are what the kernel must read
         qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     else:
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -404,8 +412,8 @@ def test_deterministic_is_bitwise_reproducible(d, causal, window, fields):
         _check_deterministic(d, causal, window)
 
 
-def _check_deterministic(d, causal, window):
-    q, k, v, dout = make_inputs(2, 2000, 2000, 8, 2, d, torch.bfloat16, "bshd", 3)
+def _check_deterministic(d, causal, window, dv=None):
+    q, k, v, dout = make_inputs(2, 2000, 2000, 8, 2, d, torch.bfloat16, "bshd", 3, dv)
     grads, outs = [], []
     for _ in range(3):
         qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
@@ -438,6 +446,34 @@ def test_wide_dq_slot_handoffs_are_bitwise_reproducible(d):
         for name, a, b in zip("qkv", first, again, strict=True):
             assert torch.equal(a, b), f"d{name} differs between two runs of the same deterministic call"
     check_grads(first, q, k, v, dout, 1 / math.sqrt(d), False, (-1, -1), 0.0, out=out.detach())
+
+
+# (hdim, dv) = (192, 128), MLA prefill's head sizes: hdim 192's kernel on V and dO padded with zero
+# columns, D over O's 128 (hopper/runtime.py, _pad_value_dim). Odd lengths, sq != sk both ways, GQA,
+# causal, windows, softcap, one query / one key, strided inputs (the padding's copies take any strides)
+_SPLIT_CASES = [  # b, sq, sk, hq, hk, causal, window, softcap
+    (1, 1, 1, 2, 2, False, (-1, -1), 0.0),
+    (1, 1, 17, 2, 2, False, (-1, -1), 0.0),
+    (2, 300, 517, 6, 2, False, (-1, -1), 0.0),
+    (2, 517, 300, 4, 2, True, (-1, -1), 0.0),
+    (1, 1000, 1000, 3, 1, True, (-1, -1), 0.0),
+    (1, 700, 700, 2, 2, False, (100, 20), 10.0),
+    (1, 333, 1000, 4, 4, False, (-1, 50), 0.0),
+    (1, 1000, 700, 8, 2, True, (64, -1), 5.0),
+]
+
+
+@pytest.mark.parametrize("layout", ["bshd", "strided"])
+@pytest.mark.parametrize("dtype", [_BF16, _FP16])
+@pytest.mark.parametrize("b,sq,sk,hq,hk,causal,window,softcap", _SPLIT_CASES)
+def test_backward_split_head_dims(dtype, layout, b, sq, sk, hq, hk, causal, window, softcap):
+    run_case(b, sq, sk, hq, hk, 192, dtype=dtype, causal=causal, window=window, softcap=softcap,
+             layout=layout, dv=128)
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (False, (300, 40))])
+def test_backward_split_head_dims_deterministic_is_bitwise_reproducible(causal, window):
+    _check_deterministic(192, causal, window, dv=128)
 
 
 _HEAD_MAJOR_CASES = [  # the wide kernel's TMA reduce-adds (dq_tma) exist at hdim 192 / 256 only

@@ -1,6 +1,6 @@
 """Every kernel a user can reach (flashhopper.plan.dispatched_kernels: 92 bf16 / fp16, 30 e4m3 and 30
 e4m3 with per-token q / k descales, 60 varlen and 24 (192, 128) forward, 130 + 120 varlen backward,
-10 + 10 varlen preprocess configs)
+10 + 10 varlen preprocess configs and 2 + 2 of (192, 128), whose backward runs hdim 192's main kernel)
 compiles for sm_90a without a GPU with its structure in SASS: WGMMA (or the preprocess's 16-byte
 loads) present, register hand-off where there are warpgroups to hand off to, no local memory, no
 spill, the shared memory its launch requests (read from the compiled host code) within the SM's
@@ -36,8 +36,8 @@ def test_the_set_is_what_users_reach():
     kinds = [type(c) for c in ALL]
     counts = (kinds.count(FwdConfig), kinds.count(BwdConfig), kinds.count(BwdPreConfig))
     # forward: dense, e4m3 (per-head and per-token descales), varlen, (192, 128) dense + varlen; backward and
-    # its preprocess: dense + varlen
-    assert counts == (92 + 30 + 30 + 60 + 24, 130 + 120, 10 + 10)
+    # its preprocess: dense + varlen, and (192, 128)'s preprocess (D over 128 columns) dense + varlen
+    assert counts == (92 + 30 + 30 + 60 + 24, 130 + 120, 10 + 10 + 2 + 2)
     assert len(set(ALL)) == len(ALL)
     subset = covering_subset(ALL)
     assert set().union(*map(features, subset)) == set().union(*map(features, ALL))

@@ -518,7 +518,7 @@ def test_short_qring_hdim64(dtype, causal, softcap, monkeypatch):
     run_case(3, 1000, 1000, 4, 1, 64, dtype, causal=causal, softcap=softcap)
 
 
-# (hdim, dv) = (192, 128): MLA prefill's head sizes (forward only)
+# (hdim, dv) = (192, 128): MLA prefill's head sizes (the backward: tests/test_bwd_gpu.py)
 @pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                    (False, (100, 20), 10.0)])
 @pytest.mark.parametrize("sq,sk", [(1, 1), (300, 517), (1000, 1000), (4097, 4097)])

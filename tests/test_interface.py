@@ -134,9 +134,11 @@ def test_reference_backend_matches_attention_ref(dtype, kwargs):
     assert torch.equal(flash_attn_func(q, k, v, backend="reference", window_size=window, **kwargs), out)
 
 
-def test_reference_backend_gradients():
-    q, k, v = (t.requires_grad_() for t in qkv(batch=2, seqlen=20, heads=4, hdim=64, seqlen_k=27, heads_k=1))
-    dout = torch.randn(2, 20, 4, 64, dtype=BF16)
+@pytest.mark.parametrize("hdim,dv", [(64, 64), (192, 128)])
+def test_reference_backend_gradients(hdim, dv):
+    q, k, v = qkv(batch=2, seqlen=20, heads=4, hdim=hdim, seqlen_k=27, heads_k=1)
+    q, k, v = (t.requires_grad_() for t in (q, k, v[..., :dv].contiguous()))
+    dout = torch.randn(2, 20, 4, dv, dtype=BF16)
     out = flash_attn_func(q, k, v, causal=True, softcap=3.0, backend="reference")
     out.backward(dout)
     want = attention_bwd_ref(q, k, v, dout, causal=True, softcap=3.0)
@@ -290,3 +292,19 @@ def test_fp8_kernel_path_is_refused_until_verified(monkeypatch):
     validation.check_fp8_call(q, k, v)
     with pytest.raises(NotImplementedError, match="no FP8 backward"):
         validation.check_fp8_call(q.requires_grad_(), k, v)
+
+
+def test_split_head_dims_differentiate_through_the_kernel_path(fake_kernels):
+    """(192, 128) with inputs that require grad: the autograd formula calls the backward (no refusal), and
+    dv comes back in v's head dim."""
+    q, k, _ = qkv(hdim=192)
+    v = torch.randn(1, 8, 2, 128, dtype=BF16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (1, 8, 2, 128) and out.requires_grad
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    assert fake_kernels[-1][0] == "bwd" and v.grad.shape == v.shape
+    want = attention_bwd_ref(q, k, v, dout, causal=True)
+    for got, exact in zip((q.grad, k.grad, v.grad), want, strict=True):
+        torch.testing.assert_close(got.double(), exact, atol=1e-2, rtol=1e-2)

@@ -262,3 +262,155 @@ def test_fp8_token_descales_launch_the_per_token_kernel(fwd_launches, monkeypatc
         runtime.forward(q, k, v, 0.1, causal, (-1, -1), 0.0, descales=(qh, kh, vh))
         cfg, args = fwd_launches.pop()
         assert not cfg.token_descales and args[12:15] == (qh, kh, vh)
+
+
+# --- the backward's host side against stand-in kernels that compute exactly what they are handed ---
+
+
+def _window_of(cfg, wl, wr):
+    """(causal, window_size) of the reference for a backward launch's mask arguments."""
+    if cfg.causal:
+        return True, (-1, -1)
+    if not cfg.local:
+        return False, (-1, -1)
+    return False, tuple(-1 if w >= plan.UNBOUNDED else w for w in (wl, wr))
+
+
+def _exact_bwd(q, k, v, dout, cfg, scale, softcap_pre, wl, wr):
+    """The exact (float64) gradients attention_bwd_ref gives for one launch's operands."""
+    from flashhopper.reference import attention_bwd_ref
+
+    causal, window = _window_of(cfg, wl, wr)
+    softcap = scale / softcap_pre if cfg.softcap else 0.0
+    return attention_bwd_ref(q, k, v, dout, scale, causal, window, softcap)
+
+
+@pytest.fixture
+def exact_bwd_kernels(monkeypatch):
+    """runtime.get_kernel's stand-in for the backward: the preprocess records what it reads; the main
+    kernel records its operands and writes the exact gradients of what it is handed (varlen: per
+    sequence over its used rows and keys, which are all a kernel writes: dK / dV rows of the used keys,
+    dQ accumulator rows of the used queries)."""
+    seen = {}
+
+    def main(cfg):
+        def kernel(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre, scale,
+                   wl, wr, cu_q, cu_k, used_q, used_k, pad_q, max_k):
+            seen["main"] = (cfg, v.clone(), dout.clone(), used_q, used_k)
+            if cu_q is None:
+                dq, dk_, dv_ = _exact_bwd(q, k, v, dout, cfg, scale, softcap_pre, wl, wr)
+                dq_accum[:, : q.shape[1]] += dq.float()
+                dk.copy_(dk_)
+                dv.copy_(dv_)
+                return
+            for i in range(cu_q.shape[0] - 1):
+                rows = slice(int(cu_q[i]), int(cu_q[i]) + int(used_q[i]))
+                keys = slice(int(cu_k[i]), int(cu_k[i]) + int(used_k[i]))
+                if rows.stop == rows.start or keys.stop == keys.start:
+                    dk[:, keys] = 0.0  # the kernel's CTAs of a sequence with no query write zeros
+                    dv[:, keys] = 0.0
+                    continue
+                grads = _exact_bwd(q[:, rows], k[:, keys], v[:, keys], dout[:, rows], cfg, scale, softcap_pre,
+                                   wl, wr)
+                dq_accum[:, rows] += grads[0].float()
+                dk[:, keys] = grads[1].to(dk.dtype)
+                dv[:, keys] = grads[2].to(dv.dtype)
+        return kernel
+
+    def get_kernel(cfg):
+        if isinstance(cfg, config.BwdPreConfig):
+            return lambda out, dout, *args: seen.update(pre=(cfg, out.shape, dout.shape, args))
+        return main(cfg)
+
+    monkeypatch.setattr(runtime, "get_kernel", get_kernel)
+    monkeypatch.setattr(runtime, "poison", True)  # what no stand-in writes shows as NaN
+    return seen
+
+
+def _split_inputs(b, sq, sk, hq, hk, strided: bool, seed=0):
+    """q, k (hdim 192), v (128), dout (128); with `strided` v every other head of a wider tensor."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+
+    q, k, dout = rand(b, sq, hq, 192), rand(b, sk, hk, 192), rand(b, sq, hq, 128)
+    v = rand(b, sk, 2 * hk, 128)[:, :, ::2] if strided else rand(b, sk, hk, 128)
+    return q, k, v, dout
+
+
+def _assert_padded(x, width):
+    assert x.shape[-1] == 192 and x.is_contiguous() and (x[..., width:] == 0).all()
+
+
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (5, 2), 3.0)])
+def test_split_head_dims_backward_runs_hdim_192_on_padded_v_and_dout(exact_bwd_kernels, causal, window,
+                                                                      softcap, strided):
+    """(192, 128): the main kernel of hdim 192 (the dispatched one) on V and dO with 64 zero columns, the
+    preprocess of 128 columns on O and dO as given; dV trimmed to 128 columns in V's layout. The
+    gradients are those of the unpadded problem (the zero columns add nothing to dP, and dV's are 0)."""
+    from flashhopper.reference import attention_bwd_ref
+
+    q, k, v, dout = _split_inputs(2, 37, 53, 4, 2, strided)
+    out = torch.randn(2, 37, 4, 128).to(torch.bfloat16)
+    lse = torch.zeros(2, 4, 37)
+    dq, dk, dv = runtime.backward(q, k, v, out, dout, lse, 0.2, causal, window, softcap, deterministic=causal)
+    cfg, v_in, dout_in, _, _ = exact_bwd_kernels["main"]
+    causal_k, local, _, _ = plan.mask_kind(causal, window)
+    assert cfg == plan.bwd_plan("bf16", 192, 37, 53, causal, window, softcap > 0, causal)[0]
+    _assert_padded(v_in, 128)
+    _assert_padded(dout_in, 128)
+    assert torch.equal(v_in[..., :128], v) and torch.equal(dout_in[..., :128], dout)
+    pre_cfg, out_shape, dout_shape, _ = exact_bwd_kernels["pre"]
+    assert pre_cfg == config.BwdPreConfig.of(cfg, 128) and pre_cfg.hdim == 128 and not pre_cfg.zero_dq
+    assert out_shape == dout_shape == (2, 37, 4, 128)
+    assert dv.shape == v.shape and dv.stride() == torch.empty_like(v).stride()
+    want = attention_bwd_ref(q, k, v, dout, 0.2, causal, window, softcap)
+    for got, exact in zip((dq, dk, dv), want, strict=True):
+        assert got.dtype == torch.bfloat16 and not got.isnan().any()
+        torch.testing.assert_close(got.double(), exact.to(torch.bfloat16).double(), rtol=1e-2, atol=1e-3)
+
+
+def _cu(lens):
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("d,dv_dim", [(128, 128), (192, 128)])
+def test_varlen_backward_takes_seqused_where_it_takes_the_lengths(exact_bwd_kernels, d, dv_dim):
+    """backward_varlen(seqused_q=, seqused_k=): the kernels get the used lengths in place of the
+    packed ones (the preprocess and the main kernel alike, the same tensors: no copy), the offsets stay
+    cu_seqlens'; rows past seqused_q get dq = 0 and keys past seqused_k dk = dv = 0 (no kernel writes
+    them: the host zeroes them, the outputs start as NaN here); the used rows get each sequence's own
+    gradients. Used lengths 0 and whole sequences included; (192, 128) through the padding."""
+    from flashhopper.reference import attention_bwd_ref
+
+    lens_q, lens_k = [6, 9, 4, 5, 7], [8, 5, 3, 7, 6]
+    used_q, used_k = [4, 9, 0, 5, 3], [8, 2, 3, 0, 6]
+    g = torch.Generator().manual_seed(1)
+    q, dout = (torch.randn(sum(lens_q), 4, dim, generator=g).to(torch.bfloat16) for dim in (d, dv_dim))
+    k, v = (torch.randn(sum(lens_k), 2, dim, generator=g).to(torch.bfloat16) for dim in (d, dv_dim))
+    out = torch.randn(sum(lens_q), 4, dv_dim).to(torch.bfloat16)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    uq, uk = torch.tensor(used_q, dtype=torch.int32), torch.tensor(used_k, dtype=torch.int32)
+    lse = torch.zeros(4, sum(lens_q))
+    dq, dk, dv = runtime.backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, 9, 8, 0.3, True, (-1, -1), 0.0,
+                                         seqused_q=uq, seqused_k=uk)
+    cfg, v_in, _, kernel_uq, kernel_uk = exact_bwd_kernels["main"]
+    assert kernel_uq is uq and kernel_uk is uk
+    assert exact_bwd_kernels["pre"][3][4] is uq  # (lse, lse_log2, d_rows, cu_q, used_q, ...)
+    assert cfg == plan.bwd_config_varlen("bf16", d, causal=True) and v_in.shape[-1] == d
+    assert exact_bwd_kernels["pre"][0] == config.BwdPreConfig.of(cfg, 0 if dv_dim == d else dv_dim)
+    for i in range(len(lens_q)):
+        q0, k0 = int(cu_q[i]), int(cu_k[i])
+        rows, keys = slice(q0, q0 + used_q[i]), slice(k0, k0 + used_k[i])
+        past_q, past_k = slice(rows.stop, int(cu_q[i + 1])), slice(keys.stop, int(cu_k[i + 1]))
+        assert (dq[past_q] == 0).all() and (dk[past_k] == 0).all() and (dv[past_k] == 0).all()
+        if not used_q[i] or not used_k[i]:
+            assert (dq[rows] == 0).all() and (dk[keys] == 0).all() and (dv[keys] == 0).all()
+            continue
+        want = attention_bwd_ref(q[None, rows], k[None, keys], v[None, keys], dout[None, rows], 0.3, True)
+        for got, exact in zip((dq[rows], dk[keys], dv[keys]), want, strict=True):
+            exact = exact[0].to(torch.bfloat16).double()
+            torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-3)

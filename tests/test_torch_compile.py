@@ -167,10 +167,28 @@ def cpu_varlen(monkeypatch):
         out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, used_q, used_k, scale, causal, window, softcap)
         return out.to(q.dtype), lse
 
-    kernels = types.SimpleNamespace(forward_varlen=forward_varlen)
+    def backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max_q, max_k, scale, causal, window, softcap,
+                        deterministic=False, seqused_q=None, seqused_k=None):
+        """Explicit per used sequence (a custom operator's implementation runs below autograd), zero
+        elsewhere; dq, dk, dv like q, k, v (the real backward's layouts)."""
+        calls.append(("bwd", seqused_q, seqused_k))
+        grads = [torch.zeros_like(x) for x in (q, k, v)]
+        for i in range(cu_q.shape[0] - 1):
+            lq = int(cu_q[i + 1] - cu_q[i]) if seqused_q is None else int(seqused_q[i])
+            lk = int(cu_k[i + 1] - cu_k[i]) if seqused_k is None else int(seqused_k[i])
+            rows, keys = slice(int(cu_q[i]), int(cu_q[i]) + lq), slice(int(cu_k[i]), int(cu_k[i]) + lk)
+            if lq and lk:
+                seq = attention_grads_flash_rounding(q[None, rows], k[None, keys], v[None, keys],
+                                                     dout[None, rows], scale, causal, window, softcap)
+                for g, part, idx in zip(grads, seq, (rows, keys, keys), strict=True):
+                    g[idx] = part[0]
+        return tuple(grads)
+
+    kernels = types.SimpleNamespace(forward_varlen=forward_varlen, backward_varlen=backward_varlen)
     monkeypatch.setitem(sys.modules, "flashhopper.hopper", kernels)
     monkeypatch.setattr(flashhopper.validation, "require_hopper", lambda q, backend="hopper": None)
     monkeypatch.setenv(flashhopper.validation.VARLEN_OPT_IN, "1")
+    monkeypatch.setenv(flashhopper.validation.SEQUSED_BWD_OPT_IN, "1")
     torch._dynamo.reset()
     yield calls
     torch._dynamo.reset()
@@ -200,3 +218,61 @@ def test_varlen_max_seqlen_is_no_compile_key(cpu_varlen, dynamic):
         assert torch.equal(out, want)
     assert cpu_varlen == [7 + 2 * s for s in range(20)]  # the op saw every step's max_seqlen_q
     assert counter.frame_count == (1 if dynamic else 2)
+
+
+def test_varlen_gradients_through_seqused_under_compile(cpu_varlen):
+    """flash_attn_varlen_func with seqused_q / seqused_k and gradients, fullgraph: the operators carry
+    the used lengths to the backward (torch.ops.flashhopper.bwd_varlen), whose gradients match the
+    eager autograd.Function's and the reference backend's; rows past them get zero gradients although
+    q, k, v and dout hold NaN there. opcheck: the backward operator's schema and fake."""
+    from flashhopper import flash_attn_varlen_func
+
+    lens_q, lens_k, used_q, used_k = [6, 9, 4], [8, 5, 7], [4, 9, 0], [8, 2, 7]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lens_q, lens_k))
+    uq, uk = torch.tensor(used_q, dtype=torch.int32), torch.tensor(used_k, dtype=torch.int32)
+    q, dout = torch.randn(sum(lens_q), 4, 64, dtype=BF16), torch.randn(sum(lens_q), 4, 64, dtype=BF16)
+    k, v = torch.randn(sum(lens_k), 2, 64, dtype=BF16), torch.randn(sum(lens_k), 2, 64, dtype=BF16)
+    for x, starts, used in ((q, cu_q, used_q), (dout, cu_q, used_q), (k, cu_k, used_k), (v, cu_k, used_k)):
+        for i, n in enumerate(used):
+            x[int(starts[i]) + n:int(starts[i + 1])] = float("nan")
+
+    def attend(q, k, v, backend="auto"):
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, 9, 8, seqused_q=uq, seqused_k=uk, causal=True,
+                                      backend=backend)
+
+    def grads(fn, **kw):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        return torch.autograd.grad(fn(*leaves, **kw), leaves, dout)
+
+    compiled = grads(torch.compile(attend, fullgraph=True, backend="aot_eager"))
+    assert ("bwd", uq, uk) in [c for c in cpu_varlen if isinstance(c, tuple)]
+    for got, eager, ref in zip(compiled, grads(attend), grads(attend, backend="reference"), strict=True):
+        assert not got.isnan().any() and torch.equal(got, eager)
+        torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
+    args = (cu_q, cu_k, uq, uk, 9, 8, 0.125, True, -1, 0, 0.0, False)
+    out, lse = ops.fwd_varlen(q, k, v, *args)
+    torch.library.opcheck(ops.bwd_varlen, (dout, q, k, v, out, lse, *args))
+
+
+def test_split_head_dims_through_the_operators(cpu_kernels):
+    """(192, 128) under torch.compile: the forward and backward operators with a value head dim of 128
+    (fake shapes included: opcheck), gradients as in eager mode."""
+    q = torch.randn(2, 17, 4, 192, dtype=BF16, requires_grad=True)
+    k = torch.randn(2, 29, 2, 192, dtype=BF16, requires_grad=True)
+    v = torch.randn(2, 29, 2, 128, dtype=BF16, requires_grad=True)
+    w = torch.randn(2, 17, 4, 128)
+
+    def attn(q, k, v):
+        return flash_attn_func(q, k, v, causal=True)
+
+    out, grads = step(torch.compile(attn, fullgraph=True, backend="aot_eager"), q, k, v, w)
+    want_out, want_grads = step(attn, q, k, v, w)
+    assert out.shape == (2, 17, 4, 128) and torch.equal(out, want_out)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True))
+    args = (192 ** -0.5, True, -1, 0, 0.0, False)
+    torch.library.opcheck(ops.fwd, (q, k, v, *args))
+    out, lse = ops.fwd(q.detach(), k.detach(), v.detach(), *args)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(ops.bwd, (dout, q.detach(), k.detach(), v.detach(), out, lse, *args))

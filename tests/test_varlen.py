@@ -105,8 +105,49 @@ def test_kernel_path_needs_the_gpu_and_the_opt_in(monkeypatch):
     monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     validation.check_varlen_call(q, k, v)
     validation.check_varlen_call(q.requires_grad_(), k, v)  # gradients: the varlen backward
-    with pytest.raises(NotImplementedError, match="seqused"):
-        validation.check_varlen_call(q, k, v, seqused_k=torch.ones(1, dtype=torch.int32))
+    used = torch.ones(1, dtype=torch.int32)
+    validation.check_varlen_call(q.detach(), k, v, seqused_k=used)  # no gradients: the forward
+    monkeypatch.delenv(validation.SEQUSED_BWD_OPT_IN, raising=False)
+    if not validation.SEQUSED_BWD_GPU_VERIFIED:  # the backward through seqused waits for its GPU run
+        with pytest.raises(NotImplementedError, match=validation.SEQUSED_BWD_OPT_IN):
+            validation.check_varlen_call(q, k, v, seqused_k=used)
+    monkeypatch.setenv(validation.SEQUSED_BWD_OPT_IN, "1")
+    validation.check_varlen_call(q, k, v, seqused_q=used, seqused_k=used)
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (192, 128)])
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"window_size": (3, 1), "softcap": 5.0}])
+def test_reference_backward_through_seqused(kwargs, d, dv):
+    """backend="reference" differentiates through seqused (the semantics the GPU tests hold the kernels
+    to): rows past a sequence's seqused_q get dq = 0 and keys past its seqused_k dk = dv = 0, whatever
+    q, k, v and dout hold there (NaN here); the used rows get the sequence's own gradients. Used
+    lengths 0 and whole sequences, sq != sk, GQA, head dims (192, 128) too."""
+    from flashhopper.reference import attention_bwd_ref
+
+    lens_q, lens_k = [6, 9, 4, 5, 7], [8, 5, 3, 7, 6]
+    used_q, used_k = [4, 9, 0, 5, 3], [8, 2, 3, 0, 6]
+    q, k, _, cu_q, cu_k = packed(lens_q, lens_k, d=d)
+    v = torch.randn(sum(lens_k), 2, dv).to(BF16)
+    dout = torch.randn(sum(lens_q), 4, dv).to(BF16)
+    past_q = [r for i, n in enumerate(used_q) for r in range(int(cu_q[i]) + n, int(cu_q[i + 1]))]
+    past_k = [r for i, n in enumerate(used_k) for r in range(int(cu_k[i]) + n, int(cu_k[i + 1]))]
+    for x, rows in ((q, past_q), (k, past_k), (v, past_k), (dout, past_q)):
+        x[rows] = float("nan")
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    used = {"seqused_q": torch.tensor(used_q, dtype=torch.int32),
+            "seqused_k": torch.tensor(used_k, dtype=torch.int32)}
+    out = flash_attn_varlen_func(*leaves, cu_q, cu_k, 9, 8, backend="reference", **used, **kwargs)
+    dq, dk, dv_ = torch.autograd.grad(out, leaves, dout)
+    assert (dq[past_q] == 0).all() and (dk[past_k] == 0).all() and (dv_[past_k] == 0).all()
+    for i in range(len(lens_q)):
+        rows = slice(int(cu_q[i]), int(cu_q[i]) + used_q[i])
+        keys = slice(int(cu_k[i]), int(cu_k[i]) + used_k[i])
+        if not used_q[i] or not used_k[i]:
+            assert (dq[rows] == 0).all() and (dk[keys] == 0).all() and (dv_[keys] == 0).all()
+            continue
+        want = attention_bwd_ref(q[None, rows], k[None, keys], v[None, keys], dout[None, rows], **kwargs)
+        for got, exact in zip((dq[rows], dk[keys], dv_[keys]), want, strict=True):
+            assert torch.equal(got, exact[0].to(BF16))
 
 
 def test_the_varlen_rule_passes_the_reference_and_fails_a_row_written_past_seqused():

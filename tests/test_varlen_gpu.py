@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flashhopper.accuracy import check_forward, check_varlen_forward, check_varlen_grads
-from flashhopper.validation import VARLEN_OPT_IN
+from flashhopper.validation import SEQUSED_BWD_OPT_IN, VARLEN_OPT_IN
 
 pytestmark = pytest.mark.gpu
 
@@ -29,6 +29,7 @@ DEV = "cuda"
 @pytest.fixture(autouse=True)
 def _varlen_opt_in(monkeypatch):
     monkeypatch.setenv(VARLEN_OPT_IN, "1")
+    monkeypatch.setenv(SEQUSED_BWD_OPT_IN, "1")  # the backward through seqused, until it has passed here
 
 
 def run_case(lens_q, lens_k, hq=4, hk=2, d=128, dtype=torch.bfloat16, causal=False, window=(-1, -1),
@@ -233,24 +234,40 @@ def test_varlen_nan_past_seqused_k_stays_out():
 
 
 def run_backward(lens_q, lens_k, hq=4, hk=2, d=128, dtype=torch.bfloat16, causal=False, window=(-1, -1),
-                 softcap=0.0, deterministic=False):
-    """The varlen backward on fresh inputs, each sequence's (dq, dk, dv) by the rule; returns them."""
-    torch.manual_seed(zlib.crc32(repr(("bwd", lens_q, lens_k, hq, hk, d, causal, window, softcap)).encode()))
+                 softcap=0.0, deterministic=False, dv=None, used_q=None, used_k=None, seed=None):
+    """The varlen backward on fresh inputs, each sequence's (dq, dk, dv) by the rule; returns them. `dv`:
+    the value head dim (None: d). `used_q` / `used_k`: seqused lengths (lists), passed to the forward
+    and the backward; the rows of q, k, v and dout past them hold NaN, and their gradients must be 0.
+    `seed`: the inputs' (default: one of the case)."""
+    dv = dv or d
+    if seed is None:
+        seed = zlib.crc32(repr(("bwd", lens_q, lens_k, hq, hk, d, dv, causal, window, softcap, used_q,
+                                used_k)).encode())
+    torch.manual_seed(seed)
     cu_q, cu_k = (torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
                   for lens in (lens_q, lens_k))
-    q, dout = (torch.randn(sum(lens_q), hq, d, device=DEV, dtype=dtype) for _ in range(2))
-    k, v = (torch.randn(sum(lens_k), hk, d, device=DEV, dtype=dtype) for _ in range(2))
+    q, dout = (torch.randn(sum(lens_q), hq, dim, device=DEV, dtype=dtype) for dim in (d, dv))
+    k, v = (torch.randn(sum(lens_k), hk, dim, device=DEV, dtype=dtype) for dim in (d, dv))
+    uq, uk = (None if used is None else torch.tensor(used, dtype=torch.int32, device=DEV)
+              for used in (used_q, used_k))
+    for x, starts, used in ((q, cu_q, used_q), (dout, cu_q, used_q), (k, cu_k, used_k), (v, cu_k, used_k)):
+        for i, n in enumerate(used or ()):
+            x[int(starts[i]) + n:int(starts[i + 1])] = float("nan")  # never to reach a gradient
+    max_q, max_k = max(used_q or lens_q), max(used_k or lens_k)
     scale = 1 / math.sqrt(d)
-    out, lse = forward_varlen(q, k, v, cu_q, cu_k, max(lens_q), None, None, scale, causal, window, softcap)
-    grads = backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(lens_q), max(lens_k), scale, causal,
-                            window, softcap, deterministic=deterministic)
+    out, lse = forward_varlen(q, k, v, cu_q, cu_k, max_q, uq, uk, scale, causal, window, softcap)
+
+    def backward():
+        return backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max_q, max_k, scale, causal, window,
+                               softcap, deterministic=deterministic, seqused_q=uq, seqused_k=uk)
+
+    grads = backward()
     torch.cuda.synchronize()
+    assert grads[2].shape == v.shape
     check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, causal, window, softcap,
-                       out=out)
+                       out=out, used_q=used_q, used_k=used_k)
     if deterministic:  # bitwise the same again (fresh workspaces, the same inputs)
-        again = backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(lens_q), max(lens_k), scale, causal,
-                                window, softcap, deterministic=True)
-        for name, x, y in zip(("dq", "dk", "dv"), grads, again, strict=True):
+        for name, x, y in zip(("dq", "dk", "dv"), grads, backward(), strict=True):
             assert torch.equal(x, y), f"{name} differs between two deterministic runs"
     return grads
 
@@ -298,9 +315,70 @@ def test_varlen_autograd():
                        out=out.detach())
 
 
-def test_varlen_seqused_with_gradients_is_refused():
-    cu = torch.tensor([0, 10], dtype=torch.int32, device=DEV)
-    q, k, v = (torch.randn(10, 2, 64, device=DEV, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    with pytest.raises(NotImplementedError, match="seqused"):
-        used = torch.tensor([5], dtype=torch.int32, device=DEV)
-        flash_attn_varlen_func(q, k, v, cu, cu, 10, 10, seqused_k=used)
+# seqused: lengths 0, whole sequences, one row or key, sq != sk, ragged and whole query / key blocks, a
+# sequence whose used rows see no used key
+SEQUSED = ([300, 200, 129, 64, 70, 1, 517], [400, 100, 129, 70, 64, 5, 300],
+           [250, 0, 129, 17, 64, 1, 300], [400, 50, 1, 0, 64, 5, 211])
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0), (True, (37, -1), 0.0)])
+def test_varlen_backward_through_seqused(causal, window, softcap, d):
+    """Rows past a sequence's seqused_q get dq = 0, keys past its seqused_k dk = dv = 0, though q, k, v and
+    dout hold NaN there (the kernels zero those rows in smem); the used rows by the rule."""
+    run_backward(*SEQUSED[:2], d=d, causal=causal, window=window, softcap=softcap, used_q=SEQUSED[2],
+                 used_k=SEQUSED[3])
+
+
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+def test_varlen_backward_through_seqused_deterministic(d):
+    run_backward(*SEQUSED[:2], hq=8, hk=2, d=d, causal=True, deterministic=True, used_q=SEQUSED[2],
+                 used_k=SEQUSED[3])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_backward_through_seqused_gqa_and_dtypes(dtype):
+    run_backward([200, 37, 1000], [300, 37, 900], hq=8, hk=1, dtype=dtype, causal=True, used_q=[199, 0, 1000],
+                 used_k=[300, 37, 513])
+
+
+def test_varlen_backward_seqused_equal_to_the_lengths():
+    """seqused equal to every sequence's length: the same gradients as without it, bit for bit."""
+    lens_q, lens_k = [300, 17, 129], [517, 3, 129]
+    with_used = run_backward(lens_q, lens_k, causal=True, deterministic=True, used_q=lens_q, used_k=lens_k,
+                             seed=5)
+    without = run_backward(lens_q, lens_k, causal=True, deterministic=True, seed=5)
+    for name, x, y in zip(("dq", "dk", "dv"), with_used, without, strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_varlen_autograd_through_seqused():
+    """flash_attn_varlen_func with seqused and torch.autograd (packed documents with spare capacity)."""
+    used = [290, 0, 500]  # of sequences of 300, 17, 513 tokens
+    cu = torch.tensor([0, 300, 317, 830], dtype=torch.int32, device=DEV)
+    q, k, v, dout = (torch.randn(830, 4, 128, device=DEV, dtype=torch.bfloat16) for _ in range(4))
+    for x in (q, k, v, dout):
+        x[290:300], x[300:317], x[817:830] = float("nan"), float("nan"), float("nan")
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    u = torch.tensor(used, dtype=torch.int32, device=DEV)
+    out = flash_attn_varlen_func(*leaves, cu, cu, max(used), max(used), seqused_q=u, seqused_k=u, causal=True)
+    grads = torch.autograd.grad(out, leaves, dout)
+    torch.cuda.synchronize()
+    check_varlen_grads(grads, q, k, v, dout, cu.tolist(), cu.tolist(), 128 ** -0.5, True, (-1, -1), 0.0,
+                       out=out.detach(), used_q=used, used_k=used)
+
+
+# (hdim, dv) = (192, 128): hdim 192's kernel on V and dO padded to 192 columns
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0), (True, (37, -1), 0.0)])
+@pytest.mark.parametrize("packing", range(len(BWD_PACKINGS)))
+def test_varlen_backward_split_head_dims(packing, causal, window, softcap):
+    run_backward(*BWD_PACKINGS[packing], d=192, dv=128, causal=causal, window=window, softcap=softcap)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_varlen_backward_split_head_dims_gqa_deterministic_seqused(dtype):
+    run_backward(*SEQUSED[:2], hq=8, hk=2, d=192, dv=128, dtype=dtype, causal=True, deterministic=True)
+    run_backward(*SEQUSED[:2], hq=6, hk=1, d=192, dv=128, dtype=dtype, window=(100, 20), used_q=SEQUSED[2],
+                 used_k=SEQUSED[3])

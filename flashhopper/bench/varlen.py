@@ -7,7 +7,7 @@ so every machine packs the same lengths (26,704 and 135,022 tokens, the totals t
 and 16 documents of 1024 tokens, where flashhopper's dense kernel on the same tensors viewed as
 (16, 1024, heads, d) is timed too (fh-dense): the varlen kernel's cost over the dense one's (fh/dense).
 Head dims 64, 128, 256 and (192, 128), 16 heads; forward and backward (the backward alone, its
-forward run outside the timing); (192, 128) forward only: flashhopper has no backward for it.
+forward run outside the timing).
 
 FLOPs are the same count for every provider: each document's visible (query, key) pairs counted
 exactly (causal: L (L + 1) / 2 for a document of L tokens, where targets.md's dense grid halves
@@ -162,13 +162,13 @@ def varlen_points(quick: bool = False, hdims=None, causal=(False, True),
                   backward=(False, True)) -> list[VarlenPoint]:
     """The points in table order: packing, head dims, causal, forward then backward. `hdims` picks
     by the query head dim (192 is (192, 128)); default all, or hdim 128 with `quick` (which also
-    keeps the first packing only). Head dims whose value dim differs are forward only."""
+    keeps the first packing only)."""
     chosen = QUICK_HDIMS if quick else HDIMS
     if hdims:
         chosen = [pair for pair in HDIMS if pair[0] in hdims]
     return [VarlenPoint(packing, d, dv, c, b)
             for packing in packings(QUICK_PACKINGS if quick else tuple(PACKINGS))
-            for d, dv in chosen for c in causal for b in backward if not (b and d != dv)]
+            for d, dv in chosen for c in causal for b in backward]
 
 
 # --- providers ---

@@ -30,6 +30,8 @@ class BwdBarrier(enum.IntEnum):
     # BwdConfig.dq_per_wg: warpgroup w's own pair instead of DQ_EMPTY / DQ_FULL, 128 + 32 threads each:
     # DQ_WG + w = its dQ part is empty (writer -> w), DQ_WG + num_consumer_wg + w = full (w -> writer)
     DQ_WG = 4
+    # varlen, a sequence with unused rows: all consumers meet after zeroing them in smem (zero_unused_rows)
+    UNUSED_ROWS = 15
 
 
 class BwdWideBarrier(enum.IntEnum):
@@ -44,3 +46,5 @@ class BwdWideBarrier(enum.IntEnum):
     # dq_tma: warpgroup w's dQ part of the smem tile is empty (writer -> w, DQ_WG + w) / full (w -> writer,
     # DQ_WG + W + w), 128 + 32 threads each; ids 9 .. 14 at W = 3
     DQ_WG = 9
+    # varlen, a sequence with unused rows: all consumers meet after zeroing them in smem (zero_unused_rows)
+    UNUSED_ROWS = 15

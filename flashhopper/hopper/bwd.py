@@ -362,7 +362,7 @@ class FlashBwdSm90(BwdKernelBase):
         other parts are the same layout at an offset; it must be whole swizzle periods (1 KiB at
         most) for one atom to serve them all. Both are checked here, at trace time, and so is
         that a thread of each warp of warpgroup w holds dQ accumulator elements only in part w."""
-        if BwdBarrier.DQ_WG + 2 * self.num_consumer_wg > NUM_NAMED_BARRIERS:
+        if BwdBarrier.DQ_WG + 2 * self.num_consumer_wg > min(NUM_NAMED_BARRIERS, BwdBarrier.UNUSED_ROWS):
             raise ValueError(f"dq_per_wg: {self.num_consumer_wg} warpgroups need more than 16 named barriers")
         shape = self.dq_part_shape()
         ident = cute.make_identity_tensor(self.dq_acc_shape())
@@ -474,8 +474,13 @@ class FlashBwdSm90(BwdKernelBase):
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
+        if cutlass.const_expr(seq is not None):
+            self.zero_unused_keys(sK, sV, n_block, seq, BwdBarrier.UNUSED_ROWS)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_stages)
         diag = seqlen_k - seqlen_q
+        # varlen: a step's Q / dO rows past the sequence's seqused_q zeroed before it starts
+        zero_queries = partial(self.zero_unused_queries, sQ=sQ, sdO=sdO, pipe_q=pipe_q, pipe_do=pipe_do,
+                               seq=seq, barrier_id=BwdBarrier.UNUSED_ROWS)
 
         run_step = partial(self.consumer_step, pipe_q=pipe_q, pipe_do=pipe_do, wg=wg,
                            tiled_mma_sdp=tiled_mma_sdp, tiled_mma_dkv=tiled_mma_dkv,
@@ -493,6 +498,8 @@ class FlashBwdSm90(BwdKernelBase):
                                    window_right=window_right, scale_log2=scale_log2)
             for step in cutlass.range(num_steps, unroll=1):
                 m_block = m_min + step % num_m
+                if cutlass.const_expr(seq is not None):
+                    zero_queries(q_state=state, do_state=state, m_block=m_block)
                 run_step(step, m_block, state, legacy_probs)
                 state.advance()
         else:
@@ -526,6 +533,8 @@ class FlashBwdSm90(BwdKernelBase):
             ragged = (n_block + 1) * self.tile_n > seqlen_k
             for step in cutlass.range(num_steps, unroll=1):
                 m_block = m_min + step % num_m
+                if cutlass.const_expr(seq is not None):
+                    zero_queries(q_state=state, do_state=state, m_block=m_block)
                 masked = ragged
                 if cutlass.const_expr(self.has_right):
                     masked = m_block < m_right

@@ -38,6 +38,13 @@ class SeqRows:
         b = opaque(self._batch)
         return self._used_q[b], self._used_k[b]
 
+    def unused_rows(self):
+        """(whether the sequence has query rows past its seqused_q, the same for keys): its used lengths
+        against its packed ones, read again as lengths() is."""
+        b = opaque(self._batch)
+        return (self._used_q[b] < self._cu_q[b + 1] - self._cu_q[b],
+                self._used_k[b] < self._cu_k[b + 1] - self._cu_k[b])
+
     @property
     def q(self):
         return self._cu_q[opaque(self._batch)]
@@ -199,6 +206,52 @@ class BwdKernelBase:
         epilogue computes from it is not held through the consumers' loop (varlen: held, two such
         values spilled at hdim 256 with softcap)."""
         return opaque(cute.arch.thread_idx()[0]) - 128
+
+    @cute.jit
+    def zero_unused_rows(self, tiles, rows_left, barrier_id):
+        """Varlen: rows [rows_left, rows) of each smem tile in `tiles` ((rows, cols) views of 16-bit
+        elements) set to 0 by all consumer threads in 16-byte stores, fenced for the async proxy
+        (WGMMA reads them next), then one consumer barrier. For the tile rows past a sequence's used
+        length where it has unused rows (seqused shorter than its packed length): they are loaded
+        with the tile and may hold anything, NaN too, and 0 x NaN is NaN in every GEMM that reads
+        them (P, dS are 0 there, the +inf LSE / 0 D rows of the preprocess and the key mask)."""
+        tidx = self.consumer_tidx()
+        threads = self.num_consumer_threads
+        zero = cute.make_rmem_tensor((1, 8), self.dtype)
+        zero.fill(0.0)
+        for sX in tiles:
+            per_row = cute.size(sX, mode=[1]) // 8
+            items = cute.size(sX, mode=[0]) * per_row
+            for i in cutlass.range_constexpr((items + threads - 1) // threads):
+                item = tidx + i * threads
+                row = item // per_row
+                if row >= rows_left and item < items:
+                    cute.autovec_copy(zero, cute.local_tile(sX, (1, 8), (row, item % per_row)))
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+
+    @cute.jit
+    def zero_unused_keys(self, sK, sV, n_block, seq, barrier_id):
+        """Varlen, after K and V have landed: a sequence with keys past its seqused_k has their rows
+        of this key block zeroed (zero_unused_rows); the key mask already gives them P = 0."""
+        _, unused_k = seq.unused_rows()
+        keys_left = seq.lengths()[1] - n_block * self.tile_n
+        if unused_k and keys_left < self.tile_n:
+            self.zero_unused_rows((sK, sV), keys_left, barrier_id)
+
+    @cute.jit
+    def zero_unused_queries(self, sQ, sdO, pipe_q, q_state, pipe_do, do_state, m_block, seq, barrier_id):
+        """Varlen, at the start of a step (no GEMM in flight): where the sequence has queries past its
+        seqused_q and query block m_block holds some, their rows of the step's Q and dO stages are
+        zeroed (zero_unused_rows) once both have landed, before any GEMM reads them (the step waits
+        for them again, at no cost); their LSE rows are +inf and D rows 0, so P and dS are 0 there."""
+        unused_q, _ = seq.unused_rows()
+        rows_left = seq.lengths()[0] - m_block * self.tile_m
+        if unused_q and rows_left < self.tile_m:
+            pipe_q.consumer_wait(q_state)
+            pipe_do.consumer_wait(do_state)
+            self.zero_unused_rows((sQ[None, None, q_state.index], sdO[None, None, do_state.index]), rows_left,
+                                  barrier_id)
 
     @cute.jit
     def has_keys(self, n_block, seqlen_k):

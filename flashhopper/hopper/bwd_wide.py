@@ -88,6 +88,9 @@ class FlashBwdWideSm90(BwdKernelBase):
     def __init__(self, cfg: BwdConfig):
         if cfg.kv_split != "hdim":
             raise ValueError(f"FlashBwdWideSm90 takes kv_split='hdim' configs, got {cfg.kv_split!r}")
+        if BwdWideBarrier.DQ_WG + 2 * cfg.num_consumer_wg > BwdWideBarrier.UNUSED_ROWS:
+            raise ValueError(f"{cfg.num_consumer_wg} consumer warpgroups: their dQ barrier ids reach "
+                             "UNUSED_ROWS")
         super().__init__(cfg)
         self.keys_per_wg = cfg.tile_n // cfg.num_consumer_wg
         self.dq_chunks = cfg.num_dq_chunks
@@ -436,6 +439,8 @@ class FlashBwdWideSm90(BwdKernelBase):
         # the dO ring's own state, used only when its depth differs from the Q ring's (an alias of
         # `state` made before the loop would be carried as a second, never advanced, state)
         do_ring = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.do_stages)
+        if cutlass.const_expr(seq is not None):
+            self.zero_unused_keys(sK, sV, n_block, seq, BwdWideBarrier.UNUSED_ROWS)
         diag = seqlen_k - seqlen_q
         num_rows = cute.size(acc_S_rc, mode=[0])
         num_cols = cute.size(acc_S_rc, mode=[1])
@@ -445,6 +450,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                 do_state = state
             head = head_kv * ratio + step // num_m
             m_block = m_min + step % num_m
+            if cutlass.const_expr(seq is not None):  # Q / dO rows past the sequence's seqused_q zeroed
+                self.zero_unused_queries(sQ, sdO, pipe_q, state, pipe_do, do_state, m_block, seq,
+                                         BwdWideBarrier.UNUSED_ROWS)
             pipe_q.consumer_wait(state)
             if cutlass.const_expr(self.cfg.sdp_by_gemm):
                 pipe_do.consumer_wait(do_state)

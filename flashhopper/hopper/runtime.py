@@ -299,6 +299,17 @@ def varlen_config(dtype, hdim: int, causal: bool, window_size, softcap: bool, dv
     return cfg, wl, wr
 
 
+def _rows_in_use(cu_seqlens, seqused, total: int):
+    """(total,) bool: whether each packed row is among its sequence's first seqused rows (all its rows
+    where `seqused` is None; False for rows no sequence covers), with no device-to-host copy."""
+    batch = cu_seqlens.shape[0] - 1
+    token = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
+    seq = (torch.searchsorted(cu_seqlens, token, right=True) - 1).clamp(0, batch - 1)
+    used = seqused if seqused is not None else cu_seqlens[1:] - cu_seqlens[:-1]
+    row = token - cu_seqlens[seq]
+    return (row >= 0) & (row < used[seq]) & (token < cu_seqlens[-1])
+
+
 def _flat_page_table(page_table, page_starts, batch: int):
     """(the page table as the kernel reads it: a flat int32 view of its memory from its first entry, each
     sequence's first entry in it): page_starts where given, else row b's first entry for sequence b."""
@@ -358,11 +369,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     if total_q == 0:
         return out, lse
     if k.shape[0] == 0:  # no key anywhere (a TMA descriptor needs rows): every used row sees none
-        token = torch.arange(total_q, device=q.device, dtype=torch.int32)
-        seq = (torch.searchsorted(cu_seqlens_q, token, right=True) - 1).clamp(0, batch - 1)
-        used = seqused_q if seqused_q is not None else cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-        row = token - cu_seqlens_q[seq]
-        written = (row >= 0) & (row < used[seq]) & (token < cu_seqlens_q[-1])  # no device-to-host copy
+        written = _rows_in_use(cu_seqlens_q, seqused_q, total_q)
         out.masked_fill_(written[:, None, None], 0.0)
         lse.masked_fill_(written[None, :], float("-inf"))
         return out, lse
@@ -443,24 +450,69 @@ def _dq_rows(dq_accum_all, cfg: BwdConfig, sq: int):
 
 
 def _bwd_plan_uncached(dtype, hdim: int, sq: int, sk: int, causal: bool, window_size, softcap: bool,
-                       deterministic: bool):
+                       deterministic: bool, dv: int = 0):
     """The backward's configs and mask for a call's shapes and flags: (config, its preprocess's
     config, causal kernel, local kernel, window_left, window_right), the test / tuning overrides
-    applied."""
+    applied; `dv`: the value head dim of a SPLIT_HDIMS pair (0: hdim)."""
     cfg, *mask = plan.bwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap,
                                deterministic, **_bwd_overrides)
-    return (cfg, BwdPreConfig.of(cfg), *mask)
+    return (cfg, BwdPreConfig.of(cfg, dv), *mask)
 
 
 _bwd_plan = functools.lru_cache(maxsize=4096)(_bwd_plan_uncached)  # as _fwd_plan; overrides bypass it
 
 
+def _pad_value_dim(q, v, dout):
+    """(V, dO) as the backward's main kernel takes them, and the value head dim of a (hdim, dv) pair
+    (SPLIT_HDIMS; 0 where V has q's head dim). The pair runs hdim's kernel on V and dO with zero
+    columns up to hdim: dP = dO V^T sums the same products plus zeros, and dV = P^T dO comes out with
+    hdim - dv zero columns, sliced off by the caller; S, dS, dQ and dK never read V or dO, the LSE
+    is the forward's, and D = rowsum(dO * O) is formed by the preprocess from O and dO as they are
+    (BwdPreConfig.of's dv: no padded copy of O). So the gradients are those of a native kernel.
+
+    What the padding costs at (192, 128): a copy of V and of dO at 1.5x their bytes (one F.pad each,
+    any strides in, contiguous out), the kernel reads 1.5x their bytes and writes dV 192 wide into a
+    buffer that one more copy trims; the dQ accumulator is cleared by a fill rather than inside the
+    preprocess. FLOPs: dP and dV run over 192 columns instead of 128, the five GEMMs of a step
+    3 x 192 + 2 x 192 = 960 against 3 x 192 + 2 x 128 = 832 units, +15%. A native kernel (V, dO and
+    dV tiles of 128 columns) would save both (docs/design.md)."""
+    hdim, dv = q.shape[-1], v.shape[-1]
+    if dv == hdim:
+        return v, dout, 0
+    pad = (0, hdim - dv)
+    return torch.nn.functional.pad(v, pad), torch.nn.functional.pad(dout, pad), dv
+
+
+def _value_grad(v, hdim: int, dv_split: int, dv=None):
+    """The dV tensor the main kernel writes: `dv` where given, else a fresh one like `v` (NaN-filled
+    under `poison`); for a split pair a fresh (..., hdim) buffer (trimmed by _trim_value_grad)."""
+    if dv is not None and not dv_split:
+        return dv
+    if dv_split:
+        buf = torch.empty((*v.shape[:-1], hdim), dtype=v.dtype, device=v.device)
+    else:
+        buf = torch.empty_like(v)
+    if poison:
+        buf.fill_(_NAN)
+    return buf
+
+
+def _trim_value_grad(buf, v, dv_split: int, dv=None):
+    """dV as the caller gets it: the kernel's tensor, or a split pair's first dv columns, copied into
+    `dv` or a tensor like `v` (the layout a backward's dV always has)."""
+    if not dv_split:
+        return buf
+    return (torch.empty_like(v) if dv is None else dv).copy_(buf[..., :dv_split])
+
+
 def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window_size, softcap: float,
              deterministic: bool = False, dk=None, dv=None):
-    """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast."""
+    """dq, dk, dv from the saved LSE: preprocess kernel (D, log2-LSE), main kernel, dQ cast. V of a
+    SPLIT_HDIMS pair (a narrower value head dim) runs through _pad_value_dim."""
     plan = _bwd_plan_uncached if _bwd_overrides else _bwd_plan
+    v_in, dout_in, dv_split = _pad_value_dim(q, v, dout)
     cfg, pre_cfg, causal, local, wl, wr = plan(q.dtype, q.shape[-1], q.shape[1], k.shape[1], causal,
-                                               tuple(window_size), softcap > 0.0, deterministic)
+                                               tuple(window_size), softcap > 0.0, deterministic, dv_split)
     fn = get_kernel(cfg)
     pre = get_kernel(pre_cfg)
     # per-query rows for the kernel, padded to whole query blocks: LSE in log2 units with +inf
@@ -475,14 +527,15 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     if poison:
         lse_log2.fill_(_NAN)
         d_rows.fill_(_NAN)
-    if cfg.pre_zero_dq:  # the preprocess clears it: no fill kernel
+    # the preprocess reads O and dO as given (dv wide for a split pair)
+    if pre_cfg.zero_dq:  # the preprocess clears it: no fill kernel
         dq_accum_all = _dq_accum(q, cfg, torch.empty)
         if poison:
             dq_accum_all.fill_(_NAN)
         dq_accum = _dq_rows(dq_accum_all, cfg, sq)
         pre(out, dout, lse, lse_log2, d_rows, dq_accum, softmax_scale)
     else:
-        if cfg.scale_in_ds:
+        if pre_cfg.scale_d:
             pre(out, dout, lse, lse_log2, d_rows, softmax_scale)
         else:
             pre(out, dout, lse, lse_log2, d_rows)
@@ -497,15 +550,13 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
         dk = torch.empty_like(k)
         if poison:
             dk.fill_(_NAN)
-    if dv is None:
-        dv = torch.empty_like(v)
-        if poison:
-            dv.fill_(_NAN)
+    dv_out = _value_grad(v, q.shape[-1], dv_split, dv)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q, k, v, dout, lse_log2, d_rows, dq_accum_all, dq_sem, dk, dv, scale_log2, softcap_pre,
+    fn(q, k, v_in, dout_in, lse_log2, d_rows, dq_accum_all, dq_sem, dk, dv_out, scale_log2, softcap_pre,
        softmax_scale, wl, wr, None, None, None, None, None, None)  # the varlen arguments
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
-    return dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk, dv
+    return (dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk,
+            _trim_value_grad(dv_out, v, dv_split, dv))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -517,27 +568,34 @@ def _bwd_varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool,
 
 def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                     softmax_scale: float, causal: bool, window_size, softcap: float,
-                    deterministic: bool = False):
+                    deterministic: bool = False, seqused_q=None, seqused_k=None):
     """dq, dk, dv of the varlen forward on validated CUDA tensors: q, out, dout (total_q, hq, d), k, v
     (total_k, hk, d), lse (hq, total_q) as forward_varlen returned it, int32 cu_seqlens (batch + 1)
-    starting at 0 and ending at the packed lengths (every row belongs to a sequence, so every dK / dV
-    row is written). Preprocess (D and log2-LSE rows in the padded layout), main kernel, dQ cast."""
+    starting at 0 and ending at the packed lengths. seqused_q / seqused_k (int32 (batch,), or None: the
+    whole lengths) as the forward took them: the kernels take them where they take the lengths, rows
+    past a sequence's seqused_q get dq = 0 (their dout, out and lse are not read) and keys past its
+    seqused_k dk = dv = 0 (not seen). Preprocess (D and log2-LSE rows in the padded layout), main kernel,
+    dQ cast; V of a SPLIT_HDIMS pair through _pad_value_dim."""
     total_q, h, d = q.shape
     total_k = k.shape[0]
+    if total_q == 0 or total_k == 0:  # nothing attends (a TMA descriptor needs rows)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    v_in, dout_in, dv_split = _pad_value_dim(q, v, dout)
     cfg, wl, wr = _bwd_varlen_plan(q.dtype, d, causal, tuple(window_size), softcap > 0.0, deterministic)
     if _bwd_overrides:  # tests, tuning
         cfg = dataclasses.replace(cfg, **_bwd_overrides)
     dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
     if poison:
         dk.fill_(_NAN)
-        dv.fill_(_NAN)
-    if total_q == 0 or total_k == 0:  # nothing attends (a TMA descriptor needs rows)
-        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    dv = _value_grad(v, d, dv_split)
     batch = cu_seqlens_q.shape[0] - 1
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    used_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    used_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    used_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1] if seqused_q is None else seqused_q.contiguous()
+    used_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1] if seqused_k is None else seqused_k.contiguous()
+    if seqused_k is not None:  # no CTA writes the rows of keys past a sequence's seqused_k
+        unused = ~_rows_in_use(cu_seqlens_k, used_k, total_k)[:, None, None]
+        dk.masked_fill_(unused, 0.0)
+        dv.masked_fill_(unused, 0.0)
     # sequence b's LSE / D rows from the multiple of tile_m at or below cu_q[b] + b * tile_m: at least
     # its rows rounded up to whole query blocks before the next sequence's (FA3's layout)
     tm = cfg.tile_m
@@ -549,8 +607,9 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     if poison:
         lse_log2.fill_(_NAN)
         d_rows.fill_(_NAN)
-    pre = get_kernel(BwdPreConfig.of(cfg))
-    # a sequence's padded rows are fewer than its length + 2 tile_m
+    pre = get_kernel(BwdPreConfig.of(cfg, dv_split))
+    # a sequence's padded rows are fewer than its length + 2 tile_m; O and dO as given (dv wide for a
+    # split pair); rows past seqused_q get LSE +inf and D 0, so their P and dS are 0
     pre(out[None], dout[None], lse[None], lse_log2, d_rows, cu_seqlens_q, used_q, pad_q,
         int(max_seqlen_q) + 2 * tm, softmax_scale)
     dq_accum = torch.zeros((1, total_q, h, d), dtype=torch.float32, device=q.device)
@@ -561,11 +620,11 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         dq_sem = lse_log2.view(torch.int32)[:, :, :1]
     fn = get_kernel(cfg)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    fn(q[None], k[None], v[None], dout[None], lse_log2, d_rows, dq_accum, dq_sem, dk[None], dv[None],
+    fn(q[None], k[None], v_in[None], dout_in[None], lse_log2, d_rows, dq_accum, dq_sem, dk[None], dv[None],
        scale_log2, softcap_pre, softmax_scale, wl, wr, cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q,
        max(int(max_seqlen_k), 1))
-    # the kernel already applied the softmax scale
-    return dq_accum[0].to(q.dtype), dk, dv
+    # the kernel already applied the softmax scale; rows past seqused_q only ever had zeros added
+    return dq_accum[0].to(q.dtype), dk, _trim_value_grad(dv, v, dv_split)
 
 
 def _artifact(name: str, cfg):
