@@ -114,6 +114,9 @@ def _l2_section(seqlen_k: int, cfg: FwdConfig, num_pairs: int) -> int:
     return max(1, min(num_pairs, _L2_BUDGET // kv_bytes))
 
 
+# the split walk's scalars (FwdConfig.split_kv: forward_split) where a kernel takes none
+_NO_SPLIT = (0, 0, 0, 0)
+
 _tile_counters: dict = {}
 
 
@@ -275,7 +278,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
         descales = tuple(one if x is None else x for x in descales)
     # the varlen arguments (forward_varlen's) and the page table are None here
     fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, *descales,
-       None, None, None, None, None, None)
+       None, None, None, None, None, None, *_NO_SPLIT)
     return out, lse
 
 
@@ -390,7 +393,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     section = _l2_section(max(keys, 1), cfg, h) if cfg.causal or cfg.local else 1  # heads a section
     counter = _counter_for(cfg, q.device)
     fn(q[None], k[None], v[None], out[None], lse[None], counter, scale_log2, softcap_pre, wl, wr, num_ctas,
-       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, walk, flat_table)
+       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, walk, flat_table,
+       *_NO_SPLIT)
     return out, lse
 
 
