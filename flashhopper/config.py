@@ -203,6 +203,16 @@ class FwdConfig(_KernelConfig):
     # (one ring stage per K stage) and the consumers multiply S by them before the row max (one FMUL
     # per score), q's folded into a per-row score scale (hopper/fp8_descale.py)
     qk_descale: str = "head"
+    # Varlen, kvcache's decode with the split inside the kernel (flashhopper/kvcache.py `_split_call`):
+    # every item has the same query rows (one query token: its query heads, or a KV head's group of them
+    # packed as rows, PackGQA), read from q's own (batch, rows, heads, d) view; the tile index maps to
+    # (query block, head, item, split) by arithmetic (no walk table), each split's keys
+    # [split * chunk, min((split + 1) * chunk, used)) of the item read from cache_seqlens in the kernel
+    # (the chunk and the split count runtime scalars), O and LSE stored to (batch * splits, rows, heads)
+    # partials for the merge kernel (hopper/combine.py), or to the output itself with one split. The
+    # tiles are alike, so the persistent grid strides over them (dynamic_sched off: no tile counter);
+    # no mask (one query at the end of its keys)
+    split_kv: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -335,6 +345,8 @@ class FwdConfig(_KernelConfig):
                              "reads V as stored and accumulates in fp32; 16-bit inputs take no descales)")
         if self.varlen:
             self._check_varlen()
+        elif self.split_kv:
+            raise ValueError("split_kv is a mode of the varlen kernel (varlen=True)")
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
         if self.pingpong and self.num_consumer_wg < 2:
@@ -394,14 +406,26 @@ class FwdConfig(_KernelConfig):
 
     def _check_varlen(self) -> None:
         """What the varlen forward (its tiles walked by the persistent dynamic scheduler, the shared
-        epilogue) is built for."""
-        if not (self.persistent and self.dynamic_sched):
+        epilogue; split_kv: by the persistent static stride) is built for."""
+        if self.split_kv:
+            self._check_split_kv()
+        elif not (self.persistent and self.dynamic_sched):
             raise ValueError("varlen: needs persistent=True and dynamic_sched=True (the scheduler walks each "
                              "sequence's tiles from the walk table)")
         unsupported = {"e4m3": self.is_fp8, "cluster_m": self.cluster_m != 1, "o_in_v": self.o_in_v,
                        "wg_epilogue": self.wg_epilogue, "q_stages": self.q_stages != 1}
         if bad := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"varlen: {', '.join(bad)} not supported with packed sequences")
+
+    def _check_split_kv(self) -> None:
+        """What the split decode walk (split_kv) is built for: the varlen kernel's on the persistent static
+        stride, no mask."""
+        if not self.persistent or self.dynamic_sched:
+            raise ValueError("split_kv: needs persistent=True and dynamic_sched=False (the grid strides over "
+                             "tiles it maps by arithmetic; no tile counter)")
+        if self.causal or self.local:
+            raise ValueError("split_kv: no causal / local mask (one query token at the end of its keys sees "
+                             "them all; a window is not split)")
 
     def _check_paged(self) -> None:
         """What the paged K / V path (first version: the varlen kernel, 16-bit inputs) is built for."""

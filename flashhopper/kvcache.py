@@ -12,8 +12,10 @@ gathered into a contiguous copy first (`_gather_pages`), unless the page size is
 TMA (validation.paged_tma_enabled, on by default) (a multiple of 8 that divides or
 is divided by the key block: FwdConfig.page_size), with no cache_leftpad: then the kernels read the
 pages through the table themselves (`_kernel_call` with `pages`). Decode (one query token) fills the
-grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py). Not yet:
-in-kernel split-KV and PackGQA, FP8 caches, other page sizes without the copy.
+grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py), or, opted in by
+FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1 (validation.decode_split_enabled; not yet run on a GPU), with the
+split and the packing inside the kernel (`_split_call`: runtime.forward_split, then the merge kernel).
+Not yet: FP8 caches, other page sizes without the copy, the append inside the kernel.
 """
 
 from __future__ import annotations
@@ -112,8 +114,6 @@ def flash_attn_with_kvcache(
         for cache, t in ((k_cache, k), (v_cache, v)):
             flat = cache.view(-1, *cache.shape[2:])
             flat.index_copy_(0, new_rows.reshape(-1), t.reshape(-1, *t.shape[2:]))
-    used_k = lens + s_new if s_new else lens
-    used_k = used_k if left is None else used_k - left
     if out is not None:
         if out.shape != q.shape[:-1] + v_cache.shape[-1:] or out.dtype != q.dtype or out.device != q.device:
             raise ValueError(f"out has shape {tuple(out.shape)}, dtype {out.dtype}; accepted: "
@@ -124,6 +124,7 @@ def flash_attn_with_kvcache(
         limit = s_cache if page_table is None else s_cache * page_table.shape[1]  # positions of an item
         cu_q = cu_seqlens_q if packed_q else torch.arange(batch + 1, device=q.device) * q.shape[1]
         q_rows = q if packed_q else q.reshape(batch * q.shape[1], *q.shape[2:])
+        used_k = _used_keys(lens, s_new, left)
         left = torch.zeros(batch, dtype=torch.int32, device=q.device) if left is None else left
         o, lse = _reference(q_rows, k_rows, v_rows, cu_q, rows_of, limit, left, used_k, scale, causal, window,
                             softcap)
@@ -146,15 +147,75 @@ def flash_attn_with_kvcache(
     q_rows = q if packed_q else q.reshape(batch * q.shape[1], *q.shape[2:])
     validation.check_layouts(("q", q_rows), ("k_cache", k_rows), ("v_cache", v_rows))
     if paged_layout is not None:  # the kernels read the pages through the table (s_cache: the page size)
-        if page_table.stride(-1) != 1:
+        if page_table.stride(-1) != 1 or page_table.stride(0) == 0:  # (a row stride of 0: rows apart)
             page_table = page_table.contiguous()
-        return _kernel_call(q, q_rows, k_rows, v_rows, paged_layout, None, page_table.stride(0), used_k,
-                            lens_q, cu_seqlens_q, scale, causal, window, softcap, out, return_lse,
-                            pages={"page_table": page_table, "page_size": s_cache})
+        if _split_taken(paged_layout, k_rows):
+            return _split_call(q, k_rows, v_rows, paged_layout, lens, s_new, None, page_table.stride(0), None,
+                               scale, softcap, out, return_lse, page_table=page_table, page_size=s_cache)
+        return _kernel_call(q, q_rows, k_rows, v_rows, paged_layout, None, page_table.stride(0),
+                            _used_keys(lens, s_new, left), lens_q, cu_seqlens_q, scale, causal, window,
+                            softcap, out, return_lse, pages={"page_table": page_table, "page_size": s_cache})
     starts_k = _key_starts(batch, s_cache, idx, left)  # None: item i's keys from row i * s_cache
     layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
-    return _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, s_cache, used_k, lens_q, cu_seqlens_q,
-                        scale, causal, window, softcap, out, return_lse)
+    if _split_taken(layout, k_rows):
+        key_rows = s_cache if starts_k is None else 0  # 0: each item's first key row from starts_k
+        return _split_call(q, k_rows, v_rows, layout, lens, s_new, starts_k, key_rows, left, scale, softcap,
+                           out, return_lse)
+    return _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, s_cache, _used_keys(lens, s_new, left),
+                        lens_q, cu_seqlens_q, scale, causal, window, softcap, out, return_lse)
+
+
+def _used_keys(lens, s_new, left):
+    """Each item's keys, int32 (b,): cache_seqlens + s_new - cache_leftpad (one kernel each term)."""
+    used_k = lens + s_new if s_new else lens
+    return used_k if left is None else used_k - left
+
+
+def _split_taken(layout, k_rows) -> bool:
+    """Whether the call runs the rearranged decode with the split inside the attention kernel
+    (validation.decode_split_enabled; _split_call): one query token, no window, a cache with rows (a TMA
+    descriptor needs them)."""
+    return layout.rearranged and k_rows.shape[0] > 0 and validation.decode_split_enabled()
+
+
+def _split_call(q, k_rows, v_rows, layout, lens, s_new, starts_k, key_rows, left, scale, softcap, out,
+                return_lse, page_table=None, page_size=0):
+    """The rearranged decode (one query token, no window: no mask) with the split inside the attention
+    kernel (runtime.forward_split, FwdConfig.split_kv): q read in place as (b, rows, heads, d), the query
+    heads (rows 1) or with PackGQA each KV head's g query heads as its rows; each item's keys counted in the
+    kernel from cache_seqlens (+ s_new), from row item * key_rows (paged: the table's row; key_rows 0:
+    starts_k[item]); its partials merged by the merge kernel (splitkv.merge_parts), or with one split
+    written to the output itself. Two launches, one without splits; cache_leftpad costs one more (the used
+    lengths) and, with cache_batch_idx, one or two for the items' first key rows (_key_starts)."""
+    import flashhopper.hopper as hopper
+    from flashhopper.hopper import runtime
+
+    b, _, hq, _ = q.shape
+    rows = hq // layout.heads_k if layout.pack_gqa else 1
+    heads = hq // rows
+    # query head h is row h % rows of head h // rows (PackGQA: of KV head h // g)
+    q_items = q[:, 0].unflatten(1, (heads, rows)).transpose(1, 2)
+    target = out
+    if target is None:
+        target = torch.empty(b, 1, hq, v_rows.shape[-1], dtype=q.dtype, device=q.device)
+        if runtime.poison:
+            target.fill_(float("nan"))
+    lse = torch.empty(b, hq, 1, dtype=torch.float32, device=q.device)  # written, dropped without return_lse
+    if runtime.poison:
+        lse.fill_(float("nan"))
+    out_rows = target[:, 0].unflatten(1, (heads, rows)).transpose(1, 2)  # (b, rows, heads, dv)
+    lse_rows = lse[..., 0].unflatten(1, (heads, rows))  # (b, heads, rows)
+    used = lens if left is None else torch.sub(lens, left)  # the kernel adds s_new
+    call = partial(hopper.forward_split, q_items, k_rows, v_rows, used, scale, softcap, splits=layout.splits,
+                   chunk=layout.chunk, new_keys=s_new, key_rows=key_rows, key_starts=starts_k,
+                   page_table=page_table, page_size=page_size)
+    if layout.splits == 1 and runtime.rows_aligned(out_rows):  # the TMA stores into the output itself
+        call(out=out_rows, lse=lse_rows)
+    else:
+        o, lse_parts = call()
+        splitkv.merge_parts(o, lse_parts.transpose(2, 3), out_rows,
+                            lse_rows.transpose(1, 2) if return_lse else None)
+    return (target, lse) if return_lse else target
 
 
 def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, num_splits, pack_gqa,
@@ -163,7 +224,7 @@ def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, 
     (validation.paged_tma_enabled, no cache_leftpad: a sequence's keys start a page, and the call's kernel
     config serves the page size: runtime.varlen_config), else None: the pages are gathered. A split
     decode's chunks are whole pages (a chunk's keys start a page of its item)."""
-    from flashhopper.hopper.runtime import varlen_config
+    from flashhopper.hopper.runtime import split_config, varlen_config
 
     page_size = k_cache.shape[1]
     if left is not None or not validation.paged_tma_enabled():
@@ -174,8 +235,11 @@ def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, 
                               align=align)
     # the rearranged decode passes no mask (one query at the end of its keys)
     dv = 0 if v_cache.shape[-1] == q.shape[-1] else v_cache.shape[-1]
-    cfg = varlen_config(q.dtype, q.shape[-1], causal and not layout.rearranged, window, softcap > 0.0, dv,
-                        decode=layout.rearranged, page_size=page_size)[0]
+    if _split_taken(layout, k_cache):  # the split inside the kernel: its own config (the same tiles)
+        cfg = split_config(q.dtype, q.shape[-1], softcap > 0.0, dv, page_size)
+    else:
+        cfg = varlen_config(q.dtype, q.shape[-1], causal and not layout.rearranged, window, softcap > 0.0, dv,
+                            decode=layout.rearranged, page_size=page_size)[0]
     return layout if cfg.page_size == page_size else None
 
 

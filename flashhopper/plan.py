@@ -280,6 +280,40 @@ def fwd_plan_decode(dtype: str, hdim: int, softcap: bool, dv: int = 0, page_size
     return fwd_config_paged(fwd_config_decode(dtype, hdim, softcap=softcap, dv=dv), page_size)
 
 
+@functools.cache
+def fwd_config_split(cfg: FwdConfig) -> FwdConfig:
+    """The split decode walk (FwdConfig.split_kv) of an unmasked varlen config (fwd_config_varlen,
+    fwd_config_decode, either paged): the same tile on the persistent static stride."""
+    cfg = dataclasses.replace(cfg, split_kv=True, dynamic_sched=False)
+    cfg.check()
+    return cfg
+
+
+def fwd_plan_split(dtype: str, hdim: int, softcap: bool, dv: int = 0, page_size: int = 0,
+                   decode_tile: bool = False) -> FwdConfig:
+    """The config of kvcache's decode with the split in the kernel (no mask): the varlen tile, or the
+    1-warpgroup decode tile with `decode_tile` (validation.decode_tile_enabled); `page_size` as
+    fwd_plan_varlen's (the caller checks that the config's page_size is the cache's)."""
+    base = (fwd_config_decode(dtype, hdim, softcap=softcap, dv=0 if dv == hdim else dv) if decode_tile
+            else fwd_config_varlen(dtype, hdim, softcap=softcap, dv=0 if dv == hdim else dv))
+    return fwd_config_split(fwd_config_paged(base, page_size))
+
+
+def split_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, page_sizes=(0,), decode_tile: bool = False) -> list:
+    """The split decode configs (16-bit, each (hdim, dv) pair, softcap or not; the varlen tile, or the
+    1-warpgroup decode tile with `decode_tile`; `page_sizes`: over paged caches of those page sizes where the
+    kernels serve them, 0 unpaged): not in dispatched_kernels while FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT
+    gates them (`flashhopper precompile --decode` builds the unpaged ones, and where it builds the paged
+    kernels the paged ones too)."""
+    configs = []
+    for dtype, hdim, page_size in itertools.product((d for d in dtypes if d in DTYPES), hdims, page_sizes):
+        for dv, softcap in itertools.product(value_hdims(hdim), (False, True)):
+            cfg = fwd_plan_split(dtype, hdim, softcap, dv, page_size, decode_tile=decode_tile)
+            if cfg.page_size == page_size and cfg not in configs:
+                configs.append(cfg)
+    return configs
+
+
 def decode_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
     """Every 1-warpgroup decode config (16-bit, each (hdim, dv) pair, softcap or not): not in
     dispatched_kernels while FLASHHOPPER_EXPERIMENTAL_DECODE_TILE gates it (`flashhopper precompile

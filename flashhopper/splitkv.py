@@ -19,6 +19,11 @@ CPU-checked, not yet run on a GPU: validation.decode_merge_enabled) in one kerne
 which also unpacks a call without splits (in place of a copy). Without
 a window and with one query token the rearranged call computes the same attention; the rule of
 flashhopper/accuracy.py judges the rounding (tests/test_kvcache_gpu.py).
+
+With FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1 (validation.decode_split_enabled) the same layout (`plan`) is
+run inside the kernel instead (kvcache._split_call, FwdConfig.split_kv): q read in place, each split's keys
+from cache_seqlens in the kernel, the partials merged by `merge_parts`; `rearrange` and `combine` are then
+not used.
 """
 
 from __future__ import annotations
@@ -189,19 +194,28 @@ def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int, *, out=None,
     # views of the results in the rows' layout: query head h is row h % rows of head h // rows
     out_rows = out[:, 0].unflatten(1, (heads, rows)).transpose(1, 2)  # (b, rows, heads, dv)
     lse_rows = lse_out[..., 0].unflatten(1, (heads, rows)).transpose(1, 2) if return_lse else None
-    if fused and validation.decode_merge_enabled():  # one kernel (hopper/combine.py), any split count
+    merge_parts(o, lse, out_rows, lse_rows, kernel=fused and validation.decode_merge_enabled())
+    return out, lse_out
+
+
+def merge_parts(o, lse, out, lse_out=None, *, kernel: bool = True):
+    """Partial outputs o (b, splits, rows, heads, dv) with their fp32 LSEs (b, splits, rows, heads), merged
+    over the splits into out (b, rows, heads, dv) and lse_out (b, rows, heads) fp32 (None: not wanted), all
+    views of any strides: with `kernel` (CUDA tensors) in one launch of the merge kernel (hopper/combine.py)
+    where it takes the tensors (runtime.combine_config), else by merge_by_lse (a copy with one split)."""
+    s = o.shape[1]
+    if kernel:
         import flashhopper.hopper as hopper
 
-        cfg = hopper.combine_config(o, out_rows, s)
+        cfg = hopper.combine_config(o, out, s)
         if cfg is not None:
-            if lse_rows is None:  # written and dropped: an allocation, no kernel
-                lse_rows = torch.empty(batch, rows, heads, dtype=torch.float32, device=o.device)
-            hopper.combine_splits(cfg, o, lse, out_rows, lse_rows)
-            return out, lse_out
+            if lse_out is None:  # written and dropped: an allocation, no kernel
+                lse_out = torch.empty(out.shape[:-1], dtype=torch.float32, device=o.device)
+            hopper.combine_splits(cfg, o, lse, out, lse_out)
+            return
     if s > 1:
-        merge_by_lse(o, lse, dim=1, out=out_rows, lse_out=lse_rows, return_lse=return_lse)
+        merge_by_lse(o, lse, dim=1, out=out, lse_out=lse_out, return_lse=lse_out is not None)
     else:
-        out_rows.copy_(o[:, 0])
-        if return_lse:
-            lse_rows.copy_(lse[:, 0])
-    return out, lse_out
+        out.copy_(o[:, 0])
+        if lse_out is not None:
+            lse_out.copy_(lse[:, 0])

@@ -50,6 +50,14 @@ PAGED_TMA_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_PAGED_TMA"
 # with this variable set to 1 (decode_merge_enabled) until it passes tests/test_combine_gpu.py
 DECODE_MERGE_GPU_VERIFIED = False
 DECODE_MERGE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE"
+# kvcache's decode with the split inside the attention kernel (FwdConfig.split_kv, runtime.forward_split: the
+# tile walk maps to (item, head, split) by arithmetic, each split's keys read from cache_seqlens in the
+# kernel, the partials merged by hopper/combine.py: two launches in all at 1 x 8k, where the splits built by
+# torch ops around the varlen kernel take 10 to 18): compiled and checked on the CPU, not yet run on a GPU;
+# taken only with this variable set to 1 (decode_split_enabled), the merge kernel with it whatever
+# FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE says, until tests/test_decode_split_gpu.py passes
+DECODE_SPLIT_GPU_VERIFIED = False
+DECODE_SPLIT_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -192,6 +200,12 @@ def decode_merge_enabled() -> bool:
     """Whether kvcache's rearranged decode merges the splits in one kernel (DECODE_MERGE_GPU_VERIFIED, or
     opted in by DECODE_MERGE_OPT_IN=1); otherwise by splitkv.merge_by_lse's torch ops."""
     return _enabled(DECODE_MERGE_GPU_VERIFIED, DECODE_MERGE_OPT_IN)
+
+
+def decode_split_enabled() -> bool:
+    """Whether kvcache's rearranged decode splits its keys inside the attention kernel and merges them by the
+    merge kernel (DECODE_SPLIT_GPU_VERIFIED, or opted in by FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1)."""
+    return _enabled(DECODE_SPLIT_GPU_VERIFIED, DECODE_SPLIT_OPT_IN)
 
 
 def check_split_hdims_call(q, k, v) -> None:

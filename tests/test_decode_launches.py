@@ -1,9 +1,14 @@
 """The kernels' path of flash_attn_with_kvcache on the CPU, the varlen kernel replaced: the aten ops
 around it that would each launch a device kernel, counted (a decode call's launches must not grow
 back); with a float64 stand-in for the kernel, the call equal to the reference backend; and
-splitkv.merge_by_lse equal to its first formula."""
+splitkv.merge_by_lse equal to its first formula. The split inside the attention kernel
+(FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1, runtime.forward_split) the same way: its kernel replaced by a
+float64 model that takes the kernel's own arguments and walks its tiles by the host twins of its
+arithmetic (host.split_tile, host.split_keys, host.paged_row)."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -11,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import flashhopper.hopper
 from flashhopper import kvcache, splitkv, validation
+from flashhopper.hopper import host, runtime
 from flashhopper.hopper.varlen_walk import uniform_walk_table, walk_table
 from flashhopper.reference import attention_ref
 
@@ -22,6 +28,10 @@ LAUNCHES = {"1 x 8k": 17, "1 x 8k, append": 21, "8 x 32k": 19, "1 x 8k, paged 16
 # the same with the merge in one kernel (FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1: hopper/combine.py), that
 # kernel counted (the walk table's two included)
 MERGED_LAUNCHES = {"1 x 8k": 9, "1 x 8k, append": 13, "8 x 32k": 11, "1 x 8k, paged 16": 10}
+# every launch of the call with the split inside the attention kernel
+# (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1): the attention kernel, the merge kernel (16 splits at 1 x 8k,
+# 2 at 8 x 32k), and the append's int64 positions and two index copies
+SPLIT_LAUNCHES = {"1 x 8k": 2, "1 x 8k, append": 5, "8 x 32k": 2, "1 x 8k, paged 16": 2}
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "_unsafe_view", "lift_fresh"}  # no kernel
 
 
@@ -56,12 +66,17 @@ def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None, de
 
 
 def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal, window, softcap, out=None,
-                     decode=False, **kwargs):
-    """forward_varlen on the CPU: sequence n's rows against keys starts[n] .. starts[n] + used_k[n] in
-    float64, rounded to q's dtype as the kernel's output is; what it is given checked first (`decode`:
-    only the rearranged decode, one query token packed or split, with no mask and no out)."""
+                     decode=False, page_table=None, page_size=0, page_starts=None, **kwargs):
+    """forward_varlen on the CPU: sequence n's rows against keys starts[n] .. starts[n] + used_k[n] (paged:
+    positions 0 .. used_k[n] of its pages from table entry page_starts[n] on, host.paged_row) in float64,
+    rounded to q's dtype as the kernel's output is; what it is given checked first (`decode`: only the
+    rearranged decode, one query token packed or split, with no mask and no out)."""
     n = cu_q.shape[0] - 1
     assert not decode or (not causal and tuple(window) == (-1, -1) and out is None and used_q is None)
+    if page_table is not None:
+        assert starts is None
+        flat, starts = runtime._flat_page_table(page_table, page_starts, n)
+        starts = torch.cat([starts, starts[-1:]])
     for t, length in ((cu_q, n + 1), (starts, n + 1), (used_k, n)):
         assert t.dtype == torch.int32 and t.shape == (length,) and t.is_contiguous()
     used_q = cu_q[1:] - cu_q[:-1] if used_q is None else used_q
@@ -69,12 +84,94 @@ def _varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
     for i in range(n):
         rows, a, u = slice(int(cu_q[i]), int(cu_q[i]) + int(used_q[i])), int(starts[i]), int(used_k[i])
-        assert int(used_q[i]) <= max_q and 0 <= a and a + max(u, 0) <= k.shape[0]
+        keys = torch.arange(a, a + max(u, 0))
+        if page_table is not None:
+            keys = torch.tensor([host.paged_row(flat, a, p, u, page_size) for p in range(max(u, 0))],
+                                dtype=torch.long)
+        assert int(used_q[i]) <= max_q and 0 <= a and (u <= 0 or 0 <= keys.min() <= keys.max() < k.shape[0])
         if u > 0 and rows.stop > rows.start:
-            o_, l_ = attention_ref(q[None, rows], k[None, a:a + u], v[None, a:a + u], scale, causal, window,
+            o_, l_ = attention_ref(q[None, rows], k[None, keys], v[None, keys], scale, causal, window,
                                    softcap)
             o[rows], lse[:, rows] = o_[0], l_[0]
     return (o.to(q.dtype) if out is None else out.copy_(o)), lse.float()
+
+
+def _split_kernel_model(cfg, launched):
+    """The split decode kernel (FwdConfig.split_kv) on the CPU for runtime.get_kernel(cfg): it takes the
+    kernel's arguments as runtime.forward_split passes them, checks them as the compiled kernel's
+    signature would (dtypes, ranks, the strides TMA and the stores need, the arguments the walk leaves
+    unused), and walks the tiles as the kernel does: CTA c from tile c by the grid, each tile's (item,
+    split, head, query block) by host.split_tile, its keys by host.split_keys (paged: their rows by
+    host.paged_row), its rows against them in float64 into partial item * splits + split, rounded to O's
+    dtype. Each launch's (cfg, splits, chunk) goes to `launched`."""
+    def kernel(q, k, v, o, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, l2_section, qd, kd, vd,
+               cu_q, starts, used_q, seqlens, walk, table, splits, chunk, new_keys, key_rows):
+        assert cfg.split_kv and cfg.varlen and not (cfg.causal or cfg.local)
+        assert (wl, wr, l2_section) == (-1, -1, 1)
+        assert {type(x) for x in (splits, chunk, new_keys, key_rows)} == {int}
+        assert qd is kd is vd is cu_q is used_q is walk is None and (table is None) == (cfg.page_size == 0)
+        b, rows, heads, d = q.shape
+        dv = v.shape[-1]
+        assert k.shape[0] == v.shape[0] == 1 and k.shape[-1] == d and heads % k.shape[2] == 0
+        assert o.shape == (b * splits, rows, heads, dv) and lse.shape == (b * splits, heads, rows)
+        assert o.dtype == q.dtype == k.dtype and lse.dtype == torch.float32 and lse.stride(-1) == 1
+        for t in (q, k, v, o):  # TMA: whole 16-byte strides, a contiguous head dim
+            assert t.stride(-1) == 1 and all(s % 8 == 0 for s in t.stride()[:-1]), t.stride()
+        for t in (seqlens, starts) + ((table,) if table is not None else ()):
+            assert t.dtype == torch.int32 and t.dim() == 1 and t.is_contiguous()
+        assert seqlens.shape == (b,) and (key_rows > 0 or starts.shape == (b,)) and chunk > 0
+        assert cfg.page_size == 0 or chunk % cfg.page_size == 0
+        launched.append((cfg, splits, chunk))
+        log2e = math.log2(math.e)
+        softcap = scale_log2 / log2e if softcap_pre else 0.0
+        scale = softcap_pre * softcap if softcap_pre else scale_log2 / log2e
+        m_blocks = -(-rows // cfg.tile_m)
+        walked = []
+        for cta in range(num_ctas):
+            tile = cta
+            while (coords := host.split_tile(tile, m_blocks=m_blocks, heads=heads, splits=splits,
+                                             batch=b)) is not None:
+                item, split, head, m_block = coords
+                walked.append(coords)
+                first, count = host.split_keys(item, split, used=seqlens, new_keys=new_keys, starts=starts,
+                                               key_rows=key_rows, chunk=chunk, page_size=cfg.page_size)
+                if cfg.page_size:
+                    keys = [host.paged_row(table, first, p, count, cfg.page_size) for p in range(count)]
+                else:
+                    keys = list(range(first, first + count))
+                assert all(0 <= r < k.shape[1] for r in keys)
+                q_rows = slice(m_block * cfg.tile_m, min(rows, (m_block + 1) * cfg.tile_m))
+                part, kv = item * splits + split, head // (heads // k.shape[2])
+                if count:
+                    one = lambda t: t[None, :, None]  # noqa: E731 (rows of one head, a batch of one)
+                    o_, l_ = attention_ref(one(q[item, q_rows, head]), one(k[0, keys, kv]),
+                                           one(v[0, keys, kv]), scale, False, (-1, -1), softcap)
+                    o[part, q_rows, head] = o_[0, :, 0].to(o.dtype)
+                    lse[part, head, q_rows] = l_[0, 0].float()
+                else:  # no key: 0 and -inf
+                    o[part, q_rows, head] = 0
+                    lse[part, head, q_rows] = float("-inf")
+                tile += num_ctas
+        # every tile once (the walk is the kernel's: each CTA strides by the grid)
+        assert len(walked) == len(set(walked)) == b * splits * heads * m_blocks
+    return kernel
+
+
+def _split_kernels(monkeypatch, model=True):
+    """runtime.forward_split's launch on the CPU (the opt-in set): get_kernel returns `model`'s kernel
+    (_split_kernel_model), or one that only counts its launches; the tile counter an allocation. Returns
+    the launches' list."""
+    launched = []
+    monkeypatch.setenv(validation.DECODE_SPLIT_OPT_IN, "1")
+    monkeypatch.setattr(runtime, "_sm_count", lambda index: 132)
+    monkeypatch.setattr(runtime, "_counter_for", lambda cfg, device: torch.empty(2, dtype=torch.int32))
+
+    def get_kernel(cfg):
+        assert cfg.split_kv, cfg  # the varlen kernel goes through forward_varlen's stand-in
+        return _split_kernel_model(cfg, launched) if model else (lambda *args: launched.append((cfg,)))
+
+    monkeypatch.setattr(runtime, "get_kernel", get_kernel)
+    return launched
 
 
 def _merge_stand_in(cfg, o, lse, out, lse_out):
@@ -102,7 +199,7 @@ def cpu_kernels(monkeypatch):
 
 
 def _call_ops(cpu_kernels, case):
-    """The ops one call of `case` launches besides the varlen kernel (replaced)."""
+    """The ops one call of `case` launches besides the attention kernel (replaced)."""
     cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _no_kernel)
     (b, context), hq, hk, d = ((8, 32768) if case == "8 x 32k" else (1, 8192)), 32, 8, 128
     page = 16 if "paged" in case else None
@@ -124,6 +221,20 @@ def test_decode_launches(cpu_kernels, case):
     ops = _call_ops(cpu_kernels, case)
     assert "_local_scalar_dense" not in ops  # no host sync: CUDA graphs capture the call
     assert len(ops) <= LAUNCHES[case], ops
+
+
+@pytest.mark.parametrize("case", list(SPLIT_LAUNCHES))
+def test_decode_launches_split(cpu_kernels, case):
+    """Every launch of the call with the split inside the attention kernel (opted in): that kernel, the merge
+    kernel where there are splits (whatever FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE says), the append's ops;
+    no walk table, no copy of q, no per-split bounds."""
+    launched = _split_kernels(cpu_kernels, model=False)
+    merges = []
+    cpu_kernels.setattr(flashhopper.hopper, "combine_splits", lambda *args: merges.append(args))
+    ops = _call_ops(cpu_kernels, case)
+    assert len(launched) == 1 and len(merges) == 1  # both cases split (16 at 1 x 8k, 2 at 8 x 32k)
+    assert "_local_scalar_dense" not in ops
+    assert len(ops) + len(launched) + len(merges) <= SPLIT_LAUNCHES[case], ops
 
 
 @pytest.mark.parametrize("case", list(MERGED_LAUNCHES))
@@ -148,8 +259,12 @@ def _cases():
     one = dict(cache_seqlens=lens)
     idx, left = torch.tensor([3, 0, 1], dtype=torch.int32), torch.tensor([0, 0, 40], dtype=torch.int32)
     for hints in ({}, {"num_splits": 5}, {"num_splits": 5, "pack_gqa": False}, {"num_splits": 1},
-                  {"num_splits": 1, "pack_gqa": False}):
+                  {"num_splits": 1, "pack_gqa": False}, {"num_splits": 64}):
         yield f"decode {hints}", dict(q=rand(b, 1, hq, d), cache_seqlens=lens, **hints)
+    full = torch.tensor([700, 0, 1], dtype=torch.int32)  # the cache's capacity, none, one
+    yield "full, softcap", dict(q=rand(b, 1, hq, d), cache_seqlens=full, softcap=3.0, num_splits=4)
+    yield "full after the append", dict(q=rand(b, 1, hq, d), k=rand(b, 1, hk, d), v=rand(b, 1, hk, d),
+                                        cache_seqlens=full - torch.tensor([1, 0, 0], dtype=torch.int32))
     yield "one item", dict(q=rand(1, 1, hq, d), cache_seqlens=lens[:1], num_splits=4)
     yield "append, idx, left", dict(q=rand(b, 1, hq, d), k=rand(b, 1, hk, d), v=rand(b, 1, hk, d),
                                     cache_batch_idx=idx, cache_leftpad=left, cache_seqlens=lens, num_splits=3)
@@ -166,18 +281,31 @@ def _cases():
     yield "paged 7, queries 2", dict(q=rand(b, 2, hq, d), k=rand(b, 2, hk, d), v=rand(b, 2, hk, d),
                                      cache_leftpad=left, **paged)
     yield "int seqlens, idx, out", dict(q=rand(b, 1, hq, d), cache_seqlens=300, cache_batch_idx=idx, out=True)
+    # pages of 16 the kernels read in place (44 a row: 704 positions an item), shuffled, 5 spare
+    table16 = torch.randperm(b * 44 + 5, generator=g)[:b * 44].to(torch.int32).view(b, 44)
+    paged16 = dict(page_table=table16, caches=(b * 44 + 5, 16))
+    yield "paged 16", dict(q=rand(b, 1, hq, d), k=rand(b, 1, hk, d), v=rand(b, 1, hk, d), cache_seqlens=lens,
+                           num_splits=3, **paged16)
+    yield "paged 16, full, unpacked", dict(q=rand(b, 1, hq, d), cache_seqlens=torch.tensor([704, 0, 17],
+                                                                                          dtype=torch.int32),
+                                           pack_gqa=False, **paged16)
 
 
-@pytest.mark.parametrize("merge", ["torch", "kernel"])
+@pytest.mark.parametrize("merge", ["torch", "kernel", "split"])
 @pytest.mark.parametrize("name,kw", list(_cases()), ids=[name for name, _ in _cases()])
 def test_kernel_path_equals_reference(cpu_kernels, name, kw, merge):
     """The call as the kernels' path arranges it, with the stand-in for the varlen kernel, against
     backend="reference" (bf16 roundings apart): outputs, LSEs, and the appended caches. merge "kernel":
-    the splits merged by the merge kernel (opted in), a float64 stand-in for it."""
+    the splits merged by the merge kernel (opted in), a float64 stand-in for it. "split": the split inside
+    the attention kernel (opted in), its float64 model (_split_kernel_model: the kernel's arguments, walk,
+    key ranges and partials' layout), merged by the merge kernel's stand-in."""
     cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _varlen_stand_in)
-    merges = []
-    if merge == "kernel":
-        cpu_kernels.setenv(validation.DECODE_MERGE_OPT_IN, "1")
+    merges, launched = [], []
+    if merge != "torch":
+        if merge == "kernel":
+            cpu_kernels.setenv(validation.DECODE_MERGE_OPT_IN, "1")
+        else:
+            launched = _split_kernels(cpu_kernels)
         cpu_kernels.setattr(flashhopper.hopper, "combine_splits",
                             lambda *args: merges.append(args) or _merge_stand_in(*args))
     g = torch.Generator().manual_seed(1)
@@ -200,7 +328,10 @@ def test_kernel_path_equals_reference(cpu_kernels, name, kw, merge):
     assert all(torch.equal(a, b) for a, b in zip(caches, want_caches, strict=True))
     # one query token (not packed), unless neither split nor packed: rearranged, merged by the kernel
     rearranged = q.dim() == 4 and q.shape[1] == 1 and (kw.get("num_splits"), kw.get("pack_gqa")) != (1, False)
-    assert len(merges) == (merge == "kernel" and rearranged)
+    if merge == "split":  # one launch of the split kernel; the merge kernel where there are splits
+        assert len(launched) == rearranged and len(merges) == (rearranged and launched[0][1] > 1)
+    else:
+        assert len(merges) == (merge == "kernel" and rearranged)
 
 
 def _merge_first_form(o, lse, dim):

@@ -177,9 +177,10 @@ def _emulated_kernel(cfg, launched):
     walked as the kernel walks it (host.varlen_tile): every used row's query block must be among its
     tiles, for every head."""
     def run(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd,
-            cu_q, cu_k, used_q, used_k, walk, table):
+            cu_q, cu_k, used_q, used_k, walk, table, *split):
         launched.append(cfg)
         assert cfg.local is False and (table is not None) == bool(cfg.page_size)
+        assert not cfg.split_kv and split == (0, 0, 0, 0)  # the split walk's scalars, unused here
         heads, walk = q.shape[2], walk.tolist()
         walked = (varlen_tile(t, walk, heads=heads, l2_section=section, from_last=cfg.causal)
                   for t in itertools.count())

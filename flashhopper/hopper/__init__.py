@@ -13,6 +13,7 @@ from flashhopper.hopper.runtime import (  # noqa: E402
     combine_config,
     combine_splits,
     forward,
+    forward_split,
     forward_varlen,
     fwd_artifact,
 )
@@ -22,4 +23,4 @@ KERNELS = {"fwd": fwd_artifact, "bwd": bwd_artifact}
 NOT_YET_VALIDATED = frozenset()
 
 __all__ = ["KERNELS", "NOT_YET_VALIDATED", "backward", "backward_varlen", "combine_config", "combine_splits",
-           "forward", "forward_varlen"]
+           "forward", "forward_split", "forward_varlen"]

@@ -22,22 +22,23 @@ def _options(extra: str) -> str:
 
 def _fake_qkvo(cfg: FwdConfig):
     """Fake (b, s, h, d) tensors with symbolic extents and 16-byte-aligned symbolic strides; O in
-    bf16 for FP8 inputs."""
+    bf16 for FP8 inputs. split_kv: Q's batch (items), K / V's (1) and O / LSE's (items x splits) apart."""
     dt = _NAME_TO_CUTE[cfg.dtype]
     b, sq, sk, h, hk = (cute.sym_int() for _ in range(5))
+    b_kv, b_o = (cute.sym_int(), cute.sym_int()) if cfg.split_kv else (b, b)
 
-    def qkv(s, heads, d, dtype=dt):
+    def qkv(s, heads, d, dtype=dt, batch=b):
         strides = tuple(cute.sym_int64(divisibility=16 * 8 // dtype.width) for _ in range(3)) + (1,)
-        return cute.runtime.make_fake_tensor(dtype, (b, s, heads, d), strides, assumed_align=16)
+        return cute.runtime.make_fake_tensor(dtype, (batch, s, heads, d), strides, assumed_align=16)
 
     o_dt = cutlass.BFloat16 if cfg.is_fp8 else dt
-    q, k, v = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim), qkv(sk, hk, cfg.hdim_v)
+    q, k, v = qkv(sq, h, cfg.hdim), qkv(sk, hk, cfg.hdim, batch=b_kv), qkv(sk, hk, cfg.hdim_v, batch=b_kv)
     if cfg.vt_in_gmem:  # V^T: (b, hk, dv, keys padded to 16)
         strides = tuple(cute.sym_int64(divisibility=16) for _ in range(3)) + (1,)
         v = cute.runtime.make_fake_tensor(dt, (b, hk, cfg.hdim_v, cute.sym_int()), strides, assumed_align=16)
-    o = qkv(sq, h, cfg.hdim_v, o_dt)
+    o = qkv(sq, h, cfg.hdim_v, o_dt, batch=b_o)
     lse = cute.runtime.make_fake_tensor(
-        cutlass.Float32, (b, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
+        cutlass.Float32, (b_o, h, sq), (cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
     )
     counter = cute.runtime.make_fake_tensor(cutlass.Int32, (2,), (1,), assumed_align=4)
     return q, k, v, o, lse, counter
@@ -61,7 +62,8 @@ def _fake_descales(cfg: FwdConfig):
 
 def _fake_varlen(cfg: FwdConfig):
     """Varlen: cu_seqlens_q / _k (batch + 1,), seqused_q / _k (batch,) and the walk table (2 batch,) int32
-    (hopper/varlen_walk.py); else None."""
+    (hopper/varlen_walk.py); split_kv: only the items' key starts and cache lengths, (batch,) each; else
+    None."""
     if not cfg.varlen:
         return None, None, None, None, None
     b = cute.sym_int()
@@ -69,6 +71,8 @@ def _fake_varlen(cfg: FwdConfig):
     def ints(n):
         return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), (1,), assumed_align=4)
 
+    if cfg.split_kv:
+        return None, ints(cute.sym_int()), None, ints(b), None
     return ints(cute.sym_int()), ints(cute.sym_int()), ints(b), ints(b), ints(cute.sym_int())
 
 
@@ -85,9 +89,12 @@ def compile_fwd(cfg: FwdConfig, options: str = ""):
     from flashhopper.hopper.fwd import FlashFwdSm90
 
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    # the split walk's scalars (FwdConfig.split_kv; unused by the other kernels): splits, chunk, new keys,
+    # key rows an item
+    split = (cutlass.Int32(1), cutlass.Int32(128), cutlass.Int32(0), cutlass.Int32(1))
     args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
             cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), *_fake_descales(cfg), *_fake_varlen(cfg),
-            _fake_page_table(cfg), stream)
+            _fake_page_table(cfg), *split, stream)
     return cute.compile(FlashFwdSm90(cfg), *args, options=_options(options))
 
 

@@ -109,6 +109,14 @@ class FlashFwdSm90:
         mWalk: cute.Tensor | None,  # varlen: the walk table (hopper/varlen_walk.py), int32 (2 batch,)
         mPageTable: cute.Tensor | None,  # paged (cfg.page_size): the page table, flat int32; K / V the
         # cache's rows (1, pages * page_size, hk, d); key p of sequence b in entry mCuK[b] + p // page_size
+        # split_kv (unused otherwise): Q (b, rows, heads, d) each item's own rows; O (b * splits, rows,
+        # heads, dv) and LSE (b * splits, heads, rows) the partials of item i's split j at i * splits + j;
+        # mUsedK (b,) each item's cache length, mCuK (b,) its first key row (paged: table entry) where
+        # key_rows is 0
+        num_splits: Int32,
+        split_chunk: Int32,  # positions of an item a split takes (paged: whole pages)
+        new_keys: Int32,  # keys each item holds past mUsedK's count (the append's)
+        key_rows: Int32,  # item i's keys from row (paged: entry) i * key_rows; 0: from mCuK[i]
         stream: cuda.CUstream,
     ):
         # tile coordinates first: (seqlen, dim, head, batch); V^T given (vt_in_gmem): (dim, keys, head, batch)
@@ -224,13 +232,15 @@ class FlashFwdSm90:
                 cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
             )
 
+        split_args = (num_splits, split_chunk, new_keys, key_rows) if self.cfg.split_kv else (None,) * 4
         kernel = self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
             scale_log2, softcap_pre, window_left, window_right, l2_section,
             sQ_layout, sK_layout, sV_layout, sO_layout,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, mQd, mKd, mVd, sVt_layout,
-            mCuQ, mCuK, mUsedQ, mUsedK, mWalk, mO if self.cfg.varlen else None, mPageTable,
+            mCuQ, mCuK, mUsedQ, mUsedK, mWalk,
+            mO if self.cfg.varlen and not self.cfg.split_kv else None, mPageTable, *split_args,
         )
         if cutlass.const_expr(self.cluster_m > 1):  # num_ctas: a multiple of cluster_m (config.fwd_grid)
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1],
@@ -276,6 +286,10 @@ class FlashFwdSm90:
         mWalk: cute.Tensor | None,
         mO_rows: cute.Tensor | None,  # varlen: O itself (mO is TMA's view of it), stored row by row
         mPageTable: cute.Tensor | None,
+        num_splits: Int32 | None,  # split_kv: the split walk's scalars (__call__), else None
+        split_chunk: Int32 | None,
+        new_keys: Int32 | None,
+        key_rows: Int32 | None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -353,7 +367,7 @@ class FlashFwdSm90:
             )
         dynamic = self.cfg.dynamic_sched
         pipe_sched, sTile = None, None
-        if cutlass.const_expr(dynamic):
+        if cutlass.const_expr(dynamic or self.cfg.varlen):  # (split_kv: the record ring, on a static walk)
             # every consumer thread arrives on release (plain mbarrier arrives, one per thread); with
             # FP8 the transposer threads read each tile too
             readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.transposer else 0)
@@ -384,13 +398,15 @@ class FlashFwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
-        varlen = self.cfg.varlen
+        varlen, split = self.cfg.varlen, self.cfg.split_kv
         walk, num_m_blocks, num_pairs = None, None, None
-        if cutlass.const_expr(varlen):  # each sequence's real tiles, from the walk table
+        if cutlass.const_expr(varlen and not split):  # each sequence's real tiles, from the walk table
             walk = VarlenWalk(mWalk, mUsedQ.shape[0])
         else:
             num_m_blocks = (seqlen_q + self.tile_m - 1) // self.tile_m
-            num_pairs = num_heads * mQ.shape[3]
+            # split_kv: a pair is (head, item * splits + split), the host's l2_section 1 (coords: the
+            # query block fastest, then the head, then the split, then the item)
+            num_pairs = num_heads * mQ.shape[3] * (num_splits if cutlass.const_expr(split) else 1)
         seq_bounds = partial(self.seq_bounds, mCuQ=mCuQ, mCuK=mCuK, mUsedQ=mUsedQ, mUsedK=mUsedK)
         varlen_blocks = partial(self.blocks.n_block_range, window_left=window_left, window_right=window_right)
         bidx, _, _ = cute.arch.block_idx()
@@ -399,7 +415,9 @@ class FlashFwdSm90:
                               window_left=window_left, window_right=window_right)
         # this CTA's tiles (a cluster tile is a pair of query blocks; both CTAs of a cluster walk
         # the same pairs)
-        claimed = storage.sClaimed.get_tensor(cute.make_layout(1)) if cutlass.const_expr(varlen) else None
+        claimed = None
+        if cutlass.const_expr(varlen and not split):
+            claimed = storage.sClaimed.get_tensor(cute.make_layout(1))
         sched = FwdTileScheduler(has_right=self.has_right, cluster_m=self.cluster_m if cluster else 1,
                                  num_m_blocks=num_m_blocks, num_pairs=num_pairs, num_heads=num_heads,
                                  l2_section=l2_section, bidx=bidx, grid_size=grid_size, counter=mTileCounter,
@@ -423,7 +441,29 @@ class FlashFwdSm90:
                     pipe_v_loaded, v_ring = pipe_vt, self.cfg.vt_stages
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, v_ring)
                 tile = bidx
-                if cutlass.const_expr(varlen):
+                if cutlass.const_expr(split):
+                    # the split walk: the grid strides over the tiles; each one's record carries its
+                    # partial's index (item * splits + split) and its keys
+                    lane = cute.arch.lane_idx()
+                    tile = sched.first
+                    while tile < num_tiles:
+                        m_block, head, part = sched.coords(tile)
+                        item = part // num_splits
+                        off_k, len_k = self.split_keys(item, part - item * num_splits, split_chunk, mUsedK,
+                                                       new_keys, mCuK, key_rows)
+                        sched.publish_record(q_state, (m_block, head, part, Int32(0), seqlen_q, len_k), lane)
+                        n_min, n_max = varlen_blocks(m_block, seqlen_q=seqlen_q, seqlen_k=len_k)
+                        pages = None
+                        if cutlass.const_expr(self.cfg.page_size):  # off_k: its first table entry
+                            pages = (mPageTable, off_k, len_k)
+                        q_state, k_state, v_state = self.produce(
+                            mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
+                            pipe_v_loaded, m_block, head, head // head_ratio, item, n_min, n_max, q_state,
+                            k_state, v_state, pipe_o=pipe_o, offsets=(None, off_k), pages=pages, kv_batch=0)
+                        tile += sched.stride
+                    end = (Int32(0), Int32(0), Int32(-1), Int32(0), Int32(0), Int32(0))
+                    sched.publish_record(q_state, end, lane)
+                elif cutlass.const_expr(varlen):
                     # the walk table's tiles, each published with its sequence's bounds (the consumers
                     # read them from smem); FP8, whose transposer warps would need them too, has no varlen
                     lane = cute.arch.lane_idx()
@@ -505,11 +545,14 @@ class FlashFwdSm90:
                 m_block, head, seq, off_q, len_q, len_k = sched.read_record(q_state)
                 while seq >= 0:
                     n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                    # split_kv: the partial `seq` of O / LSE as a dense batch (TMA clips the rows past
+                    # the item's); else the sequence's rows of the packed O, row by row
                     q_state, k_state, v_state = self.consume(
                         mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv, pipe_q, pipe_k,
-                        pipe_v, tidx - 128, m_block, head, 0, n_min, n_max, len_q, len_k, scale_log2,
-                        softcap_pre, window_left, window_right, q_state, k_state, v_state, pipe_o=pipe_o,
-                        varlen_out=(mO_rows, off_q))
+                        pipe_v, tidx - 128, m_block, head, seq if cutlass.const_expr(split) else 0, n_min,
+                        n_max, len_q, len_k, scale_log2, softcap_pre, window_left, window_right, q_state,
+                        k_state, v_state, pipe_o=pipe_o,
+                        varlen_out=None if cutlass.const_expr(split) else (mO_rows, off_q))
                     m_block, head, seq, off_q, len_q, len_k = sched.read_record(q_state)
             elif cutlass.const_expr(dynamic):
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
@@ -609,16 +652,35 @@ class FlashFwdSm90:
         return off_q, mUsedQ[batch], off_k, mUsedK[batch]
 
     @cute.jit
+    def split_keys(self, item, split, chunk, mUsedK, new_keys, mStarts, key_rows):
+        """split_kv, producer warp: (where split `split` of item `item`'s keys start, how many): the item's
+        keys from row (paged: table entry) item * key_rows, or mStarts[item] where key_rows is 0, its
+        mUsedK[item] + new_keys of them; the split's positions [split * chunk, min((split + 1) * chunk,
+        that)), moved by as many rows (paged: whole pages). host.split_keys is its twin."""
+        first = item * key_rows
+        if key_rows == 0:
+            first = mStarts[item]
+        lo = split * chunk
+        count = cutlass.min(cutlass.max(mUsedK[item] + new_keys - lo, 0), chunk)
+        if cutlass.const_expr(self.cfg.page_size):
+            lo = lo // self.cfg.page_size
+        return first + lo, count
+
+    @cute.jit
     def produce(self, mQ, mK, mV, sQ, sK, sV, tma_atom_Q, tma_atom_K, tma_atom_V,
                 pipe_q, pipe_k, pipe_v, m_block, head, head_kv, batch, n_min, n_max,
-                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None, pages=None, kd=None):
+                q_state, k_state, v_state, rank=0, pipe_o=None, offsets=None, pages=None, kd=None,
+                kv_batch=None):
         """One tile's loads: Q, and K / V block by block. `kd` (per-token FP8 descales): (mKd, sKd,
         pipe_kd), each K block's k descales staged in sKd's stage of the same index
-        (hopper/fp8_descale.py)."""
+        (hopper/fp8_descale.py). `offsets`: varlen, (Q's, K's) rows of this sequence in the packed tensors
+        (Q's None: split_kv, Q's batch its item); `kv_batch`: K / V's batch where it is not Q's."""
         mQ_t = mQ[None, None, head, batch]
-        mK_t, mV_t = mK[None, None, head_kv, batch], mV[None, None, head_kv, batch]
+        kv_b = batch if cutlass.const_expr(kv_batch is None) else kv_batch
+        mK_t, mV_t = mK[None, None, head_kv, kv_b], mV[None, None, head_kv, kv_b]
         if cutlass.const_expr(offsets is not None):  # varlen: this sequence's rows of the packed tensors
-            mQ_t = cute.domain_offset((offsets[0], 0), mQ_t)
+            if cutlass.const_expr(offsets[0] is not None):
+                mQ_t = cute.domain_offset((offsets[0], 0), mQ_t)
             if cutlass.const_expr(pages is None):  # (paged: K / V rows come from the page table)
                 mK_t = cute.domain_offset((offsets[1], 0), mK_t)
                 mV_t = cute.domain_offset((offsets[1], 0), mV_t)

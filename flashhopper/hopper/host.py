@@ -143,3 +143,33 @@ def varlen_tile(tile: int, table, *, heads: int, l2_section: int,
     m_block, head = section_coords(tile - below * heads, num_m_blocks=top - below, num_pairs=heads,
                                    l2_section=l2_section, from_last=from_last)
     return table[batch + pos], head, m_block
+
+
+# ---- the split decode walk (FwdConfig.split_kv: tile_scheduler.FwdTileScheduler.coords with one pair a
+# section, hopper/fwd.py split_keys)
+
+
+def split_tile(tile: int, *, m_blocks: int, heads: int, splits: int,
+               batch: int) -> tuple[int, int, int, int] | None:
+    """The split walk's tile index -> (item, split, head, m_block), or None past the last tile: coords'
+    order with one pair a section (the query block fastest, then the head, then the split, then the item);
+    the partial output the tile writes is item * splits + split."""
+    if tile >= m_blocks * heads * splits * batch:
+        return None
+    m_block, pair = section_coords(tile, num_m_blocks=m_blocks, num_pairs=heads * splits * batch,
+                                   l2_section=1, from_last=False)
+    part = pair // heads
+    return part // splits, part % splits, pair % heads, m_block
+
+
+def split_keys(item: int, split: int, *, used, new_keys: int, starts, key_rows: int, chunk: int,
+               page_size: int = 0) -> tuple[int, int]:
+    """A split tile's keys as the kernel takes them (hopper/fwd.py split_keys, the same formula): (where they
+    start, how many). The item's keys start at row item * key_rows of the cache (paged: its pages at that
+    entry of the flat page table), or at starts[item] where key_rows is 0; it holds used[item] + new_keys;
+    split j takes its positions [j * chunk, min((j + 1) * chunk, that)), none past it. The start moves by
+    j * chunk rows, or paged by j * chunk / page_size entries (chunks of whole pages)."""
+    first = int(starts[item]) if key_rows == 0 else item * key_rows
+    lo = split * chunk
+    count = min(max(int(used[item]) + new_keys - lo, 0), chunk)
+    return first + (lo // page_size if page_size else lo), count

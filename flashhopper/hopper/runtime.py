@@ -114,6 +114,9 @@ def _l2_section(seqlen_k: int, cfg: FwdConfig, num_pairs: int) -> int:
     return max(1, min(num_pairs, _L2_BUDGET // kv_bytes))
 
 
+# the split walk's scalars (FwdConfig.split_kv: forward_split) where a kernel takes none
+_NO_SPLIT = (0, 0, 0, 0)
+
 _tile_counters: dict = {}
 
 
@@ -275,7 +278,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
         descales = tuple(one if x is None else x for x in descales)
     # the varlen arguments (forward_varlen's) and the page table are None here
     fn(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, *descales,
-       None, None, None, None, None, None)
+       None, None, None, None, None, None, *_NO_SPLIT)
     return out, lse
 
 
@@ -310,14 +313,20 @@ def _rows_in_use(cu_seqlens, seqused, total: int):
     return (row >= 0) & (row < used[seq]) & (token < cu_seqlens[-1])
 
 
+def _flat_view(page_table):
+    """The page table as the kernel reads it: a flat int32 view of its memory from its first entry (row b's
+    first entry at b * stride(0)); the caller has made its last dim contiguous."""
+    rows, width = page_table.shape
+    span = (rows - 1) * page_table.stride(0) + width if rows else 0
+    return page_table.as_strided((max(span, 1),), (1,))
+
+
 def _flat_page_table(page_table, page_starts, batch: int):
     """(the page table as the kernel reads it: a flat int32 view of its memory from its first entry, each
     sequence's first entry in it): page_starts where given, else row b's first entry for sequence b."""
     if page_table.stride(-1) != 1:
         page_table = page_table.contiguous()
-    rows, width = page_table.shape
-    span = (rows - 1) * page_table.stride(0) + width if rows else 0
-    flat = page_table.as_strided((max(span, 1),), (1,))
+    flat = _flat_view(page_table)
     if page_starts is None:
         page_starts = torch.arange(0, batch * page_table.stride(0), page_table.stride(0), dtype=torch.int32,
                                    device=page_table.device)
@@ -397,14 +406,89 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     section = _l2_section(max(keys, 1), cfg, h) if cfg.causal or cfg.local else 1  # heads a section
     counter = _counter_for(cfg, q.device)
     fn(q[None], k[None], v[None], out[None], lse[None], counter, scale_log2, softcap_pre, wl, wr, num_ctas,
-       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, walk, flat_table)
+       section, None, None, None, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, walk, flat_table,
+       *_NO_SPLIT)
     return out, lse
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_plan(dtype, hdim: int, softcap: bool, dv: int, page_size: int, decode_tile: bool):
+    return plan.fwd_plan_split(_TORCH_TO_NAME[dtype], hdim, softcap, dv, page_size, decode_tile=decode_tile)
+
+
+def split_config(dtype, hdim: int, softcap: bool, dv: int = 0, page_size: int = 0) -> FwdConfig:
+    """What forward_split runs: the split walk (FwdConfig.split_kv) of the unmasked varlen tile, or of the
+    1-warpgroup decode tile where that is enabled (validation.decode_tile_enabled); `page_size` as
+    varlen_config's (the paged config where the kernels serve the pages, else the unpaged one: kvcache
+    asks before choosing the paged path)."""
+    dv = 0 if dv == hdim else dv
+    cfg = _split_plan(dtype, hdim, softcap, dv, page_size, validation.decode_tile_enabled())
+    if _overrides:  # tests, tuning
+        cfg = dataclasses.replace(cfg, **_overrides)
+    return cfg
+
+
+def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, splits: int, chunk: int,
+                  new_keys: int = 0, key_rows: int = 0, key_starts=None, out=None, lse=None, page_table=None,
+                  page_size: int = 0):
+    """kvcache's decode with the split inside the kernel (FwdConfig.split_kv), on validated CUDA tensors, in
+    one launch. q (b, rows, heads, d), any 16-byte strides: each item's query rows (one query token's
+    heads, or with PackGQA a KV head's group of them as rows of that head); k / v the cache's rows
+    (rows, hk, d), or a paged cache's (pages * page_size, hk, d) with page_table (b, max_pages) int32. Item
+    i holds seqlens[i] + new_keys keys (seqlens int32 (b,)) from row i * key_rows (paged: from the table's
+    entry i * key_rows, its row stride), or from key_starts[i] (int32 (b,)) where key_rows is 0; split j
+    takes its positions [j * chunk, min((j + 1) * chunk, that)) (paged: chunk a multiple of page_size).
+    Nothing is read on the host: capturable in a CUDA graph, replayed on new lengths.
+
+    Returns the partials (o (b, splits, rows, heads, dv) in q's dtype, lse (b, splits, heads, rows) fp32,
+    natural log, -inf where a split has no key) for the merge by LSE (combine_splits), new tensors
+    (poisoned with `poison`); with one split, `out` (b, rows, heads, dv) and `lse` (b, heads, rows) where
+    given are written in place instead (out: whole 16-byte rows and strides, the TMA store's; lse: its
+    last stride 1), and returned with a split mode of one."""
+    b, rows, heads, d = q.shape
+    dv = v.shape[-1]
+    paged = page_table is not None
+    cfg = split_config(q.dtype, d, softcap > 0.0, dv, page_size if paged else 0)
+    if paged and cfg.page_size != page_size:
+        raise ValueError(f"pages of {page_size} rows are not served by the paged kernel of {cfg.tile_n} keys "
+                         "a block: gather the pages first")
+    if (out is None) != (lse is None) or (out is not None and splits != 1):
+        raise ValueError("forward_split writes into out and lse together, and only with one split")
+    if out is None:
+        o = torch.empty(b, splits, rows, heads, dv, dtype=q.dtype, device=q.device)
+        lse = torch.empty(b, splits, heads, rows, dtype=torch.float32, device=q.device)
+        if poison:
+            o.fill_(_NAN)
+            lse.fill_(_NAN)
+        o_parts, lse_parts = o.view(b * splits, rows, heads, dv), lse.view(b * splits, heads, rows)
+    else:
+        o_parts, lse_parts, o, lse = out, lse, out[:, None], lse[:, None]
+    if b * rows * heads == 0:
+        return o, lse
+    flat_table = None
+    if paged:
+        if page_table.stride(-1) != 1 or page_table.stride(0) != key_rows:
+            raise ValueError(f"the page table's strides {page_table.stride()} are not ({key_rows}, 1)")
+        flat_table = _flat_view(page_table)
+    if key_rows == 0 and key_starts is None:
+        raise ValueError("key_rows 0 reads each item's first key row from key_starts: pass them")
+    seqlens = seqlens.contiguous()
+    starts = seqlens if key_rows else key_starts.contiguous()  # (never read where key_rows is not 0)
+    fn = get_kernel(cfg)
+    scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
+    tiles = b * splits * heads * -(-rows // cfg.tile_m)
+    num_ctas = max(1, min(tiles, persistent_ctas_cap or _sm_count(q.device.index)))
+    counter = _counter_for(cfg, q.device)  # (the static walk never touches it)
+    # no mask, no window; l2_section 1: the split walk's order (FwdTileScheduler.coords, host.split_tile)
+    fn(q, k[None], v[None], o_parts, lse_parts, counter, scale_log2, softcap_pre, -1, -1, num_ctas, 1,
+       None, None, None, None, starts, None, seqlens, None, flat_table, splits, chunk, new_keys, key_rows)
+    return o, lse
 
 
 _COMBINE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
-def _rows_aligned(t: torch.Tensor) -> bool:
+def rows_aligned(t: torch.Tensor) -> bool:
     """Whether `t`'s last dim is contiguous rows of whole 16-byte vectors (the other strides too) from a
     16-byte aligned address: what the merge kernel's vector loads and stores take."""
     width = 16 // t.element_size()
@@ -417,7 +501,7 @@ def combine_config(o: torch.Tensor, out: torch.Tensor, splits: int) -> CombineCo
     (b, rows, heads, dv), or None where it does not take them (a dtype, more than COMBINE_MAX_SPLITS
     splits, rows not of whole aligned 16-byte vectors): the caller merges in torch."""
     names = (_COMBINE_NAMES.get(o.dtype), _COMBINE_NAMES.get(out.dtype))
-    if None in names or splits > COMBINE_MAX_SPLITS or not (_rows_aligned(o) and _rows_aligned(out)):
+    if None in names or splits > COMBINE_MAX_SPLITS or not (rows_aligned(o) and rows_aligned(out)):
         return None
     return CombineConfig(names[0], o.shape[-1], names[1])
 
@@ -655,4 +739,5 @@ def fwd_artifact(dtype: str = "bf16", hdim: int = 128, causal: bool = False, loc
 
 __all__ = ["backward", "backward_varlen", "bwd_artifact", "bwd_config_overrides", "combine_config",
            "combine_splits", "config_overrides", "forward",
-           "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch", "varlen_config"]
+           "forward_split", "forward_varlen", "fwd_artifact", "get_kernel", "kernel_cubin", "kernel_launch",
+           "split_config", "varlen_config"]
