@@ -62,7 +62,24 @@ REG_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # FP8: the producer warpgroup also transposes V in shared memory (hopper/fp8.py: two units' 8 loaded
 # words in flight per thread, the per-thread addresses and selectors held through its loop)
 FP8_REG_SPLIT = {2: (224, 48)}
+# FwdConfig.check's registers beside the accumulators for FP8 (16-bit: 32). Compiled for sm_90a, these FP8
+# tiles left 16-28 registers and neither spilled nor serialized a WGMMA: hdim 128 x 128 keys two-level (208
+# of 224 / 232), hdim 96 x 192 two-level (216 of 232), hdim 128 x 224 (204 of 232); these spilled: 64 x 256
+# two-level (224 of 232: 40 bytes), 128 x 160 two-level (228 of 232: 64 bytes)
+FP8_REG_SLACK = 16
+# setmaxnreg's bounds and step (PTX: a multiple of 8 in [24, 256])
+SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
 
+
+def register_split(num_consumer_wg: int, fp8: bool = False, producer: int = 0) -> tuple[int, int]:
+    """(consumer, producer) registers per thread after setmaxnreg: the table's (FP8_REG_SPLIT for FP8
+    inputs, else REG_SPLIT) or, with `producer` (FwdConfig.producer_nreg), that many for the producer
+    warpgroup and for each consumer warpgroup the rest of the CTA's pool, in steps of 8, at most 256
+    (two consumer warpgroups: 24 -> 240, 32 / 40 -> 232, 48 / 56 -> 224)."""
+    if not producer:
+        return (FP8_REG_SPLIT if fp8 else REG_SPLIT)[num_consumer_wg]
+    rest = register_pool(1 + num_consumer_wg) // WARPGROUP_THREADS - producer
+    return min(rest // num_consumer_wg // 8 * 8, SETMAXNREG_MAX), producer
 
 
 def register_pool(num_warpgroups: int) -> int:
@@ -213,6 +230,10 @@ class FwdConfig(_KernelConfig):
     # tiles are alike, so the persistent grid strides over them (dynamic_sched off: no tile counter);
     # no mask (one query at the end of its keys)
     split_kv: bool = False
+    # the producer warpgroup's registers after setmaxnreg (a multiple of 8, at least 24); the consumer
+    # warpgroups get the rest of the CTA's pool (config.register_split). 0: the table's split for the
+    # dtype (FP8_REG_SPLIT, REG_SPLIT)
+    producer_nreg: int = 0
 
     @property
     def hdim_v(self) -> int:
@@ -244,11 +265,11 @@ class FwdConfig(_KernelConfig):
 
     @property
     def consumer_regs(self) -> int:
-        return (FP8_REG_SPLIT if self.is_fp8 else REG_SPLIT)[self.num_consumer_wg][0]
+        return register_split(self.num_consumer_wg, self.is_fp8, self.producer_nreg)[0]
 
     @property
     def producer_regs(self) -> int:
-        return (FP8_REG_SPLIT if self.is_fp8 else REG_SPLIT)[self.num_consumer_wg][1]
+        return register_split(self.num_consumer_wg, self.is_fp8, self.producer_nreg)[1]
 
     @property
     def num_threads(self) -> int:
@@ -338,6 +359,10 @@ class FwdConfig(_KernelConfig):
         if self.num_consumer_wg not in split:
             raise ValueError(f"num_consumer_wg {self.num_consumer_wg} not in {sorted(split)} "
                              f"for {self.dtype}")
+        p = self.producer_nreg
+        if p and (p % 8 or not SETMAXNREG_MIN <= p <= SETMAXNREG_MAX):
+            raise ValueError(f"producer_nreg {p}: setmaxnreg takes a multiple of 8 in "
+                             f"[{SETMAXNREG_MIN}, {SETMAXNREG_MAX}]")
         if self.is_fp8:
             self._check_fp8()
         elif self.vt_in_gmem or self.pv_two_level or self.qk_descale != "head":
@@ -376,9 +401,9 @@ class FwdConfig(_KernelConfig):
         self._check_cluster()
         self._check_register_split()
         cons = self.consumer_regs
-        # leave ~32 registers for addresses, softmax state and temporaries. This only rejects the
-        # hopeless; ptxas has the last word (the compile tests require zero spills).
-        if self.accumulator_regs() + 32 > cons:
+        # leave ~32 registers for addresses, softmax state and temporaries (FP8: 16, FP8_REG_SLACK). This
+        # only rejects the hopeless; ptxas has the last word (the compile tests require zero spills).
+        if self.accumulator_regs() + (FP8_REG_SLACK if self.is_fp8 else 32) > cons:
             raise ValueError(
                 f"accumulators need {self.accumulator_regs()} registers per thread, "
                 f"too many for {cons} consumer registers"

@@ -506,6 +506,27 @@ def test_register_pool_is_what_setmaxnreg_can_move():
         assert 128 * (prod + wg * cons) <= config.register_pool(1 + wg)
 
 
+def test_register_split_by_producer_registers():
+    """FwdConfig.producer_nreg: the producer warpgroup's registers, the consumers the rest of the CTA's pool
+    in steps of 8 (two consumer warpgroups: 504 per thread of a warpgroup); 0 keeps the tables' splits."""
+    assert config.register_split(2) == config.REG_SPLIT[2]
+    assert config.register_split(2, fp8=True) == config.FP8_REG_SPLIT[2]
+    assert [config.register_split(2, True, p) for p in (24, 32, 40, 48, 56)] == \
+        [(240, 24), (232, 32), (232, 40), (224, 48), (224, 56)]
+    for wg in (1, 2, 3):
+        for p in range(24, 257, 8):
+            cons, prod = config.register_split(wg, False, p)
+            assert prod == p and cons % 8 == 0 and cons <= 256
+            assert 128 * (prod + wg * cons) <= config.register_pool(1 + wg)
+    cfg = dataclasses.replace(fwd_config("e4m3", 128), producer_nreg=40)
+    cfg.check()
+    assert (cfg.consumer_regs, cfg.producer_regs) == (232, 40)
+    assert dataclasses.replace(cfg, producer_nreg=0).consumer_regs == config.FP8_REG_SPLIT[2][0]
+    for bad in (20, 36, 264):
+        with pytest.raises(ValueError, match=f"producer_nreg {bad}: setmaxnreg takes a multiple of 8"):
+            dataclasses.replace(cfg, producer_nreg=bad).check()
+
+
 def test_backward_lpt_per_call_only_where_timed():
     # causal, hdim 128 from 2k to 8k tokens and hdim 256 from 1k to 2k (plan._BWD_LPT_CAUSAL): +2..+5%
     # on the H200
@@ -585,10 +606,11 @@ def test_o_in_v_budget():
 
 def test_fp8_two_level_budget():
     """FwdConfig.pv_two_level: e4m3 only; its second O accumulator fits hdim 64 / 96 at the FP8 tile and
-    hdim 128 at 96 keys, not hdim 128 at 128 keys (S, P, two O: 208 of 224 registers) nor 192 / 256."""
-    for hdim, tile_n in ((64, 128), (96, 128), (128, 96), (128, 64)):
+    hdim 128 at 96 or 128 keys (S, P, two O: 208 of 224 registers, compiled spill-free), not hdim 128 at
+    160 keys (228; ptxas spilled 64-136 bytes) nor 192 / 256."""
+    for hdim, tile_n in ((64, 128), (96, 128), (128, 96), (128, 64), (128, 128)):
         dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
-    for hdim, tile_n in ((128, 128), (192, 128), (256, 96)):
+    for hdim, tile_n in ((128, 160), (192, 128), (256, 96)):
         with pytest.raises(ValueError, match="accumulators need"):
             dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
     with pytest.raises(ValueError, match="pv_two_level and qk_descale are for e4m3"):

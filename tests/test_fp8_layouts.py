@@ -49,7 +49,7 @@ def _mma(n, b_major, a_source=None, warpgroups=2):
                                              tiler_mn=(64, n), **kw)
 
 
-@pytest.mark.parametrize("tile_n", [64, 128, 160])
+@pytest.mark.parametrize("tile_n", [64, 128, 160, 224])
 def test_p_in_registers_is_s_with_keys_relabelled(tile_n):
     def collect():
         mma_qk = _mma(tile_n, cute.nvgpu.OperandMajorMode.K)
@@ -128,12 +128,14 @@ class _Smem:
                         dtype=np.int64)
 
 
-# (tile_n, hdim): the FP8 forward's tiles (plan.py's FP8 tables) and a few more key-block widths
+# (tile_n, hdim): the FP8 forward's tiles (plan.py's FP8 tables) and a few more key-block widths: the
+# wider candidates (plan.FP8_TILE_CANDIDATES; sV rows of 160 / 224 bytes take the 32-byte swizzle, 192
+# the 64-byte)
 SHAPES = [(128, 64), (128, 96), (96, 128), (64, 128), (128, 128), (128, 192), (96, 256), (64, 256),
-          (160, 128)]
+          (160, 128), (224, 64), (192, 96), (224, 128), (160, 192)]
 
 
-def _transpose(tile_n, hdim, stages=2):
+def _transpose(tile_n, hdim, stages=2, per_batch=F8.UNITS_PER_BATCH):
     """`stages` stages of random V through the transposer's own Python (lane_roles, lane bases as
     lane_bases computes them, warp_units, unit_offsets, transpose_warp) on a _Smem holding sV and, after
     it, sVt (1 KiB-aligned, as fwd.py's struct places them). Returns (V, sV read as V^T per stage, smem)."""
@@ -154,7 +156,7 @@ def _transpose(tile_n, hdim, stages=2):
         ld_addr = vt_base + vt_off[0, ld_key, ld_col] + vt_step
         st_addr = v_base + v_off[0, st_row, 0] + v_step
         for units in plans:
-            F8.transpose_warp(units, ld_addr, st_addr, sel0, sel1, smem.ldsm, smem.stsm, smem.perm)
+            F8.transpose_warp(units, ld_addr, st_addr, sel0, sel1, smem.ldsm, smem.stsm, smem.perm, per_batch)
     return v, smem.bytes[v_base + v_off], smem
 
 
@@ -173,6 +175,18 @@ def test_transposer_writes_v_transposed_in_p_order(tile_n, hdim):
     # per warp and V tile: one LDSM.T x4 and one STSM x4 per unit, the units split evenly
     per_warp = [len(F8.warp_units(w, tile_n, hdim)) for w in range(F8.TRANSPOSER_WARPS)]
     assert sum(per_warp) == F8.transpose_units(tile_n, hdim) and max(per_warp) - min(per_warp) <= 1
+
+
+@pytest.mark.parametrize(("tile_n", "hdim"), [(224, 128), (128, 96)])
+def test_transposer_one_unit_at_a_time(tile_n, hdim):
+    """units_per_batch below the producer's 48 registers: each unit's LDSM.T before its own stores only,
+    the same bytes written, and the instructions in load, store order."""
+    assert F8.units_per_batch(48) == F8.UNITS_PER_BATCH and F8.units_per_batch(40) == 1
+    v, got, smem = _transpose(tile_n, hdim, per_batch=1)
+    for stage in range(v.shape[0]):
+        np.testing.assert_array_equal(got[stage], _p_order(v[stage]))
+    kinds = "".join(kind[0] for kind, _ in smem.log)
+    assert kinds == "ls" * F8.transpose_units(tile_n, hdim) * v.shape[0]
 
 
 def test_transposer_model_fails_a_wrong_key_order(monkeypatch):
@@ -245,7 +259,7 @@ def test_ldmatrix_models_match_the_dsl_copy_atoms():
             assert tv["st_regs"][t][v] == 64 * m + 8 * j + 2 * q + half  # row j, columns 2q, 2q + 1
 
 
-@pytest.mark.parametrize("tile_n", [64, 96, 128])
+@pytest.mark.parametrize("tile_n", [64, 96, 128, 160, 224])
 def test_k_descale_ring_holds_each_threads_columns_in_accumulator_order(tile_n):
     """Per-token k descales (hopper/fp8_descale.py): the word a consumer thread reads for its accumulator
     column slot c (row lane % 4 of the ring stage, word c; the same for both of its rows) is the one the

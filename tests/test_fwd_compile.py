@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 from smem_check import assert_smem
 
+from flashhopper import plan
 from flashhopper.compile import TARGET_ARCH, ensure_arch_env, inspect_kernel
 from flashhopper.config import SMEM_CAPACITY, SUPPORTED_HDIMS, FwdConfig
 from flashhopper.plan import fwd_config
@@ -436,6 +437,28 @@ def test_forward_fp8_two_level_compiles(hdim, tile_n, causal):
     assert sass["QGMMA"] > 0 and sass["HGMMA_WAITS"] == _commit_groups(causal=causal)
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+
+
+# FP8 candidates (plan.FP8_TILE_CANDIDATES, not dispatched): wider key blocks and the 232 / 40 register split
+# compile with no spills, one QGMMA wait per commit group and the split asked for, with no mask and causal
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("hdim", "fields"), [(hdim, text) for hdim, texts in plan.FP8_TILE_CANDIDATES.items()
+                                              for text in texts])
+def test_forward_fp8_tile_candidates_compile(hdim, fields, causal):
+    from flashhopper.compile import inspect_cubin
+    from flashhopper.config import parse_overrides
+    from flashhopper.hopper import fp8 as F8
+    from flashhopper.hopper.runtime import kernel_cubin, kernel_launch
+
+    cfg = dataclasses.replace(fwd_config("e4m3", hdim, causal=causal), **parse_overrides(fields))
+    cfg.check()
+    report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
+    sass = report["sass"]
+    assert sass["LDSM"] == F8.transpose_units(cfg.tile_n, hdim)
+    assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
+    assert sorted(sass["USETMAXREG"]) == [cfg.producer_regs, cfg.consumer_regs]
+    assert sass["HGMMA_WAITS"] == _commit_groups(causal=causal), "ptxas serialized the WGMMAs"
+    assert_smem(report, cfg)
 
 
 # (hdim, dv) = (192, 128), MLA prefill's shape: S over 192, O over 128 (half the O registers of hdim 192)

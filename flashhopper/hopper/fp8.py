@@ -36,7 +36,8 @@ addresses and selectors once (`lane_bases`); per V tile it adds the stage offset
 too), takes one LOP3 per distinct X, and gives K as the LDSM / STSM immediate. For every X and K to
 be constants each warp runs its own unrolled unit list (`warp_units`) behind a warp-uniform branch.
 Two units' LDSM.T go before their PRMT / STSM (UNITS_PER_BATCH: 8 words in flight; the asm
-statements keep their order, and in the SASS a batch's loads stay after the previous batch's stores).
+statements keep their order, and in the SASS a batch's loads stay after the previous batch's stores);
+one at a time where the producer runs below 48 registers (`units_per_batch`).
 
 The stores are fenced for the consumers' WGMMA by fence.proxy.async.shared::cta before the
 mbarrier arrive: the arrive's release orders the writes for generic-proxy readers only, and
@@ -60,8 +61,16 @@ TRANSPOSER_THREADS = 32 * TRANSPOSER_WARPS
 # a warp's unit of work: 16 keys (one group of P's key order) x 32 head-dim columns, 512 bytes
 UNIT_KEYS, UNIT_COLS = 16, 32
 # units whose LDSM.T are issued before their PRMT / STSM (4 words each in flight per lane): with 4, the
-# producer's 48 registers spilled at hdim 96 and 192
+# producer's 48 registers spilled at hdim 96 and 192; with 2 at 40 registers, 8-24 bytes (hdim 96, 192,
+# and 128 / 256 under some masks); one unit at a time compiles spill-free down to 32 (units_per_batch)
 UNITS_PER_BATCH = 2
+
+
+def units_per_batch(producer_regs: int) -> int:
+    """UNITS_PER_BATCH at the producer's 48 registers or more, one unit at a time below."""
+    return UNITS_PER_BATCH if producer_regs >= 48 else 1
+
+
 # PRMT selectors: V^T's word of head-dim column 2j (SEL_EVEN) / 2j+1 (SEL_ODD) from an LDSM.T register of
 # keys 0-7 (bytes 0-3) and one of keys 8-15 (bytes 4-7)
 SEL_EVEN, SEL_ODD = 0x6420, 0x7531
@@ -157,11 +166,13 @@ def unit_offsets(key: int, col: int, vt_offset, v_offset, vt_bits, v_bits) -> tu
     return o_ld & vt_bits[0], o_ld & ~vt_bits[0], o_st & v_bits[0], o_st & ~v_bits[0]
 
 
-def transpose_warp(units, ld_addr, st_addr, sel0, sel1, ldsm, stsm, perm=byte_perm) -> None:
+def transpose_warp(units, ld_addr, st_addr, sel0, sel1, ldsm, stsm, perm=byte_perm,
+                   per_batch: int = UNITS_PER_BATCH) -> None:
     """One warp's units of one V tile. `units`: unit_offsets of each; `ld_addr` / `st_addr`: the lane's
     address in unit (0, 0) of this stage's sVt / sV; `sel0`, `sel1`: lane_roles' selectors;
-    `ldsm(addr, imm)` -> 4 words, `stsm(addr, imm, words)`, `perm(a, b, selector)`. Plain Python: traced
-    into the kernel per thread, run by the CPU tests on whole warps (tests/test_fp8_layouts.py)."""
+    `ldsm(addr, imm)` -> 4 words, `stsm(addr, imm, words)`, `perm(a, b, selector)`; `per_batch` units
+    loaded before their stores. Plain Python: traced into the kernel per thread, run by the CPU tests on
+    whole warps (tests/test_fp8_layouts.py)."""
     based = {}
 
     def xored(addr, x, side):
@@ -169,8 +180,8 @@ def transpose_warp(units, ld_addr, st_addr, sel0, sel1, ldsm, stsm, perm=byte_pe
             based[side, x] = addr ^ x if x else addr
         return based[side, x]
 
-    for first in range(0, len(units), UNITS_PER_BATCH):
-        batch = units[first:first + UNITS_PER_BATCH]
+    for first in range(0, len(units), per_batch):
+        batch = units[first:first + per_batch]
         loaded = [ldsm(xored(ld_addr, x_ld, "ld"), k_ld) for x_ld, k_ld, _, _ in batch]
         for (_, _, x_st, k_st), (r0, r1, r2, r3) in zip(batch, loaded, strict=True):
             words = (perm(r0, r1, sel0), perm(r0, r1, sel1), perm(r2, r3, sel0), perm(r2, r3, sel1))
@@ -200,10 +211,10 @@ def stage_plans(sVt_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout,
 @cute.jit
 def transpose_stage(sVt_layout: cute.ComposedLayout, sV_layout: cute.ComposedLayout, bases, vt_stage: Int32,
                     v_stage: Int32, warp: Int32, tile_n: cutlass.Constexpr[int],
-                    hdim_v: cutlass.Constexpr[int]):
+                    hdim_v: cutlass.Constexpr[int], per_batch: cutlass.Constexpr[int] = UNITS_PER_BATCH):
     """One V tile: sVt[key, d] (stage vt_stage) -> sV[d, position] (stage v_stage), keys in P's
     order, by transposer warp `warp` (0..TRANSPOSER_WARPS-1, warp-uniform) with `bases` from
-    lane_bases."""
+    lane_bases; `per_batch`: units_per_batch of the producer's registers."""
     ld_base, st_base, sel0, sel1 = bases
     vt_step, v_step = sVt_layout((0, 0, 1)), sV_layout((0, 0, 1))
     # a stage is a whole number of swizzle periods: its offset commutes with the units' XORs
@@ -212,4 +223,5 @@ def transpose_stage(sVt_layout: cute.ComposedLayout, sV_layout: cute.ComposedLay
     ld_addr, st_addr = ld_base + vt_stage * vt_step, st_base + v_stage * v_step
     for w in cutlass.range_constexpr(TRANSPOSER_WARPS):
         if warp == w:
-            transpose_warp(plans[w], ld_addr, st_addr, sel0, sel1, ldsm_x4_trans, stsm_x4)
+            transpose_warp(plans[w], ld_addr, st_addr, sel0, sel1, ldsm_x4_trans, stsm_x4,
+                           per_batch=per_batch)

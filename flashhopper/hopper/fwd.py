@@ -637,7 +637,7 @@ class FlashFwdSm90:
         pipe_vt.consumer_wait(vt_state)
         pipe_v.producer_acquire(v_state)
         F8.transpose_stage(sVt_layout, sV_layout, bases, vt_state.index, v_state.index, warp, self.tile_n,
-                           self.hdim_v)
+                           self.hdim_v, F8.units_per_batch(self.cfg.producer_regs))
         # generic-proxy writes read by WGMMA (async proxy): the proxy fence, then the arrive (hopper/fp8.py)
         cute.arch.fence_proxy("async.shared", space="cta")
         pipe_v.producer_commit(v_state)
