@@ -1,11 +1,9 @@
 """Split-KV decode's merge kernel (hopper/combine.py) on the GPU against splitkv.merge_by_lse in float64:
 random partials and LSEs with splits of no key (-inf) and rows of no key in any split, 1 to 64 splits,
 every value head dim, the unpacking views kvcache writes through, outputs poisoned with NaN first (an
-element the kernel misses shows); and flash_attn_with_kvcache's split decode with the kernel opted in
-against the torch merge, eager and in a CUDA graph.
-
-Experimental until it has passed here (validation.DECODE_MERGE_GPU_VERIFIED): run with
-FH_TEST_EXPERIMENTAL=1 (the kernels: `flashhopper precompile --decode`, or compiled on first use)."""
+element the kernel misses shows); and flash_attn_with_kvcache's split decode with the kernel (the
+default: validation.DECODE_MERGE_GPU_VERIFIED) against the torch merge, eager and in a CUDA graph. The
+kernels: `flashhopper precompile --decode`."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import torch
 from flashhopper import flash_attn_with_kvcache, splitkv, validation
 from flashhopper.hopper import combine_config, combine_splits
 
-pytestmark = [pytest.mark.gpu, pytest.mark.experimental]
+pytestmark = pytest.mark.gpu
 
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
@@ -74,7 +72,8 @@ def _decode_call(merged, graph=False, **hints):
         return flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, return_lse=True, **hints)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(validation.DECODE_MERGE_OPT_IN, "1" if merged else "0")
+        mp.setattr(validation, "DECODE_MERGE_GPU_VERIFIED", merged)
+        mp.delenv(validation.DECODE_MERGE_OPT_IN, raising=False)
         if not graph:
             return call()
         call()  # compiled and loaded before the capture

@@ -12,10 +12,10 @@ import math
 
 import pytest
 import torch
+from launched import record_launches
 
 from flashhopper import flash_attn_with_kvcache, validation
 from flashhopper.accuracy import check_forward
-from flashhopper.hopper import runtime
 
 pytestmark = [pytest.mark.gpu, pytest.mark.experimental]
 
@@ -32,15 +32,7 @@ def _decode_tile(monkeypatch):
     """The opt-ins (the cache runs through the varlen forward), and every forward config launched."""
     monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, "1")
-    launched = []
-    get_kernel = runtime.get_kernel
-
-    def recording(cfg):
-        launched.append(cfg)
-        return get_kernel(cfg)
-
-    monkeypatch.setattr(runtime, "get_kernel", recording)
-    return launched
+    return record_launches(monkeypatch)
 
 
 def _decode(launched, d, hq, hk, splits, softcap=0.0, dtype=torch.bfloat16, s_new=0, seed=0):

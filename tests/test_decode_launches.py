@@ -21,13 +21,12 @@ from flashhopper.hopper.varlen_walk import uniform_walk_table, walk_table
 from flashhopper.reference import attention_ref
 
 # launches besides the attention kernel (forward_varlen's own seqused_q and walk table included) of one
-# call, 32 query heads over 8 KV heads, hdim 128, bf16 (paged: pages read in place by the kernel); before
-# the launches were cut: 40, 48, 40 and 53; the walk table (varlen_walk.uniform_walk_table, a rearranged
-# decode's) added two to each
-LAUNCHES = {"1 x 8k": 17, "1 x 8k, append": 21, "8 x 32k": 19, "1 x 8k, paged 16": 18}
-# the same with the merge in one kernel (FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1: hopper/combine.py), that
-# kernel counted (the walk table's two included)
-MERGED_LAUNCHES = {"1 x 8k": 9, "1 x 8k, append": 13, "8 x 32k": 11, "1 x 8k, paged 16": 10}
+# call, 32 query heads over 8 KV heads, hdim 128, bf16 (paged: pages read in place by the kernel), the
+# merge kernel (hopper/combine.py, the default: validation.DECODE_MERGE_GPU_VERIFIED) counted; before the
+# launches were cut: 40, 48, 40 and 53
+LAUNCHES = {"1 x 8k": 9, "1 x 8k, append": 13, "8 x 32k": 11, "1 x 8k, paged 16": 10}
+# the same where the merge is splitkv.merge_by_lse's torch ops (the merge kernel's gate off)
+TORCH_MERGE_LAUNCHES = {"1 x 8k": 17, "1 x 8k, append": 21, "8 x 32k": 19, "1 x 8k, paged 16": 18}
 # every launch of the call with the split inside the attention kernel
 # (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1): the attention kernel, the merge kernel (16 splits at 1 x 8k,
 # 2 at 8 x 32k), and the append's int64 positions and two index copies
@@ -218,9 +217,22 @@ def _call_ops(cpu_kernels, case):
 
 @pytest.mark.parametrize("case", list(LAUNCHES))
 def test_decode_launches(cpu_kernels, case):
-    ops = _call_ops(cpu_kernels, case)
+    """The default call: the merge kernel's one launch for merge_by_lse's nine (and for the unsplit copy)."""
+    merges = []
+    cpu_kernels.setattr(flashhopper.hopper, "combine_splits", lambda *args: merges.append(args))
+    ops = _call_ops(cpu_kernels, case) + ["combine_splits"] * len(merges)
+    assert len(merges) == 1
     assert "_local_scalar_dense" not in ops  # no host sync: CUDA graphs capture the call
     assert len(ops) <= LAUNCHES[case], ops
+
+
+@pytest.mark.parametrize("case", list(TORCH_MERGE_LAUNCHES))
+def test_decode_launches_torch_merge(cpu_kernels, case):
+    cpu_kernels.setattr(validation, "DECODE_MERGE_GPU_VERIFIED", False)
+    cpu_kernels.delenv(validation.DECODE_MERGE_OPT_IN, raising=False)
+    ops = _call_ops(cpu_kernels, case)
+    assert "_local_scalar_dense" not in ops
+    assert len(ops) <= TORCH_MERGE_LAUNCHES[case], ops
 
 
 @pytest.mark.parametrize("case", list(SPLIT_LAUNCHES))
@@ -235,18 +247,6 @@ def test_decode_launches_split(cpu_kernels, case):
     assert len(launched) == 1 and len(merges) == 1  # both cases split (16 at 1 x 8k, 2 at 8 x 32k)
     assert "_local_scalar_dense" not in ops
     assert len(ops) + len(launched) + len(merges) <= SPLIT_LAUNCHES[case], ops
-
-
-@pytest.mark.parametrize("case", list(MERGED_LAUNCHES))
-def test_decode_launches_merged(cpu_kernels, case):
-    """As test_decode_launches with the merge kernel opted in: its one launch for merge_by_lse's nine (and
-    for the unsplit copy)."""
-    cpu_kernels.setenv(validation.DECODE_MERGE_OPT_IN, "1")
-    merges = []
-    cpu_kernels.setattr(flashhopper.hopper, "combine_splits", lambda *args: merges.append(args))
-    ops = _call_ops(cpu_kernels, case) + ["combine_splits"] * len(merges)
-    assert len(merges) == 1
-    assert "_local_scalar_dense" not in ops and len(ops) <= MERGED_LAUNCHES[case], ops
 
 
 def _cases():
@@ -296,15 +296,16 @@ def _cases():
 def test_kernel_path_equals_reference(cpu_kernels, name, kw, merge):
     """The call as the kernels' path arranges it, with the stand-in for the varlen kernel, against
     backend="reference" (bf16 roundings apart): outputs, LSEs, and the appended caches. merge "kernel":
-    the splits merged by the merge kernel (opted in), a float64 stand-in for it. "split": the split inside
+    the splits merged by the merge kernel (the default), a float64 stand-in for it; "torch": by
+    merge_by_lse (the merge kernel's gate off). "split": the split inside
     the attention kernel (opted in), its float64 model (_split_kernel_model: the kernel's arguments, walk,
     key ranges and partials' layout), merged by the merge kernel's stand-in."""
     cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", _varlen_stand_in)
     merges, launched = [], []
-    if merge != "torch":
-        if merge == "kernel":
-            cpu_kernels.setenv(validation.DECODE_MERGE_OPT_IN, "1")
-        else:
+    if merge == "torch":
+        cpu_kernels.setattr(validation, "DECODE_MERGE_GPU_VERIFIED", False)
+    else:
+        if merge == "split":
             launched = _split_kernels(cpu_kernels)
         cpu_kernels.setattr(flashhopper.hopper, "combine_splits",
                             lambda *args: merges.append(args) or _merge_stand_in(*args))
@@ -379,6 +380,7 @@ def test_decode_tile_asked_for_only_by_the_rearranged_call(cpu_kernels):
         return _varlen_stand_in(*args, decode=decode, **kwargs)
 
     cpu_kernels.setattr(flashhopper.hopper, "forward_varlen", recorded)
+    cpu_kernels.setattr(flashhopper.hopper, "combine_splits", _merge_stand_in)
     caches = [torch.randn(2, 700, 2, 32).to(torch.bfloat16) for _ in range(2)]
     lens = torch.tensor([650, 7], dtype=torch.int32)
     for sq, hints, rearranged in ((1, {}, True), (1, {"num_splits": 1}, True), (1, {"pack_gqa": False}, True),

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from flashhopper import flash_attn_with_kvcache, kvcache, plan, splitkv, validation
-from flashhopper.config import DTYPES, SUPPORTED_HDIMS, FwdConfig
+from flashhopper.config import DTYPES, SUPPORTED_HDIMS, CombineConfig, FwdConfig
 from flashhopper.hopper import runtime
 from flashhopper.hopper.host import paged_block_rows, paged_box_count, paged_row, varlen_tile
 from flashhopper.reference import attention_ref
@@ -85,12 +85,14 @@ def test_decode_plan_serves_pages_on_its_tile():
 
 def test_paged_kernels_to_precompile():
     configs = plan.paged_kernels()
-    per_dtype_hdim = len(plan.PAGED_PAGE_SIZES) * 3  # no mask, causal, the decode tile
-    assert len(configs) == len(set(configs)) == len(DTYPES) * len(SUPPORTED_HDIMS) * per_dtype_hdim
+    # per value head dim: 3 masks x softcap or not; and the decode tile
+    per_hdim = {hdim: len(plan.value_hdims(hdim)) * 6 + 1 for hdim in SUPPORTED_HDIMS}
+    per_dtype = len(plan.PAGED_PAGE_SIZES) * sum(per_hdim.values())
+    assert len(configs) == len(set(configs)) == len(DTYPES) * per_dtype
     for cfg in configs:
         cfg.check()
-        assert cfg.varlen and cfg.page_size in plan.PAGED_PAGE_SIZES and not cfg.softcap and not cfg.local
-        assert cfg.num_consumer_wg > 1 or not cfg.causal  # the decode tile: no mask
+        assert cfg.varlen and cfg.page_size in plan.PAGED_PAGE_SIZES
+        assert cfg.num_consumer_wg > 1 or not (cfg.causal or cfg.local or cfg.softcap)  # the decode tile
     assert not set(configs) & set(plan.dispatched_kernels(forward=True, backward=False))
 
 
@@ -175,7 +177,10 @@ def _emulated_kernel(cfg, launched):
     + used_q[b] against its used_k[b] keys, at rows cu_k[b] + p, or paged (cfg.page_size) at
     host.paged_row(table, cu_k[b], p, ...): the flat table's entries from cu_k[b] on. The walk table is
     walked as the kernel walks it (host.varlen_tile): every used row's query block must be among its
-    tiles, for every head."""
+    tiles, for every head. The split-KV merge kernel (CombineConfig) as merge_by_lse in float64."""
+    if isinstance(cfg, CombineConfig):
+        return _emulated_merge
+
     def run(q, k, v, out, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, section, qd, kd, vd,
             cu_q, cu_k, used_q, used_k, walk, table, *split):
         launched.append(cfg)
@@ -209,6 +214,14 @@ def _emulated_kernel(cfg, launched):
                                   softcap)
             out[rows], lse[:, rows] = o[0].to(out.dtype), l_[0]
     return run
+
+
+def _emulated_merge(o, lse, out, lse_out):
+    """hopper/combine.py's kernel on its documented arguments: the splits (dim 1) merged by their LSE."""
+    merged, merged_lse = splitkv.merge_by_lse(o.double(), lse.double(), dim=1)
+    out.copy_(merged)
+    if lse_out is not None:
+        lse_out.copy_(merged_lse)
 
 
 @pytest.fixture()
@@ -347,4 +360,4 @@ def test_precompile_builds_the_paged_kernels_when_asked(capsys, monkeypatch):
     for extra in ([], ["--paged"]):
         assert main(["precompile", "--list", "--hdim", "128", "--dtype", "bf16", *extra]) == 0
         counts.append(int(capsys.readouterr().out.strip().splitlines()[-1].split()[0]))
-    assert counts[1] - counts[0] == len(plan.paged_kernels(["bf16"], [128])) == 12
+    assert counts[1] - counts[0] == len(plan.paged_kernels(["bf16"], [128])) == 28

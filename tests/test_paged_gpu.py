@@ -17,10 +17,10 @@ import math
 
 import pytest
 import torch
+from launched import record_launches
 
 from flashhopper import flash_attn_with_kvcache, validation
 from flashhopper.accuracy import check_forward
-from flashhopper.hopper import runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -39,15 +39,7 @@ def launched(monkeypatch):
     launched."""
     monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     monkeypatch.setenv(validation.PAGED_TMA_OPT_IN, "1")
-    configs = []
-    get_kernel = runtime.get_kernel
-
-    def recording(cfg):
-        configs.append(cfg)
-        return get_kernel(cfg)
-
-    monkeypatch.setattr(runtime, "get_kernel", recording)
-    return configs
+    return record_launches(monkeypatch)
 
 
 def _paged(launched, page_size, d, hq, hk, sq, contexts, s_new=0, causal=True, dtype=torch.bfloat16, seed=0,
