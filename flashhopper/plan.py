@@ -350,12 +350,14 @@ PAGED_PAGE_SIZES = (16, 64, 128, 256)
 
 
 def paged_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, page_sizes=PAGED_PAGE_SIZES) -> list:
-    """The paged varlen configs (16-bit, no mask and causal, the query's own value head dim) and the paged
+    """The paged varlen configs (16-bit; every mask, softcap or not, each value head dim) and the paged
     1-warpgroup decode configs (no mask) of each page size the kernels serve: not yet in
     dispatched_kernels (`flashhopper precompile --paged` builds them)."""
     configs = []
     for dtype, hdim, page_size in itertools.product((d for d in dtypes if d in DTYPES), hdims, page_sizes):
-        bases = [fwd_config_varlen(dtype, hdim, causal=causal) for causal in (False, True)]
+        masks = itertools.product(MASKS, (False, True), value_hdims(hdim))
+        bases = [fwd_plan_varlen(dtype, hdim, causal, window, softcap, dv)[0]
+                 for (causal, window), softcap, dv in masks]
         for cfg in (fwd_config_paged(base, page_size) for base in (*bases, fwd_config_decode(dtype, hdim))):
             if cfg.page_size and cfg not in configs:
                 configs.append(cfg)

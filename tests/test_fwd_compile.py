@@ -521,7 +521,8 @@ def test_forward_decode_tile_compiles(cfg):
 
 # Paged K / V (FwdConfig.page_size; flash_attn_with_kvcache reads a paged cache through it only with
 # FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1): every config `flashhopper precompile --paged` builds
-# (plan.paged_kernels: the varlen tiles with no mask and causal, the decode tile, pages of 16 to 256 rows)
+# (plan.paged_kernels: the varlen tiles of every mask, softcap or not, the decode tile; pages of 16 to 256
+# rows)
 # compiles with one WGMMA wait per commit group, its tile's register split, no spills, and the K / V
 # boxes of a key block (tile_n / page_size boxes of whole pages, or one box inside a page) issued by one
 # loop at each load site: UTMALDG as many as the unpaged kernel's, Q once and K, V at two sites each, one
@@ -538,10 +539,15 @@ def _paged_params():
     def key(cfg):
         return (cfg.dtype, cfg.hdim, cfg.page_size, cfg.num_consumer_wg, cfg.causal)
 
-    return [pytest.param(cfg, id=f"{cfg.dtype}-{cfg.hdim}-page{cfg.page_size}-n{cfg.tile_n}-"
+    def cheap(cfg):
+        return key(cfg) in _PAGED_CHEAP and not (cfg.local or cfg.softcap or cfg.dv)
+
+    return [pytest.param(cfg, id=f"{cfg.dtype}-{cfg.hdim}{f'-{cfg.dv}' if cfg.dv else ''}-"
+                                 f"page{cfg.page_size}-n{cfg.tile_n}-"
                                  f"{'decode' if cfg.num_consumer_wg == 1 else 'varlen'}-"
-                                 f"{'causal' if cfg.causal else 'none'}",
-                         marks=() if key(cfg) in _PAGED_CHEAP else pytest.mark.variant)
+                                 f"{'causal' if cfg.causal else 'local' if cfg.local else 'none'}"
+                                 f"{'-softcap' if cfg.softcap else ''}",
+                         marks=() if cheap(cfg) else pytest.mark.variant)
             for cfg in paged_kernels()]
 
 
