@@ -113,6 +113,10 @@ def test_run_point_allocations_draw_fresh_inputs_and_report_percentiles(monkeypa
         return next(ms[call.name])
 
     monkeypatch.setattr(runner, "time_ms", fake_time_ms)
+    # NVML's reading after each sample: the power cap on the last allocation's two
+    clocks = iter([1980] * 18 + [1400] * 2)
+    monkeypatch.setattr(runner.gpu_state, "read", lambda index: (lambda mhz: {
+        "sm_mhz": mhz, "watts": 700.0 if mhz < 1980 else 400.0, "power_capped": mhz < 1980})(next(clocks)))
     providers = [runner.Provider(n, make(n)) for n in ("flashhopper", "cudnn")]
     point = Point(batch=1, seqlen=16, heads=2, hdim=64, causal=False)
     row = runner.run_point(point, providers, device="cpu", allocations=10)
@@ -122,9 +126,14 @@ def test_run_point_allocations_draw_fresh_inputs_and_report_percentiles(monkeypa
     pct = row["percentiles"]["flashhopper"]
     assert pct["p50"] == pytest.approx(rate) and pct["p10"] < rate and pct["p90"] == pytest.approx(rate)
     assert row["ratio"] == pytest.approx(1.25)
+    assert row["paired_ratio"] == pytest.approx(1.25)  # the median of the ten per-allocation ratios
+    state = row["gpu_state"]["flashhopper"]
+    assert state["power_capped"] == pytest.approx(0.1) and state["sm_mhz"]["p50"] == 1980
     ours, theirs = runner.point_spreads(row, ("cudnn", "fa4"))
     assert ours > 1.0 and theirs == pytest.approx(1.0)
     summary = summarize({"results": [row], "peers": ["cudnn", "fa4"], "allocations": 10})
     assert len(summary["spread"]["wider_than_allowed"]) == (1 if ours > 1.05 else 0)
+    assert summary["clock"]["paired_geomean"] == pytest.approx(1.25)
+    assert summary["clock"]["power_capped"] == pytest.approx(0.1)
     line = runner.format_row(row, ["flashhopper", "cudnn"], ("cudnn",))
     assert len(line) == len(runner.format_header(["flashhopper", "cudnn"], allocations=True))

@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from flashhopper.bench import gpu_state
 from flashhopper.bench.grid import Point
 from flashhopper.bench.providers import Provider, default_providers, fp8_providers
 from flashhopper.bench.summary import format_summary, peer_text, summarize
@@ -99,17 +100,19 @@ def percentiles(samples) -> dict:
 
 
 def _sample_allocations(point: Point, providers, dtype, device, backward, allocations, flops, errors,
-                        seed: int = 0) -> dict:
+                        seed: int = 0, states: dict | None = None) -> dict:
     """{provider: [TFLOP/s, one per allocation]}. Each allocation draws every input anew behind a
     spacer of random size, every earlier draw of the point still held (a freed block would come
     back: addresses would alternate between two sets), so that addresses and their alignment move
     (the libraries' per-call workspaces with them); the providers then take turns in an order
-    rotated per allocation, each timed with a short do_bench median."""
+    rotated per allocation, each timed with a short do_bench median. `states` ({provider: []}): the
+    GPU's state (gpu_state.read) after each sample, where NVML reads it."""
     shape = (point.batch, point.seqlen, point.heads, point.hdim)
     draw = random.Random(seed)
     samples = {p.name: [] for p in providers}
     live = list(providers)
     held = []
+    index = torch.device(device).index or 0
     for i in range(allocations):
         spacer = torch.empty(draw.randrange(1, 64) << 20 | draw.randrange(0, 1 << 20, 256), dtype=torch.uint8,
                              device=device)
@@ -123,6 +126,8 @@ def _sample_allocations(point: Point, providers, dtype, device, backward, alloca
                     fn = provider.timed_call(q, k, v, point.causal, dout)
                     fn()
                     samples[provider.name].append(flops / time_ms(fn, short=True) / 1e9)
+                    if states is not None and (state := gpu_state.read(index)) is not None:
+                        states.setdefault(provider.name, []).append(state)
             except Exception as exc:  # one provider failing must not lose the rest of the row
                 errors[provider.name] = _short(exc)
                 live.remove(provider)
@@ -130,6 +135,23 @@ def _sample_allocations(point: Point, providers, dtype, device, backward, alloca
             fn = None
     del held
     return samples
+
+
+def paired_ratio(samples: dict, peers) -> float | None:
+    """The median over allocations of ours / the best peer's TFLOP/s in that allocation: samples taken
+    moments apart share the clock, so a power-cap swing cancels (None without a full pairing)."""
+    mine = samples.get("flashhopper") or []
+    theirs = [samples[name] for name in peers if len(samples.get(name) or []) == len(mine)]
+    if not mine or not theirs:
+        return None
+    return statistics.median(m / max(t[i] for t in theirs) for i, m in enumerate(mine))
+
+
+def _state_summary(states: dict) -> dict:
+    """Per provider: the SM clock's p10 / p50 / p90 and the fraction of samples under the power cap."""
+    return {name: {"sm_mhz": percentiles([s["sm_mhz"] for s in got]),
+                   "power_capped": sum(s["power_capped"] for s in got) / len(got)}
+            for name, got in states.items() if got}
 
 
 def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, device="cuda",
@@ -192,8 +214,9 @@ def run_point(point: Point, providers: list[Provider], dtype=torch.bfloat16, dev
 
 def _run_point_allocations(point, providers, dtype, device, backward, allocations, peers, scaled_mm) -> dict:
     flops = point.bwd_flops if backward else point.flops
-    errors = {}
-    samples = _sample_allocations(point, providers, dtype, device, backward, allocations, flops, errors)
+    errors, states = {}, {}
+    samples = _sample_allocations(point, providers, dtype, device, backward, allocations, flops, errors,
+                                  states=states)
     pct = {name: percentiles(s) for name, s in samples.items() if s}
     tflops = {p.name: pct[p.name]["p50"] if p.name in pct else None for p in providers}
     rates = [tflops.get(name) for name in peers if tflops.get(name)]
@@ -203,6 +226,7 @@ def _run_point_allocations(point, providers, dtype, device, backward, allocation
         "heads": point.heads, "flops": flops, "tflops": tflops,
         "ratio": mine / max(rates) if mine and rates else None,
         "errors": errors, "allocations": allocations, "percentiles": pct, "samples": samples,
+        "paired_ratio": paired_ratio(samples, peers), "gpu_state": _state_summary(states),
     }
     if scaled_mm:
         row["scaled_mm_tflops"] = {name: gemm_flops / time_ms(fn) / 1e9

@@ -57,7 +57,40 @@ def summarize(report: dict) -> dict:
                                           "fraction": mine / ceiling}
     if report.get("allocations"):
         summary["spread"] = spreads(rows, report.get("peers") or ())
+        summary["clock"] = clock_summary(rows)
     return summary
+
+
+def clock_summary(rows) -> dict | None:
+    """Over the rows of an allocations run: the geomean of the paired ratios (runner.paired_ratio), our
+    samples' lowest p10 and highest p90 SM clock and the fraction of every provider's samples under the
+    power cap (runner's gpu_state; None where NVML read nothing)."""
+    paired = [r["paired_ratio"] for r in rows if r.get("paired_ratio")]
+    states = [st for r in rows for st in (r.get("gpu_state") or {}).values()]
+    per_row = [r.get("gpu_state") or {} for r in rows]
+    mine = [st["flashhopper"]["sm_mhz"] for st in per_row if "flashhopper" in st]
+    if not paired and not states:
+        return None
+    return {"paired_geomean": geomean(paired) if paired else None,
+            "sm_mhz_p10": min(m["p10"] for m in mine) if mine else None,
+            "sm_mhz_p90": max(m["p90"] for m in mine) if mine else None,
+            "power_capped": sum(st["power_capped"] for st in states) / len(states) if states else None}
+
+
+def clock_line(clock: dict | None) -> str | None:
+    """One line for clock_summary's figures."""
+    if not clock:
+        return None
+    parts = []
+    if clock["paired_geomean"] is not None:
+        parts.append("per-allocation ratio (ours / best peer moments apart) geomean "
+                     f"{clock['paired_geomean']:.3f}")
+    if clock["sm_mhz_p10"] is not None:
+        parts.append(f"our samples' SM clock {clock['sm_mhz_p10']:.0f}-{clock['sm_mhz_p90']:.0f} MHz "
+                     "(p10-p90)")
+    if clock["power_capped"] is not None:
+        parts.append(f"{100 * clock['power_capped']:.0f}% of all samples under the power cap")
+    return "; ".join(parts)
 
 
 # the allocations mode: our p50 / p10 may be no wider than the widest peer's, or this, at any point
@@ -142,6 +175,8 @@ def format_summary(summary: dict, peers=("cudnn", "fa4"), targets: bool = True) 
                      f"scaled_mm {frac['scaled_mm_tflops']:.0f} (fast accum, timed beside it)"
                      f"{_verdict(frac['fraction'], frac['target'], targets)}")
     if line := spread_line(summary.get("spread"), describe):
+        lines.append(line)
+    if line := clock_line(summary.get("clock")):
         lines.append(line)
     frac = summary["matmul_fraction"]
     if frac:
