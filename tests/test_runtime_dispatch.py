@@ -99,7 +99,7 @@ def test_backward_launches_the_dispatched_config(bwd_launches):
                         fields = plan.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
                         assert cfg == plan.bwd_config("bf16", d, causal=causal_k, local=local,
                                                         deterministic=deterministic, **fields)
-                        assert args[-8:-6] == (wl, wr) and args[-6:] == (None,) * 6  # no varlen bounds
+                        assert args[-9:-7] == (wl, wr) and args[-7:] == (None,) * 7  # no varlen bounds
 
 
 def test_backward_overrides_are_not_served_from_the_cache(bwd_launches):
@@ -296,7 +296,7 @@ def exact_bwd_kernels(monkeypatch):
 
     def main(cfg):
         def kernel(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre, scale,
-                   wl, wr, cu_q, cu_k, used_q, used_k, pad_q, max_k):
+                   wl, wr, cu_q, cu_k, used_q, used_k, pad_q, max_k, seqused):
             seen["main"] = (cfg, v.clone(), dout.clone(), used_q, used_k)
             if cu_q is None:
                 dq, dk_, dv_ = _exact_bwd(q, k, v, dout, cfg, scale, softcap_pre, wl, wr)
