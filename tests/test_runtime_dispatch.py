@@ -4,6 +4,8 @@ per-call dispatch caches (runtime._fwd_plan, _bwd_plan), and overrides are never
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -99,7 +101,7 @@ def test_backward_launches_the_dispatched_config(bwd_launches):
                         fields = plan.bwd_per_call(d, sq, sk, causal_k, deterministic, False)
                         assert cfg == plan.bwd_config("bf16", d, causal=causal_k, local=local,
                                                         deterministic=deterministic, **fields)
-                        assert args[-8:-6] == (wl, wr) and args[-6:] == (None,) * 6  # no varlen bounds
+                        assert args[-9:-7] == (wl, wr) and args[-7:] == (None,) * 7  # no varlen bounds
 
 
 def test_backward_overrides_are_not_served_from_the_cache(bwd_launches):
@@ -296,7 +298,7 @@ def exact_bwd_kernels(monkeypatch):
 
     def main(cfg):
         def kernel(q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre, scale,
-                   wl, wr, cu_q, cu_k, used_q, used_k, pad_q, max_k):
+                   wl, wr, cu_q, cu_k, used_q, used_k, pad_q, max_k, seqused):
             seen["main"] = (cfg, v.clone(), dout.clone(), used_q, used_k)
             if cu_q is None:
                 dq, dk_, dv_ = _exact_bwd(q, k, v, dout, cfg, scale, softcap_pre, wl, wr)
@@ -415,3 +417,225 @@ def test_varlen_backward_takes_seqused_where_it_takes_the_lengths(exact_bwd_kern
         for got, exact in zip((dq[rows], dk[keys], dv[keys]), want, strict=True):
             exact = exact[0].to(torch.bfloat16).double()
             torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-3)
+
+
+def _box(x, start: int, rows: int):
+    """Rows [start, start + rows) of a packed (total, heads, dim) tensor as a TMA box loads them: what
+    lies there, whichever sequence's rows those are, and zeros past the tensor's end."""
+    box = x.new_zeros(rows, *x.shape[1:])
+    stop = min(start + rows, x.shape[0])
+    if stop > start:
+        box[: stop - start] = x[start:stop]
+    return box
+
+
+class TiledVarlenBwd:
+    """A CPU model of the varlen backward's preprocess and main kernel (runtime.get_kernel's stand-in)
+    that moves the data as they do, in float32: the preprocess's padded LSE / D rows (+inf / 0 past a
+    sequence's used rows, -inf LSE to +inf); per (sequence, key block) CTA the K / V box and per step
+    the Q / dO box of full tile rows from the sequence's first packed row, which past its end hold the
+    next sequences' rows (any of them unused, NaN in the tests), the rows past the used length zeroed
+    in smem as `zero` says, P by selection on the visibility rule and by the +inf LSE rows past
+    seqused_q, dS = P (dP - D), the whole dQ tile added into the packed dQ rows (clipped at the
+    tensor's end) and dK / dV stored for the used keys only. `zero`: "seqused" (the kernels: every row
+    at or past the used length when the caller gave seqused on that side, the `seqused` bits) or
+    "own" (the first kernels': only where the sequence itself has rows past its used length, which
+    let NaN of the next sequence's unused rows into a sequence using all of its rows)."""
+
+    def __init__(self, zero: str = "seqused"):
+        self.zero = zero
+        self.seqused = None  # the bits of the last launch
+
+    def get_kernel(self, cfg):
+        from functools import partial
+
+        if isinstance(cfg, config.BwdPreConfig):
+            return partial(self.pre, cfg)
+        return partial(self.main, cfg)
+
+    @staticmethod
+    def pre(cfg, out, dout, lse, lse_log2, d_rows, cu_q, used_q, pad_q, max_rows, scale):
+        from flashhopper.hopper.host import PRE_ROWS_PER_CTA
+
+        grid_rows = -(-max_rows // PRE_ROWS_PER_CTA) * PRE_ROWS_PER_CTA
+        for b in range(used_q.shape[0]):
+            p0, q0, used = int(pad_q[b]), int(cu_q[b]), int(used_q[b])
+            written = min(int(pad_q[b + 1]) - p0, grid_rows)
+            lse_log2[0, :, p0:p0 + written] = float("inf")
+            d_rows[0, :, p0:p0 + written] = 0.0
+            lse_b = lse[0, :, q0:q0 + used].float()
+            lse_log2[0, :, p0:p0 + used] = torch.where(lse_b == float("-inf"), float("inf"),
+                                                       lse_b * math.log2(math.e))
+            d = (out[0, q0:q0 + used].float() * dout[0, q0:q0 + used].float()).sum(-1).T
+            d_rows[0, :, p0:p0 + used] = d * scale if cfg.scale_d else d
+
+    def main(self, cfg, q, k, v, dout, lse_log2, d_rows, dq_accum, dq_sem, dk, dv, scale_log2, softcap_pre,
+             scale, wl, wr, cu_q, cu_k, used_q, used_k, pad_q, max_k, seqused):
+        from flashhopper.hopper.host import host_m_block_range
+
+        self.seqused = seqused
+        q, k, v, dout = (x[0].float() for x in (q, k, v, dout))
+        tm, tn, hk = cfg.tile_m, cfg.tile_n, k.shape[1]
+        ratio = q.shape[1] // hk
+        has_right, has_left = cfg.causal or cfg.local, cfg.local
+        for b in range(used_q.shape[0]):
+            uq, uk = int(used_q[b]), int(used_k[b])
+            q0, k0, p0 = int(cu_q[b]), int(cu_k[b]), int(pad_q[b])
+            if self.zero == "seqused":
+                zero_q, zero_k = bool(seqused & 1), bool(seqused & 2)
+            else:
+                zero_q, zero_k = uq < int(cu_q[b + 1]) - q0, uk < int(cu_k[b + 1]) - k0
+            for n in range(-(-max_k // tn)):
+                keys_left = uk - n * tn
+                if keys_left <= 0:  # a key block past the sequence's keys: the CTA does nothing
+                    continue
+                K, V = _box(k, k0 + n * tn, tn), _box(v, k0 + n * tn, tn)
+                if zero_k and keys_left < tn:
+                    K[keys_left:], V[keys_left:] = 0.0, 0.0
+                m_min, m_max = host_m_block_range(n, uq, uk, tm, tn, has_right, has_left, wl, wr)
+                key = (n * tn + torch.arange(tn))[None]
+                for kv_head in range(hk):
+                    dK, dV = K.new_zeros(tn, K.shape[-1]), V.new_zeros(tn, V.shape[-1])
+                    for h in range(kv_head * ratio, (kv_head + 1) * ratio):
+                        for m in range(m_min, m_max):
+                            row0, rows_left = q0 + m * tm, uq - m * tm
+                            Q, dO = _box(q, row0, tm)[:, h], _box(dout, row0, tm)[:, h]
+                            if zero_q and rows_left < tm:
+                                Q[rows_left:], dO[rows_left:] = 0.0, 0.0
+                            lse2 = lse_log2[0, h, p0 + m * tm:p0 + (m + 1) * tm, None]
+                            d_row = d_rows[0, h, p0 + m * tm:p0 + (m + 1) * tm, None]
+                            query = (m * tm + torch.arange(tm))[:, None]
+                            visible = key < uk
+                            if has_right:
+                                visible = visible & (key <= query + uk - uq + wr)
+                            if has_left:
+                                visible = visible & (key >= query + uk - uq - wl)
+                            s = Q @ K[:, kv_head].T
+                            t = torch.tanh(s * softcap_pre) if cfg.softcap else None
+                            s = (t if cfg.softcap else s) * scale_log2
+                            p = torch.where(visible, torch.exp2(s - lse2), 0.0)
+                            dp = dO @ V[:, kv_head].T
+                            ds = p * ((dp * scale if cfg.scale_in_ds else dp) - d_row)
+                            if cfg.softcap:
+                                ds = ds * (1.0 - t * t)
+                            dV += p.T @ dO
+                            dK += ds.T @ Q
+                            dQ = ds @ K[:, kv_head] * (1.0 if cfg.scale_in_ds else scale)
+                            stop = min(row0 + tm, dq_accum.shape[1])
+                            dq_accum[0, row0:stop, h] += dQ[:stop - row0]
+                    rows = min(keys_left, tn)  # the used keys' rows only
+                    dK = dK * (1.0 if cfg.scale_in_ds else scale)
+                    dk[0, k0 + n * tn:k0 + n * tn + rows, kv_head] = dK[:rows]
+                    dv[0, k0 + n * tn:k0 + n * tn + rows, kv_head] = dV[:rows]
+
+
+# lengths, seqused; the unused rows of q, k, v and dout NaN: sequence 0 uses all its 400 keys, and its last
+# key block runs into sequence 1's unused keys (and 2's): dq of sequence 0 went NaN on the H100; sequence 2
+# uses all its 129 queries and its last query block runs into sequence 3's unused ones (17 of 64 used):
+# dk, dv of its one used key (row 500) went NaN. Used lengths 0 (1's queries, 3's keys: rows that see
+# no key, LSE -inf), whole sequences, one row or key.
+SEQUSED_NAN = ([300, 200, 129, 64, 70, 1, 517], [400, 100, 129, 70, 64, 5, 300],
+               [250, 0, 129, 17, 64, 1, 300], [400, 50, 1, 0, 64, 5, 211])
+# tests/test_varlen_gpu.py's SEQUSED_NEXT: one sequence a path (its docs)
+SEQUSED_NEXT = ([129, 64, 200, 33, 70], [100, 130, 64, 300, 5], [129, 17, 0, 33, 50], [100, 0, 30, 300, 5])
+
+
+def _seqused_problem(lens_q, lens_k, used_q, used_k, d, dv_dim, hq=4, hk=2, seed=3):
+    """bf16 q, k, v, dout (packed) with NaN past seqused, and cu_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    cu_q, cu_k = _cu(lens_q), _cu(lens_k)
+    q, dout = (torch.randn(sum(lens_q), hq, dim, generator=g).to(torch.bfloat16) for dim in (d, dv_dim))
+    k, v = (torch.randn(sum(lens_k), hk, dim, generator=g).to(torch.bfloat16) for dim in (d, dv_dim))
+    for x, cu, used in ((q, cu_q, used_q), (dout, cu_q, used_q), (k, cu_k, used_k), (v, cu_k, used_k)):
+        for i, n in enumerate(used):
+            x[int(cu[i]) + n:int(cu[i + 1])] = float("nan")
+    return q, k, v, dout, cu_q, cu_k
+
+
+def _seqused_forward(q, k, v, cu_q, cu_k, uq, uk, used_q, scale, causal, window, softcap):
+    """The reference forward's out (bf16) and lse, NaN past seqused_q (the forward leaves those rows
+    undefined)."""
+    from flashhopper.reference import attention_varlen_ref
+
+    out, lse = attention_varlen_ref(q, k, v, cu_q, cu_k, uq, uk, scale, causal, window, softcap)
+    out, lse = out.to(torch.bfloat16), lse.clone()
+    for i, n in enumerate(used_q):
+        out[int(cu_q[i]) + n:int(cu_q[i + 1])] = float("nan")
+        lse[:, int(cu_q[i]) + n:int(cu_q[i + 1])] = float("nan")
+    return out, lse
+
+
+def _seqused_backward(monkeypatch, model, lens_q, lens_k, used_q, used_k, d, dv_dim, causal, window, softcap,
+                      given=("q", "k")):
+    """runtime.backward_varlen through `model` on _seqused_problem's inputs; seqused_q / _k passed as
+    `given` names them (a side not given uses its whole lengths). Returns (grads, inputs, out)."""
+    monkeypatch.setattr(runtime, "get_kernel", model.get_kernel)
+    monkeypatch.setattr(runtime, "poison", True)  # what the model does not write shows as NaN
+    used_q, used_k = (used_q if "q" in given else lens_q), (used_k if "k" in given else lens_k)
+    q, k, v, dout, cu_q, cu_k = _seqused_problem(lens_q, lens_k, used_q, used_k, d, dv_dim)
+    uq, uk = (torch.tensor(u, dtype=torch.int32) if side in given else None
+              for u, side in ((used_q, "q"), (used_k, "k")))
+    scale = d ** -0.5
+    out, lse = _seqused_forward(q, k, v, cu_q, cu_k, uq, uk, used_q, scale, causal, window, softcap)
+    grads = runtime.backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, max(used_q), max(used_k), scale,
+                                    causal, window, softcap, seqused_q=uq, seqused_k=uk)
+    return grads, (q, k, v, dout, cu_q, cu_k, used_q, used_k, scale), out
+
+
+@pytest.mark.parametrize("lengths", [SEQUSED_NAN, SEQUSED_NEXT], ids=["h100", "next"])
+@pytest.mark.parametrize("d,dv_dim", [(64, 64), (128, 128), (256, 256), (192, 128)])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0)])
+def test_varlen_backward_model_keeps_the_nan_past_seqused_out(monkeypatch, d, dv_dim, causal, window,
+                                                              softcap, lengths):
+    """The tile model of the varlen backward (TiledVarlenBwd, the kernels' zeroing) on the lengths that
+    failed on the H100, every row past seqused NaN: no NaN reaches a gradient, the used rows get the
+    rule's gradients and the rows past seqused zero (the keys kernel at 64 / 128, the wide one at 192 /
+    256). The paths a NaN had: the K / V box of a sequence using all its keys running into the next
+    sequences' unused keys (dP, then dS and dQ of every row), the Q / dO box of one using all its queries
+    into the next ones' unused queries (S, P and dP of those rows: dK, dV of every key); rows that see no
+    key (LSE -inf: +inf in the padded rows), a sequence with no query or no key, D and LSE of unused
+    rows (the preprocess reads only used rows), the dQ rows a tile adds past its sequence (zeros)."""
+    from flashhopper.accuracy import check_varlen_grads
+
+    model = TiledVarlenBwd()
+    grads, (q, k, v, dout, cu_q, cu_k, used_q, used_k, scale), out = _seqused_backward(
+        monkeypatch, model, *lengths, d, dv_dim, causal, window, softcap)
+    assert model.seqused == 3
+    for name, x in zip(("dq", "dk", "dv"), grads, strict=True):
+        assert not x.isnan().any(), name
+    check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, causal, window, softcap,
+                       out=out, used_q=used_q, used_k=used_k)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_varlen_backward_model_of_the_first_kernels_shows_the_h100_failure(monkeypatch, d):
+    """The same model zeroing only where the sequence itself has rows past its seqused (the first
+    kernels) gives what the H100 run gave: NaN in dq of sequence 0's used rows (its last key block holds
+    sequence 1's unused keys) and in dk, dv of row 500 (sequence 2's one key: its last query block holds
+    sequence 3's unused queries)."""
+    grads, _, _ = _seqused_backward(monkeypatch, TiledVarlenBwd(zero="own"), *SEQUSED_NAN, d, d, False,
+                                    (-1, -1), 0.0)
+    dq, dk, dv = grads
+    assert dq[:250].flatten(1).isnan().any(1).all()
+    assert dk[500].isnan().any() and dv[500].isnan().any()
+    # sequence 0 of SEQUSED_NEXT: all 129 queries and 100 keys used, its blocks run into sequence 1's
+    # unused rows
+    dq, dk, dv = _seqused_backward(monkeypatch, TiledVarlenBwd(zero="own"), *SEQUSED_NEXT, d, d, False,
+                                   (-1, -1), 0.0)[0]
+    assert dq[:129].flatten(1).isnan().any(1).all() and dk[:100].isnan().any() and dv[:100].isnan().any()
+
+
+@pytest.mark.parametrize("given", [(), ("q",), ("k",), ("q", "k")])
+def test_varlen_backward_tells_the_kernel_which_seqused_it_got(monkeypatch, given):
+    """The main kernel's last argument: bit 0 seqused_q given, bit 1 seqused_k (the kernels zero the tile
+    rows past the used lengths on that side only then: without it every row a tile reads is data). Only
+    the given side's rows past seqused hold NaN here: the model's gradients hold no NaN either way."""
+    from flashhopper.accuracy import check_varlen_grads
+
+    model = TiledVarlenBwd()
+    grads, (q, k, v, dout, cu_q, cu_k, used_q, used_k, scale), out = _seqused_backward(
+        monkeypatch, model, *SEQUSED_NAN, 64, 64, True, (-1, -1), 0.0, given=given)
+    assert model.seqused == ("q" in given) + 2 * ("k" in given)
+    check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, True, (-1, -1), 0.0,
+                       out=out, used_q=used_q, used_k=used_k)

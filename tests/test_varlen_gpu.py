@@ -332,9 +332,45 @@ def test_varlen_backward_through_seqused(causal, window, softcap, d):
 
 
 @pytest.mark.parametrize("d", [64, 128, 192, 256])
+def test_varlen_backward_seqused_h100_failure(d):
+    """The case that failed on the H100 (non-causal, hq 4, hk 2): NaN in dq of sequence 0's rows (it uses
+    all 400 keys; its last key block holds sequence 1's unused keys) and in dk, dv of row 500 (sequence
+    2's one used key; its last query block, past its 129 used queries, holds sequence 3's unused ones).
+    The kernels zero every tile row at or past the sequence's used length when seqused is given, the
+    next sequences' rows too (tests/test_runtime_dispatch.py's tile model: TiledVarlenBwd)."""
+    run_backward(*SEQUSED[:2], d=d, used_q=SEQUSED[2], used_k=SEQUSED[3])
+
+
+# the paths a NaN past seqused had into a used row's gradient, one sequence each: 0 uses all its queries
+# and keys and its last blocks run into 1's and 2's unused rows (1: 17 of 64 queries, no key; 2: no query,
+# 30 of 64 keys: a CTA with no step); 3 uses all its rows and its blocks run into 4's (50 of 70 queries
+# used) and past the packed tensors' end (TMA's zero fill); causal: sequence 0's first 29 queries see no
+# key (LSE -inf), D and LSE of the unused rows are never read (the preprocess pads them +inf / 0)
+SEQUSED_NEXT = ([129, 64, 200, 33, 70], [100, 130, 64, 300, 5], [129, 17, 0, 33, 50], [100, 0, 30, 300, 5])
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                   (False, (100, 20), 10.0)])
+def test_varlen_backward_seqused_nan_of_the_next_sequences_stays_out(causal, window, softcap, d):
+    run_backward(*SEQUSED_NEXT[:2], d=d, causal=causal, window=window, softcap=softcap,
+                 used_q=SEQUSED_NEXT[2], used_k=SEQUSED_NEXT[3])
+
+
+@pytest.mark.parametrize("side", ["q", "k"])
+def test_varlen_backward_seqused_on_one_side(side):
+    """seqused_q alone (every key row data) or seqused_k alone (every query row data)."""
+    lens_q, lens_k, used_q, used_k = SEQUSED_NEXT
+    run_backward(lens_q, lens_k, causal=True, used_q=used_q if side == "q" else None,
+                 used_k=used_k if side == "k" else None)
+
+
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 def test_varlen_backward_through_seqused_deterministic(d):
     run_backward(*SEQUSED[:2], hq=8, hk=2, d=d, causal=True, deterministic=True, used_q=SEQUSED[2],
                  used_k=SEQUSED[3])
+    run_backward(*SEQUSED_NEXT[:2], hq=8, hk=2, d=d, deterministic=True, used_q=SEQUSED_NEXT[2],
+                 used_k=SEQUSED_NEXT[3])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -122,16 +122,17 @@ def _fake_bwd(cfg: BwdConfig):
 
 def _fake_bwd_varlen(cfg: BwdConfig):
     """Varlen: cu_seqlens_q / _k (batch + 1,), seqused_q / _k (batch,), the padded row offsets
-    (batch + 1,) int32 and max_seqlen_k; else None."""
+    (batch + 1,) int32, max_seqlen_k and the seqused bits (which of seqused_q / _k the caller gave);
+    else None."""
     if not cfg.varlen:
-        return (None,) * 6
+        return (None,) * 7
     b = cute.sym_int()
 
     def ints(n):
         return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), (1,), assumed_align=4)
 
     n = cute.sym_int()  # batch + 1
-    return ints(n), ints(n), ints(b), ints(b), ints(n), cutlass.Int32(1)
+    return ints(n), ints(n), ints(b), ints(b), ints(n), cutlass.Int32(1), cutlass.Int32(0)
 
 
 def compile_bwd(cfg: BwdConfig, options: str = ""):

@@ -77,6 +77,8 @@ class FlashBwdSm90(BwdKernelBase):
         mUsedK: Optional[cute.Tensor],  # noqa: UP045
         mPadQ: Optional[cute.Tensor],  # noqa: UP045  varlen: (batch + 1,) int32 first LSE / D row of each
         max_seqlen_k: Optional[Int32],  # noqa: UP045  varlen: the longest key length (the grid's key blocks)
+        seqused: Optional[Int32],  # noqa: UP045  varlen: bit 0 seqused_q given, bit 1 seqused_k (rows past
+        # the used lengths may hold anything: SeqRows.unused_rows)
         stream: cuda.CUstream,
     ):
         """Dense: (b, s, h, d) tensors, LSE / D (b, h, sq_pad). Varlen (BwdConfig.varlen): batch 1,
@@ -155,7 +157,7 @@ class FlashBwdSm90(BwdKernelBase):
             sQ_layout, sK_layout, sdS_layout, sdQ_layout, sRow_layout,
             tiled_mma_sdp, tiled_mma_dkv, tiled_mma_dk, tiled_mma_dq,
             SharedStorage,
-            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK if self.cfg.varlen else None,
+            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused, mdK if self.cfg.varlen else None,
             mdV if self.cfg.varlen else None,
         ).launch(grid=grid, block=[128 * (1 + self.num_consumer_wg), 1, 1], stream=stream,
                  min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
@@ -190,7 +192,7 @@ class FlashBwdSm90(BwdKernelBase):
                tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dk: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr,
-               mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK_rows, mdV_rows):
+               mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused, mdK_rows, mdV_rows):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -211,7 +213,9 @@ class FlashBwdSm90(BwdKernelBase):
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
-        seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ) if cutlass.const_expr(self.cfg.varlen) else None
+        seqs = None
+        if cutlass.const_expr(self.cfg.varlen):
+            seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused)
         work = self.cta_work(mQ, mK, window_left, window_right, seqs)
         roles = partial(
             self.roles, mQ=mQ, mK=mK, mV=mV, mdO=mdO, mLSE=mLSE, mD=mD, mdQaccum=mdQaccum, mdQsem=mdQsem,

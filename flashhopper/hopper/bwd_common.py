@@ -27,9 +27,9 @@ class SeqRows:
     from its int32 tensor where it is used rather than held in a register through the consumers'
     loop (at hdim 128 causal three held offsets spilled 16 bytes)."""
 
-    def __init__(self, mCuQ, mCuK, mPadQ, mUsedQ, mUsedK, batch):
+    def __init__(self, mCuQ, mCuK, mPadQ, mUsedQ, mUsedK, batch, seqused):
         self._cu_q, self._cu_k, self._pad_q, self._batch = mCuQ, mCuK, mPadQ, batch
-        self._used_q, self._used_k = mUsedQ, mUsedK
+        self._used_q, self._used_k, self._seqused = mUsedQ, mUsedK, seqused
 
     def lengths(self):
         """(seqlen_q, seqlen_k) read again: the masked steps take them from here rather than keep
@@ -39,11 +39,12 @@ class SeqRows:
         return self._used_q[b], self._used_k[b]
 
     def unused_rows(self):
-        """(whether the sequence has query rows past its seqused_q, the same for keys): its used lengths
-        against its packed ones, read again as lengths() is."""
-        b = opaque(self._batch)
-        return (self._used_q[b] < self._cu_q[b + 1] - self._cu_q[b],
-                self._used_k[b] < self._cu_k[b + 1] - self._cu_k[b])
+        """(whether seqused_q was given, whether seqused_k was): the kernel argument `seqused` (bit 0, bit
+        1), a kernel parameter (no register). Where it was, any tile row at or past the sequence's used
+        length may hold anything, NaN too: the sequence's own unused rows, and past its packed end the
+        next sequences' rows, which may be theirs (a sequence using all its rows has a tile running into
+        the next one's unused rows). Without seqused every row a tile reads is some sequence's data."""
+        return (self._seqused & 1) != 0, (self._seqused & 2) != 0
 
     @property
     def q(self):
@@ -178,17 +179,17 @@ class BwdKernelBase:
     def cta_work(self, mQ, mK, window_left, window_right, seqs=None) -> CtaWork:
         """This CTA's key block (launch order, or LPT's), its KV head and batch, and the query
         steps it walks: (query head in the group, query block) pairs, query block fastest.
-        Varlen (`seqs`: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, padded row offsets) the
-        batch is the sequence, the lengths its used ones, and `seq` its SeqRows (else None); a key
-        block past the sequence's end comes out negative or >= its key blocks."""
+        Varlen (`seqs`: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, padded row offsets, the
+        `seqused` bits) the batch is the sequence, the lengths its used ones, and `seq` its SeqRows (else
+        None); a key block past the sequence's end comes out negative or >= its key blocks."""
         n_block, head_kv, batch = cute.arch.block_idx()
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         seq = None
         if cutlass.const_expr(seqs is not None):
-            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ = seqs
+            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused = seqs
             seqlen_q, seqlen_k = mUsedQ[batch], mUsedK[batch]
-            seq = SeqRows(mCuQ, mCuK, mPadQ, mUsedQ, mUsedK, batch)
+            seq = SeqRows(mCuQ, mCuK, mPadQ, mUsedQ, mUsedK, batch, seqused)
         n_block = self.launch_order_n_block(n_block, seqlen_k)
         ratio = mQ.shape[2] // mK.shape[2]
         if cutlass.const_expr(self.cfg.lpt):
@@ -212,9 +213,10 @@ class BwdKernelBase:
         """Varlen: rows [rows_left, rows) of each smem tile in `tiles` ((rows, cols) views of 16-bit
         elements) set to 0 by all consumer threads in 16-byte stores, fenced for the async proxy
         (WGMMA reads them next), then one consumer barrier. For the tile rows past a sequence's used
-        length where it has unused rows (seqused shorter than its packed length): they are loaded
-        with the tile and may hold anything, NaN too, and 0 x NaN is NaN in every GEMM that reads
-        them (P, dS are 0 there, the +inf LSE / 0 D rows of the preprocess and the key mask)."""
+        length when seqused was given (SeqRows.unused_rows): its own unused rows and the next
+        sequences' rows past its end are loaded with the tile and may hold anything, NaN too, and
+        0 x NaN is NaN in every GEMM that reads them (P, dS are 0 there, the +inf LSE / 0 D rows of
+        the preprocess and the key mask): S, dP, dV, dK and dQ of the used rows alike."""
         tidx = self.consumer_tidx()
         threads = self.num_consumer_threads
         zero = cute.make_rmem_tensor((1, 8), self.dtype)
@@ -232,8 +234,9 @@ class BwdKernelBase:
 
     @cute.jit
     def zero_unused_keys(self, sK, sV, n_block, seq, barrier_id):
-        """Varlen, after K and V have landed: a sequence with keys past its seqused_k has their rows
-        of this key block zeroed (zero_unused_rows); the key mask already gives them P = 0."""
+        """Varlen, after K and V have landed: with seqused_k given, the rows of this key block past the
+        sequence's used keys (its unused keys, and past its end the next sequences' keys) zeroed
+        (zero_unused_rows); the key mask already gives them P = 0."""
         _, unused_k = seq.unused_rows()
         keys_left = seq.lengths()[1] - n_block * self.tile_n
         if unused_k and keys_left < self.tile_n:
@@ -241,10 +244,11 @@ class BwdKernelBase:
 
     @cute.jit
     def zero_unused_queries(self, sQ, sdO, pipe_q, q_state, pipe_do, do_state, m_block, seq, barrier_id):
-        """Varlen, at the start of a step (no GEMM in flight): where the sequence has queries past its
-        seqused_q and query block m_block holds some, their rows of the step's Q and dO stages are
-        zeroed (zero_unused_rows) once both have landed, before any GEMM reads them (the step waits
-        for them again, at no cost); their LSE rows are +inf and D rows 0, so P and dS are 0 there."""
+        """Varlen, at the start of a step (no GEMM in flight): with seqused_q given, where query block
+        m_block runs past the sequence's used queries, the rows past them of the step's Q and dO stages
+        (its unused queries, and past its end the next sequences' rows) are zeroed (zero_unused_rows)
+        once both have landed, before any GEMM reads them (the step waits for them again, at no cost);
+        their LSE rows are +inf and D rows 0 (the sequence's padded rows), so P and dS are 0 there."""
         unused_q, _ = seq.unused_rows()
         rows_left = seq.lengths()[0] - m_block * self.tile_m
         if unused_q and rows_left < self.tile_m:
@@ -266,7 +270,8 @@ class BwdKernelBase:
         (query head, query block) step into the two rings, query block fastest. The dO ring has
         its own depth (`do_stages`) only in the wide kernel; otherwise it steps with the Q ring.
         Varlen (`seq`): the tiles start at the sequence's rows; those past its end are the next
-        sequence's (or TMA's zero fill), which the masks and the +inf LSE rows keep out."""
+        sequence's (or TMA's zero fill), which the masks and the +inf LSE rows keep out (and, with
+        seqused, the consumers zero in smem: zero_unused_rows)."""
         n_block, head_kv, batch, ratio, m_min, num_m, num_steps, seq = (
             work.n_block, work.head_kv, work.batch, work.ratio, work.m_min, work.num_m, work.num_steps,
             work.seq)

@@ -146,6 +146,7 @@ class FlashBwdWideSm90(BwdKernelBase):
         mUsedK: Optional[cute.Tensor],  # noqa: UP045
         mPadQ: Optional[cute.Tensor],  # noqa: UP045
         max_seqlen_k: Optional[Int32],  # noqa: UP045
+        seqused: Optional[Int32],  # noqa: UP045
         stream: cuda.CUstream,
     ):
         mQ, mK, mV, mdO, mdQaccum, mdK, mdV = [
@@ -236,7 +237,7 @@ class FlashBwdWideSm90(BwdKernelBase):
             sQ_layout, sdO_layout, sK_layout, sP_layout, sLSE_layout, sD_layout, tiled_mma_sdp,
             tiled_mma_dkv, tiled_mma_dq,
             SharedStorage, tma_atom_dQ, sdQ_layout, tiled_mma_dq_part,
-            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK if self.cfg.varlen else None,
+            mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused, mdK if self.cfg.varlen else None,
             mdV if self.cfg.varlen else None,
         ).launch(grid=grid, block=[128 * (1 + wgs), 1, 1], stream=stream, min_blocks_per_mp=1,
                  use_pdl=self.cfg.pdl)
@@ -252,7 +253,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                sLSE_layout: cute.Layout, sD_layout: cute.Layout, tiled_mma_sdp: cute.TiledMma,
                tiled_mma_dkv: cute.TiledMma, tiled_mma_dq: cute.TiledMma,
                SharedStorage: cutlass.Constexpr, tma_atom_dQ, sdQ_layout: cute.ComposedLayout,
-               tiled_mma_dq_part, mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, mdK_rows, mdV_rows):
+               tiled_mma_dq_part, mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused, mdK_rows, mdV_rows):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         if warp_idx == 0:
@@ -278,7 +279,9 @@ class FlashBwdWideSm90(BwdKernelBase):
         pipeline.pipeline_init_arrive(is_relaxed=True)
         pipeline.pipeline_init_wait()
 
-        seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ) if cutlass.const_expr(self.cfg.varlen) else None
+        seqs = None
+        if cutlass.const_expr(self.cfg.varlen):
+            seqs = (mCuQ, mCuK, mUsedQ, mUsedK, mPadQ, seqused)
         work = self.cta_work(mQ, mK, window_left, window_right, seqs)
         roles = partial(
             self.roles, mQ=mQ, mK=mK, mV=mV, mdO=mdO, mLSE=mLSE, mD=mD, mdQaccum=mdQaccum, mdQsem=mdQsem,

@@ -637,7 +637,7 @@ def backward(q, k, v, out, dout, lse, softmax_scale: float, causal: bool, window
     dv_out = _value_grad(v, q.shape[-1], dv_split, dv)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     fn(q, k, v_in, dout_in, lse_log2, d_rows, dq_accum_all, dq_sem, dk, dv_out, scale_log2, softcap_pre,
-       softmax_scale, wl, wr, None, None, None, None, None, None)  # the varlen arguments
+       softmax_scale, wl, wr, None, None, None, None, None, None, None)  # the varlen arguments
     # the kernel already applied the softmax scale; dQ in q's (b, sq, h, d) order either way
     return (dq_accum.to(q.dtype, memory_format=torch.contiguous_format), dk,
             _trim_value_grad(dv_out, v, dv_split, dv))
@@ -704,9 +704,13 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
         dq_sem = lse_log2.view(torch.int32)[:, :, :1]
     fn = get_kernel(cfg)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
+    # which seqused the caller gave (bit 0 q, bit 1 k): then the rows past them may hold anything (NaN),
+    # and every tile row at or past a sequence's used length (the next sequences' rows too) is zeroed
+    # in smem before a GEMM reads it; without, every row a tile reads is data and none is
+    seqused = int(seqused_q is not None) + 2 * int(seqused_k is not None)
     fn(q[None], k[None], v_in[None], dout_in[None], lse_log2, d_rows, dq_accum, dq_sem, dk[None], dv[None],
        scale_log2, softcap_pre, softmax_scale, wl, wr, cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q,
-       max(int(max_seqlen_k), 1))
+       max(int(max_seqlen_k), 1), seqused)
     # the kernel already applied the softmax scale; rows past seqused_q only ever had zeros added
     return dq_accum[0].to(q.dtype), dk, _trim_value_grad(dv, v, dv_split)
 
