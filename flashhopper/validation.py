@@ -30,9 +30,10 @@ FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
 VARLEN_GPU_VERIFIED = True
 VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
 # the varlen backward through seqused_q / seqused_k (the used lengths taken by the kernels, a sequence's
-# unused rows zeroed in shared memory, zero gradients past them): on an H100 (55b212c) NaN in unused rows
-# still reached used rows' dq / dk (26 of tests/test_varlen_gpu.py's seqused cases, the fuzz's 14 seqused
-# cases); calls with gradients need this variable set to 1 until those pass
+# unused rows zeroed in shared memory, zero gradients past them): on an H100 (55b212c) NaN in the next
+# sequences' unused rows reached used rows' dq / dk (26 seqused cases of tests/test_varlen_gpu.py, 14 of
+# the fuzz); every tile row past the used length is zeroed since, not yet re-run on a GPU. Calls with
+# gradients need this variable set to 1 until those pass
 SEQUSED_BWD_GPU_VERIFIED = False
 SEQUSED_BWD_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_SEQUSED_BWD"
 # the 1-warpgroup decode tile (plan.fwd_config_decode) for kvcache's rearranged decode: it passes the
