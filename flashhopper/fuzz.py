@@ -231,7 +231,7 @@ def run(case: Case, backward: bool = True) -> str | None:
     from flashhopper import flash_attn_func
     from flashhopper.accuracy import check_forward, check_grads
     from flashhopper.hopper import runtime
-    from flashhopper.validation import FP8_OPT_IN, SEQUSED_BWD_OPT_IN, VARLEN_OPT_IN
+    from flashhopper.validation import FP8_OPT_IN, SEQUSED_BWD_OPT_IN
 
     runtime.poison = True  # every output and workspace starts as NaN
     q, k, v, dout = make_inputs(case)
@@ -242,7 +242,6 @@ def run(case: Case, backward: bool = True) -> str | None:
     backward = backward and not fp8 and not case.varlen  # no FP8 backward; varlen: run_varlen
     # the fuzzer is how the gated paths get verified: it runs them before their opt-in goes
     os.environ.setdefault(FP8_OPT_IN, "1")
-    os.environ.setdefault(VARLEN_OPT_IN, "1")
     os.environ.setdefault(SEQUSED_BWD_OPT_IN, "1")
     descales = make_descales(case) if fp8 else (None, None, None)
     if fp8:

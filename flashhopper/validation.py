@@ -24,11 +24,6 @@ FP8_DTYPES = (torch.float8_e4m3fn,)
 # the per-token kernels not yet read. Until both are settled, calls need this variable set to 1
 FP8_GPU_VERIFIED = False
 FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
-# varlen (forward and backward) has passed the GPU suite and the fuzz (docs/testing.md, 2026-12-05):
-# on by default; the variable stays for code that sets it. The forward's persistent walk
-# (hopper/varlen_walk.py) passed tests/test_varlen_gpu.py and the fuzz's varlen cases on an H100 (55b212c)
-VARLEN_GPU_VERIFIED = True
-VARLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_VARLEN"
 # the varlen backward through seqused_q / seqused_k (the used lengths taken by the kernels, a sequence's
 # unused rows zeroed in shared memory, zero gradients past them): on an H100 (55b212c) NaN in the next
 # sequences' unused rows reached used rows' dq / dk (26 seqused cases of tests/test_varlen_gpu.py, 14 of
@@ -274,11 +269,11 @@ def check_varlen_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 def check_varlen_call(q, k, v, seqused_q=None, seqused_k=None) -> None:
     """What the varlen kernels do not do (yet): the backward through seqused_q / seqused_k before its GPU
-    verification (SEQUSED_BWD_GPU_VERIFIED), and any call before theirs."""
+    verification (SEQUSED_BWD_GPU_VERIFIED). (Varlen itself passed the GPU suite and the fuzz, its
+    forward's walk on an H100 at 55b212c: docs/testing.md.)"""
     if needs_grad(q, k, v) and (seqused_q is not None or seqused_k is not None):
         _require_verified("the varlen backward through seqused_q / seqused_k", SEQUSED_BWD_GPU_VERIFIED,
                           SEQUSED_BWD_OPT_IN)
-    _require_verified("the varlen forward", VARLEN_GPU_VERIFIED, VARLEN_OPT_IN)
 
 
 def layout_problem(name: str, t: torch.Tensor) -> str | None:

@@ -19,7 +19,6 @@ from flashhopper.bench import decode, runner
 from flashhopper.interface import flash_attn_varlen_func
 from flashhopper.kvcache import flash_attn_with_kvcache
 from flashhopper.reference import visible_mask
-from flashhopper.validation import VARLEN_OPT_IN
 
 MB = 10**6
 
@@ -116,7 +115,7 @@ def test_decode_inputs():
 
 
 def _reference_kvcache(seen, q, k_cache, v_cache, **kw):
-    seen.append((os.environ.get(VARLEN_OPT_IN), kw))
+    seen.append(kw)
     return flash_attn_with_kvcache(q, k_cache, v_cache, backend="reference", **kw)
 
 
@@ -126,22 +125,17 @@ def _want(x):
                                    backend="reference")
 
 
-def test_flashhopper_provider_opts_in_for_its_calls_only(monkeypatch):
+def test_flashhopper_provider_calls_the_cache(monkeypatch):
     from flashhopper import kvcache
 
     seen = []
-    monkeypatch.delenv(VARLEN_OPT_IN, raising=False)
     monkeypatch.setattr(kvcache, "flash_attn_with_kvcache", functools.partial(_reference_kvcache, seen))
     provider = decode.flashhopper_decode()
     x = decode.decode_inputs(SMALL, torch.bfloat16, "cpu", count=1)[0]
     with provider.context():
         got = provider.make(x, SMALL)()
-    assert VARLEN_OPT_IN not in os.environ
-    assert seen == [("1", {"cache_seqlens": x.cache_seqlens, "causal": True})]
+    assert seen == [{"cache_seqlens": x.cache_seqlens, "causal": True}]
     torch.testing.assert_close(got, _want(x), rtol=0, atol=0)
-    monkeypatch.setenv(VARLEN_OPT_IN, "0")  # the caller's choice stands
-    with provider.context():
-        assert os.environ[VARLEN_OPT_IN] == "0"
 
 
 @pytest.mark.parametrize("q_len", [1, 4])

@@ -16,7 +16,6 @@ from flashhopper import cli
 from flashhopper.bench import runner, varlen
 from flashhopper.interface import flash_attn_varlen_func
 from flashhopper.reference import visible_mask
-from flashhopper.validation import VARLEN_OPT_IN
 
 # --- packings ---
 
@@ -258,7 +257,7 @@ def test_relative_difference():
 
 
 def _reference_varlen(seen, q, k, v, cu_q, cu_k, max_q, max_k, causal, deterministic):
-    seen.append((os.environ.get(VARLEN_OPT_IN), causal, deterministic, max_q, max_k))
+    seen.append((causal, deterministic, max_q, max_k))
     return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, backend="reference")
 
 
@@ -267,24 +266,18 @@ def _packed(packing, d=64, dv=64, heads=2, backward=True):
     return varlen.packed_inputs(point, torch.bfloat16, "cpu", packing.cu_seqlens())
 
 
-def test_flashhopper_provider_opts_in_for_its_calls_only(monkeypatch):
+def test_flashhopper_provider_calls_the_varlen_function(monkeypatch):
     from flashhopper import interface
 
     seen = []
-    monkeypatch.delenv(VARLEN_OPT_IN, raising=False)
     monkeypatch.setattr(interface, "flash_attn_varlen_func", functools.partial(_reference_varlen, seen))
     provider, x = varlen.flashhopper_varlen(), _packed(SMALL)
     with provider.context():
         out = provider.make(x, True)()
         grads = provider.make_bwd(x, True)()
-    assert VARLEN_OPT_IN not in os.environ
-    assert seen == [("1", True, False, 9, 9)] * 2
+    assert seen == [(True, False, 9, 9)] * 2
     assert out.shape == (16, 2, 64) and [g.shape for g in grads] == [(16, 2, 64)] * 3
     assert not any(t.requires_grad for t in (x.q, x.k, x.v))  # the round's tensors are left as they were
-    monkeypatch.setenv(VARLEN_OPT_IN, "0")  # the caller's choice stands
-    with provider.context():
-        assert os.environ[VARLEN_OPT_IN] == "0"
-    assert os.environ[VARLEN_OPT_IN] == "0"
 
 
 def test_backward_maker_times_autograd_alone(monkeypatch):

@@ -30,7 +30,6 @@ CONTEXTS = [1, 127, 4097]
 @pytest.fixture(autouse=True)
 def _decode_tile(monkeypatch):
     """The opt-ins (the cache runs through the varlen forward), and every forward config launched."""
-    monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, "1")
     return record_launches(monkeypatch)
 

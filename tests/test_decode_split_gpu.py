@@ -35,7 +35,6 @@ DEV = "cuda"
 @pytest.fixture(autouse=True)
 def launched(monkeypatch):
     """The opt-ins, and every kernel launched: (config, the splits asked of forward_split or None)."""
-    monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     monkeypatch.setenv(validation.DECODE_SPLIT_OPT_IN, "1")
     kernels, splits = [], []
     get_kernel, forward_split = runtime.get_kernel, runtime.forward_split

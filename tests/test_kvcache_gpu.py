@@ -11,7 +11,6 @@ import torch
 
 from flashhopper import flash_attn_with_kvcache
 from flashhopper.accuracy import check_forward
-from flashhopper.validation import VARLEN_OPT_IN
 
 pytestmark = pytest.mark.gpu
 
@@ -21,9 +20,6 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
 DEV = "cuda"
 
 
-@pytest.fixture(autouse=True)
-def _varlen_opt_in(monkeypatch):  # the cache runs through the varlen forward
-    monkeypatch.setenv(VARLEN_OPT_IN, "1")
 
 
 def _case(b, sq, s_new, lens, hq=8, hk=2, d=128, s_cache=700, b_cache=None, idx=None, left=None,

@@ -37,7 +37,6 @@ CONTEXTS = [1, 129, 1000]
 def launched(monkeypatch):
     """The opt-ins (the cache runs through the varlen forward, read in place), and every forward config
     launched."""
-    monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     monkeypatch.setenv(validation.PAGED_TMA_OPT_IN, "1")
     return record_launches(monkeypatch)
 

@@ -11,7 +11,6 @@ from flashhopper import flash_attn_interface as fa3
 from flashhopper.accuracy import check_forward, check_output, emulate_forward
 from flashhopper.integrations import vllm
 from flashhopper.reference import attention_ref
-from flashhopper.validation import VARLEN_OPT_IN
 
 pytestmark = pytest.mark.gpu
 
@@ -19,9 +18,6 @@ if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
 
 
-@pytest.fixture(autouse=True)
-def _varlen_opt_in(monkeypatch):  # the cache runs through the varlen forward
-    monkeypatch.setenv(VARLEN_OPT_IN, "1")
 
 
 CASES = {  # (page size, lens_k, lens_q)

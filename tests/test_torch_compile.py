@@ -187,7 +187,6 @@ def cpu_varlen(monkeypatch):
     kernels = types.SimpleNamespace(forward_varlen=forward_varlen, backward_varlen=backward_varlen)
     monkeypatch.setitem(sys.modules, "flashhopper.hopper", kernels)
     monkeypatch.setattr(flashhopper.validation, "require_hopper", lambda q, backend="hopper": None)
-    monkeypatch.setenv(flashhopper.validation.VARLEN_OPT_IN, "1")
     monkeypatch.setenv(flashhopper.validation.SEQUSED_BWD_OPT_IN, "1")
     torch._dynamo.reset()
     yield calls

@@ -15,7 +15,6 @@ import torch
 from flashhopper.accuracy import check_grads, check_output, emulate_forward
 from flashhopper.integrations.transformers import attention_forward
 from flashhopper.reference import attention_ref
-from flashhopper.validation import VARLEN_OPT_IN
 
 pytestmark = pytest.mark.gpu
 
@@ -26,9 +25,6 @@ DEV = "cuda"
 MODULE = types.SimpleNamespace(is_causal=True, config=types.SimpleNamespace(dtype=torch.bfloat16))
 
 
-@pytest.fixture(autouse=True)
-def _varlen_opt_in(monkeypatch):  # padding masks and packed batches run the varlen kernels
-    monkeypatch.setenv(VARLEN_OPT_IN, "1")
 
 
 def _check_sequence(out, grads, q, k, v, dout, rows_q, rows_k, scale, window):

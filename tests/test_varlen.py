@@ -98,11 +98,6 @@ def test_kernel_path_needs_the_gpu_and_the_opt_in(monkeypatch):
     with pytest.raises(RuntimeError, match="Hopper GPU"):
         flash_attn_varlen_func(**_args())
     q, k, v = _args()["q"], _args()["k"], _args()["v"]
-    monkeypatch.delenv(validation.VARLEN_OPT_IN, raising=False)
-    if not validation.VARLEN_GPU_VERIFIED:
-        with pytest.raises(NotImplementedError, match=validation.VARLEN_OPT_IN):
-            validation.check_varlen_call(q, k, v)
-    monkeypatch.setenv(validation.VARLEN_OPT_IN, "1")
     validation.check_varlen_call(q, k, v)
     validation.check_varlen_call(q.requires_grad_(), k, v)  # gradients: the varlen backward
     used = torch.ones(1, dtype=torch.int32)

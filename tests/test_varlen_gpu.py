@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flashhopper.accuracy import check_forward, check_varlen_forward, check_varlen_grads
-from flashhopper.validation import SEQUSED_BWD_OPT_IN, VARLEN_OPT_IN
+from flashhopper.validation import SEQUSED_BWD_OPT_IN
 
 pytestmark = pytest.mark.gpu
 
@@ -27,8 +27,7 @@ DEV = "cuda"
 
 
 @pytest.fixture(autouse=True)
-def _varlen_opt_in(monkeypatch):
-    monkeypatch.setenv(VARLEN_OPT_IN, "1")
+def _seqused_bwd_opt_in(monkeypatch):
     monkeypatch.setenv(SEQUSED_BWD_OPT_IN, "1")  # the backward through seqused, until it has passed here
 
 

@@ -54,7 +54,7 @@ import torch
 from flashhopper.bench import runner
 from flashhopper.bench.providers import _quiet
 from flashhopper.bench.summary import geomean, peer_text, spread_line, spreads
-from flashhopper.bench.varlen import _varlen_opt_in, print_disagreements, relative_difference
+from flashhopper.bench.varlen import print_disagreements, relative_difference
 from flashhopper.reference import visible_mask
 
 # (batch, context): the issue's points
@@ -207,8 +207,7 @@ class DecodeProvider:
 
 
 def flashhopper_decode() -> DecodeProvider:
-    """flash_attn_with_kvcache with cache_seqlens, no append; FLASHHOPPER_EXPERIMENTAL_VARLEN set for
-    its calls (it runs the varlen kernel) unless the caller set it."""
+    """flash_attn_with_kvcache with cache_seqlens, no append."""
 
     def make(x: DecodeInputs, point: DecodePoint):
         from flashhopper.kvcache import flash_attn_with_kvcache
@@ -216,7 +215,7 @@ def flashhopper_decode() -> DecodeProvider:
         return lambda: flash_attn_with_kvcache(x.q, x.k_cache, x.v_cache, cache_seqlens=x.cache_seqlens,
                                                causal=True)
 
-    return DecodeProvider("flashhopper", make, _varlen_opt_in)
+    return DecodeProvider("flashhopper", make)
 
 
 def fa4_decode(out=sys.stdout) -> DecodeProvider | None:

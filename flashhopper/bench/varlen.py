@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -227,22 +226,6 @@ def differentiable_varlen(name: str, attn: Callable, context=contextlib.nullcont
     return VarlenProvider(name, make, make_bwd, context, split_hdims, equal_only)
 
 
-@contextlib.contextmanager
-def _varlen_opt_in():
-    """Our varlen kernels refuse to run until they have passed the GPU suite unless
-    FLASHHOPPER_EXPERIMENTAL_VARLEN is set: set to 1 for our calls unless the caller set it, and
-    put back afterwards."""
-    from flashhopper.validation import VARLEN_OPT_IN
-
-    before = os.environ.get(VARLEN_OPT_IN)
-    os.environ.setdefault(VARLEN_OPT_IN, "1")
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(VARLEN_OPT_IN, None)
-
-
 def flashhopper_varlen() -> VarlenProvider:
     def attn(q, k, v, cu, max_seqlen, causal):
         from flashhopper.interface import flash_attn_varlen_func
@@ -250,7 +233,7 @@ def flashhopper_varlen() -> VarlenProvider:
         return flash_attn_varlen_func(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=causal,
                                       deterministic=False)
 
-    return differentiable_varlen("flashhopper", attn, _varlen_opt_in)
+    return differentiable_varlen("flashhopper", attn)
 
 
 def flashhopper_dense() -> VarlenProvider:
