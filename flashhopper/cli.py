@@ -76,7 +76,6 @@ def _cmd_precompile(args) -> int:
     )
     from flashhopper.precompile import precompile
     from flashhopper.validation import (
-        decode_merge_enabled,
         decode_split_enabled,
         decode_tile_enabled,
         paged_tma_enabled,
@@ -94,8 +93,8 @@ def _cmd_precompile(args) -> int:
                                  backward=args.bwd or args.bwd_only)
     if not args.bwd_only and (args.decode or decode_tile_enabled()):  # the gated 1-warpgroup decode tile
         configs += decode_kernels(args.dtype or DTYPES, hdims)
-    if not args.bwd_only and (args.decode or decode_merge_enabled() or decode_split_enabled()):
-        configs += combine_kernels(args.dtype or DTYPES, hdims)  # the gated split-KV merge kernels
+    if not args.bwd_only:  # split-KV decode's merge kernels (the default merge)
+        configs += combine_kernels(args.dtype or DTYPES, hdims)
     if not args.bwd_only and (args.decode or decode_split_enabled()):  # the gated split inside the kernel
         pages = (0, *PAGED_PAGE_SIZES) if args.paged or paged_tma_enabled() else (0,)
         configs += split_kernels(args.dtype or DTYPES, hdims, pages, decode_tile=decode_tile_enabled())
@@ -426,11 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", "-j", type=int, help="worker processes (default: one per CPU core)")
     p.add_argument("--decode", action="store_true",
                    help="also the 1-warpgroup decode kernels (taken with "
-                        "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1, which also adds them), split-KV "
-                        "decode's merge kernels (taken with FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1, which "
-                        "also adds them) and the decode kernels with the split inside (taken with "
-                        "FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1, which also adds them and the merge "
-                        "kernels; with the paged kernels their paged ones too)")
+                        "FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1, which also adds them) and the decode "
+                        "kernels with the split inside (taken with FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1, "
+                        "which also adds them; with the paged kernels their paged ones too)")
     p.add_argument("--paged", action="store_true",
                    help="also the paged K / V kernels for pages of 16, 64, 128 and 256 rows (a paged KV "
                         "cache reads its pages with them)")

@@ -153,8 +153,9 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
     return cfg
 
 
-# FP8 forward (first version, not yet timed): 128 x 128 tiles; hdim 256 at 96 keys a block (128 spill
-# 64 bytes at the consumers' 232 registers, now 224) and one stage of V as loaded (room for O's own tile)
+# FP8 forward (timed on an H100 at 55b212c: docs/results-fp8.md): 128 x 128 tiles; hdim 256 at 96 keys a
+# block (128 spill 64 bytes at the consumers' 232 registers, now 224) and one stage of V as loaded (room
+# for O's own tile)
 _FP8_TILES = {**{d: (128, 128) for d in SUPPORTED_HDIMS}, 128: (128, 96), 256: (128, 96)}
 _FP8_VT_STAGES = {256: 1}
 # two-level accumulation where the second O accumulator fits the registers (hdim 128 at 96 keys a block):
@@ -338,14 +339,14 @@ def decode_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
 
 def combine_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS) -> list:
     """Split-KV decode's merge kernels kvcache launches (hopper/combine.py: partials and output in the
-    input dtype, each value head dim): not in dispatched_kernels while FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE
-    gates them (`flashhopper precompile --decode` builds them)."""
+    input dtype, each value head dim): not in dispatched_kernels (they depend on no attention config);
+    `flashhopper precompile` adds them."""
     dvs = sorted({dv or hdim for hdim in hdims for dv in value_hdims(hdim)})
     return [CombineConfig(dtype, dv, dtype) for dtype in dtypes if dtype in DTYPES for dv in dvs]
 
 
-# page sizes the paged kernels are built for by `flashhopper precompile --paged` (vLLM's default 16, and
-# larger pages), with no mask and causal (prefill over a paged cache; decode is unmasked once rearranged)
+# page sizes the paged kernels are built for by `flashhopper precompile` (vLLM's default 16, and larger
+# pages), every mask (plan.paged_kernels)
 PAGED_PAGE_SIZES = (16, 64, 128, 256)
 
 

@@ -14,9 +14,9 @@ KV head read once per query head of its group. Two rearrangements of the same ca
   are merged by their LSE (`combine`). A chunk past an item's length has no key: 0 and -inf, weight 0.
 
 The partial outputs are in the input dtype (the varlen kernel's output); the merge is in fp32, by
-merge_by_lse's torch ops (nine launches), or with FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE=1 (compiled and
-CPU-checked, not yet run on a GPU: validation.decode_merge_enabled) in one kernel, hopper/combine.py,
-which also unpacks a call without splits (in place of a copy). Without
+one kernel, hopper/combine.py (validation.decode_merge_enabled: the default since it passed on an H100),
+which also unpacks a call without splits (in place of a copy), or where the kernel does not take the
+tensors by merge_by_lse's torch ops (nine launches). Without
 a window and with one query token the rearranged call computes the same attention; the rule of
 flashhopper/accuracy.py judges the rounding (tests/test_kvcache_gpu.py).
 

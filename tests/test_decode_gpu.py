@@ -29,7 +29,7 @@ CONTEXTS = [1, 127, 4097]
 
 @pytest.fixture(autouse=True)
 def _decode_tile(monkeypatch):
-    """The opt-ins (the cache runs through the varlen forward), and every forward config launched."""
+    """The decode tile's opt-in, and every forward config launched."""
     monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, "1")
     return record_launches(monkeypatch)
 

@@ -194,6 +194,8 @@ def cpu_kernels(monkeypatch):
     monkeypatch.setattr(validation, "check_varlen_call", lambda *args, **kwargs: None)
     monkeypatch.setattr(splitkv, "_sm_count", lambda index: 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for opt_in in (validation.DECODE_SPLIT_OPT_IN, validation.DECODE_MERGE_OPT_IN):  # the defaults, whatever
+        monkeypatch.delenv(opt_in, raising=False)  # the caller's environment (the tests opt in themselves)
     return monkeypatch
 
 

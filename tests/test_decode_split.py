@@ -33,9 +33,15 @@ def test_split_tile_walks_every_tile_once_in_order(m_blocks, heads, splits, batc
     for extra in (0, 1, 977):
         assert host.split_tile(len(promised) + extra, m_blocks=m_blocks, heads=heads, splits=splits,
                                batch=batch) is None
-    for grid in (1, 7, 132, len(promised) + 5):
-        strided = [t for cta in range(grid) for t in range(cta, len(promised), grid)]
-        assert sorted(strided) == list(range(len(promised)))
+    for grid in (1, 7, 132, len(promised) + 5):  # each CTA from its index by the grid, until None
+        strided = []
+        for cta in range(grid):
+            t = cta
+            while (tile := host.split_tile(t, m_blocks=m_blocks, heads=heads, splits=splits,
+                                           batch=batch)) is not None:
+                strided.append(tile)
+                t += grid
+        assert sorted(strided) == promised
 
 
 def _layouts(capacity, align):

@@ -18,6 +18,7 @@ import math
 
 import pytest
 import torch
+from launched import record_launches
 
 from flashhopper import flash_attn_with_kvcache, validation
 from flashhopper.accuracy import check_forward
@@ -36,18 +37,13 @@ DEV = "cuda"
 def launched(monkeypatch):
     """The opt-ins, and every kernel launched: (config, the splits asked of forward_split or None)."""
     monkeypatch.setenv(validation.DECODE_SPLIT_OPT_IN, "1")
-    kernels, splits = [], []
-    get_kernel, forward_split = runtime.get_kernel, runtime.forward_split
-
-    def recording(cfg):
-        kernels.append(cfg)
-        return get_kernel(cfg)
+    kernels, splits = record_launches(monkeypatch, kind=None), []
+    forward_split = runtime.forward_split
 
     def split_recording(*args, **kwargs):
         splits.append(kwargs["splits"])
         return forward_split(*args, **kwargs)
 
-    monkeypatch.setattr(runtime, "get_kernel", recording)
     monkeypatch.setattr(runtime, "forward_split", split_recording)
     import flashhopper.hopper
 

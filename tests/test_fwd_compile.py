@@ -519,8 +519,8 @@ def test_forward_decode_tile_compiles(cfg):
     assert (sass["MUFU.TANH"] > 0) == cfg.softcap
 
 
-# Paged K / V (FwdConfig.page_size; flash_attn_with_kvcache reads a paged cache through it only with
-# FLASHHOPPER_EXPERIMENTAL_PAGED_TMA=1): every config `flashhopper precompile --paged` builds
+# Paged K / V (FwdConfig.page_size; flash_attn_with_kvcache reads a paged cache through it where the page
+# size serves): every config `flashhopper precompile` builds
 # (plan.paged_kernels: the varlen tiles of every mask, softcap or not, the decode tile; pages of 16 to 256
 # rows)
 # compiles with one WGMMA wait per commit group, its tile's register split, no spills, and the K / V

@@ -35,7 +35,7 @@ CONTEXTS = [1, 129, 1000]
 
 @pytest.fixture(autouse=True)
 def launched(monkeypatch):
-    """The opt-ins (the cache runs through the varlen forward, read in place), and every forward config
+    """Paged TMA on (as by default, whatever the caller's environment), and every forward config
     launched."""
     monkeypatch.setenv(validation.PAGED_TMA_OPT_IN, "1")
     return record_launches(monkeypatch)
