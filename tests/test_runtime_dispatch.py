@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from varlen_cases import SEQUSED, SEQUSED_NEXT
 
 from flashhopper import config, plan
 from flashhopper.hopper import runtime
@@ -529,17 +530,6 @@ class TiledVarlenBwd:
                     dv[0, k0 + n * tn:k0 + n * tn + rows, kv_head] = dV[:rows]
 
 
-# lengths, seqused; the unused rows of q, k, v and dout NaN: sequence 0 uses all its 400 keys, and its last
-# key block runs into sequence 1's unused keys (and 2's): dq of sequence 0 went NaN on the H100; sequence 2
-# uses all its 129 queries and its last query block runs into sequence 3's unused ones (17 of 64 used):
-# dk, dv of its one used key (row 500) went NaN. Used lengths 0 (1's queries, 3's keys: rows that see
-# no key, LSE -inf), whole sequences, one row or key.
-SEQUSED_NAN = ([300, 200, 129, 64, 70, 1, 517], [400, 100, 129, 70, 64, 5, 300],
-               [250, 0, 129, 17, 64, 1, 300], [400, 50, 1, 0, 64, 5, 211])
-# tests/test_varlen_gpu.py's SEQUSED_NEXT: one sequence a path (its docs)
-SEQUSED_NEXT = ([129, 64, 200, 33, 70], [100, 130, 64, 300, 5], [129, 17, 0, 33, 50], [100, 0, 30, 300, 5])
-
-
 def _seqused_problem(lens_q, lens_k, used_q, used_k, d, dv_dim, hq=4, hk=2, seed=3):
     """bf16 q, k, v, dout (packed) with NaN past seqused, and cu_seqlens."""
     g = torch.Generator().manual_seed(seed)
@@ -582,7 +572,7 @@ def _seqused_backward(monkeypatch, model, lens_q, lens_k, used_q, used_k, d, dv_
     return grads, (q, k, v, dout, cu_q, cu_k, used_q, used_k, scale), out
 
 
-@pytest.mark.parametrize("lengths", [SEQUSED_NAN, SEQUSED_NEXT], ids=["h100", "next"])
+@pytest.mark.parametrize("lengths", [SEQUSED, SEQUSED_NEXT], ids=["h100", "next"])
 @pytest.mark.parametrize("d,dv_dim", [(64, 64), (128, 128), (256, 256), (192, 128)])
 @pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                    (False, (100, 20), 10.0)])
@@ -614,7 +604,7 @@ def test_varlen_backward_model_of_the_first_kernels_shows_the_h100_failure(monke
     kernels) gives what the H100 run gave: NaN in dq of sequence 0's used rows (its last key block holds
     sequence 1's unused keys) and in dk, dv of row 500 (sequence 2's one key: its last query block holds
     sequence 3's unused queries)."""
-    grads, _, _ = _seqused_backward(monkeypatch, TiledVarlenBwd(zero="own"), *SEQUSED_NAN, d, d, False,
+    grads, _, _ = _seqused_backward(monkeypatch, TiledVarlenBwd(zero="own"), *SEQUSED, d, d, False,
                                     (-1, -1), 0.0)
     dq, dk, dv = grads
     assert dq[:250].flatten(1).isnan().any(1).all()
@@ -635,7 +625,7 @@ def test_varlen_backward_tells_the_kernel_which_seqused_it_got(monkeypatch, give
 
     model = TiledVarlenBwd()
     grads, (q, k, v, dout, cu_q, cu_k, used_q, used_k, scale), out = _seqused_backward(
-        monkeypatch, model, *SEQUSED_NAN, 64, 64, True, (-1, -1), 0.0, given=given)
+        monkeypatch, model, *SEQUSED, 64, 64, True, (-1, -1), 0.0, given=given)
     assert model.seqused == ("q" in given) + 2 * ("k" in given)
     check_varlen_grads(grads, q, k, v, dout, cu_q.tolist(), cu_k.tolist(), scale, True, (-1, -1), 0.0,
                        out=out, used_q=used_q, used_k=used_k)

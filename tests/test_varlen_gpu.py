@@ -11,6 +11,7 @@ import zlib
 
 import pytest
 import torch
+from varlen_cases import SEQUSED, SEQUSED_NEXT
 
 from flashhopper.accuracy import check_forward, check_varlen_forward, check_varlen_grads
 from flashhopper.validation import SEQUSED_BWD_OPT_IN
@@ -314,12 +315,8 @@ def test_varlen_autograd():
                        out=out.detach())
 
 
-# seqused: lengths 0, whole sequences, one row or key, sq != sk, ragged and whole query / key blocks, a
-# sequence whose used rows see no used key
-SEQUSED = ([300, 200, 129, 64, 70, 1, 517], [400, 100, 129, 70, 64, 5, 300],
-           [250, 0, 129, 17, 64, 1, 300], [400, 50, 1, 0, 64, 5, 211])
-
-
+# seqused (tests/varlen_cases.py): lengths 0, whole sequences, one row or key, sq != sk, ragged and whole
+# query / key blocks, a sequence whose used rows see no used key
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                    (False, (100, 20), 10.0), (True, (37, -1), 0.0)])
@@ -340,14 +337,7 @@ def test_varlen_backward_seqused_h100_failure(d):
     run_backward(*SEQUSED[:2], d=d, used_q=SEQUSED[2], used_k=SEQUSED[3])
 
 
-# the paths a NaN past seqused had into a used row's gradient, one sequence each: 0 uses all its queries
-# and keys and its last blocks run into 1's and 2's unused rows (1: 17 of 64 queries, no key; 2: no query,
-# 30 of 64 keys: a CTA with no step); 3 uses all its rows and its blocks run into 4's (50 of 70 queries
-# used) and past the packed tensors' end (TMA's zero fill); causal: sequence 0's first 29 queries see no
-# key (LSE -inf), D and LSE of the unused rows are never read (the preprocess pads them +inf / 0)
-SEQUSED_NEXT = ([129, 64, 200, 33, 70], [100, 130, 64, 300, 5], [129, 17, 0, 33, 50], [100, 0, 30, 300, 5])
-
-
+# SEQUSED_NEXT (tests/varlen_cases.py): one path of a NaN past seqused into a used row a sequence
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                    (False, (100, 20), 10.0)])

@@ -302,13 +302,19 @@ def varlen_config(dtype, hdim: int, causal: bool, window_size, softcap: bool, dv
     return cfg, wl, wr
 
 
+def _used_lengths(cu_seqlens, seqused):
+    """Each sequence's used rows as the kernels read them (int32, contiguous): seqused where given, else
+    the packed lengths from cu_seqlens (already contiguous)."""
+    return cu_seqlens[1:] - cu_seqlens[:-1] if seqused is None else seqused.contiguous()
+
+
 def _rows_in_use(cu_seqlens, seqused, total: int):
     """(total,) bool: whether each packed row is among its sequence's first seqused rows (all its rows
     where `seqused` is None; False for rows no sequence covers), with no device-to-host copy."""
     batch = cu_seqlens.shape[0] - 1
     token = torch.arange(total, device=cu_seqlens.device, dtype=torch.int32)
     seq = (torch.searchsorted(cu_seqlens, token, right=True) - 1).clamp(0, batch - 1)
-    used = seqused if seqused is not None else cu_seqlens[1:] - cu_seqlens[:-1]
+    used = _used_lengths(cu_seqlens, seqused)
     row = token - cu_seqlens[seq]
     return (row >= 0) & (row < used[seq]) & (token < cu_seqlens[-1])
 
@@ -387,12 +393,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
         flat_table, cu_seqlens_k = _flat_page_table(page_table, page_starts, batch)
     # the kernel's layout
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    seqused_q = None if seqused_q is None else seqused_q.contiguous()
-    seqused_k = None if seqused_k is None else seqused_k.contiguous()
-    if seqused_q is None:
-        seqused_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    if seqused_k is None:
-        seqused_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1]
+    seqused_q, seqused_k = _used_lengths(cu_seqlens_q, seqused_q), _used_lengths(cu_seqlens_k, seqused_k)
     fn = get_kernel(cfg)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     if decode:  # kvcache's rearranged decode: every sequence max_seqlen_q rows, alike: no sort to pay for
@@ -674,8 +675,7 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     dv = _value_grad(v, d, dv_split)
     batch = cu_seqlens_q.shape[0] - 1
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    used_q = cu_seqlens_q[1:] - cu_seqlens_q[:-1] if seqused_q is None else seqused_q.contiguous()
-    used_k = cu_seqlens_k[1:] - cu_seqlens_k[:-1] if seqused_k is None else seqused_k.contiguous()
+    used_q, used_k = _used_lengths(cu_seqlens_q, seqused_q), _used_lengths(cu_seqlens_k, seqused_k)
     if seqused_k is not None:  # no CTA writes the rows of keys past a sequence's seqused_k
         unused = ~_rows_in_use(cu_seqlens_k, used_k, total_k)[:, None, None]
         dk.masked_fill_(unused, 0.0)
