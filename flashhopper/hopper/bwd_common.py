@@ -217,20 +217,8 @@ class BwdKernelBase:
         sequences' rows past its end are loaded with the tile and may hold anything, NaN too, and
         0 x NaN is NaN in every GEMM that reads them (P, dS are 0 there, the +inf LSE / 0 D rows of
         the preprocess and the key mask): S, dP, dV, dK and dQ of the used rows alike."""
-        tidx = self.consumer_tidx()
-        threads = self.num_consumer_threads
-        zero = cute.make_rmem_tensor((1, 8), self.dtype)
-        zero.fill(0.0)
-        for sX in tiles:
-            per_row = cute.size(sX, mode=[1]) // 8
-            items = cute.size(sX, mode=[0]) * per_row
-            for i in cutlass.range_constexpr((items + threads - 1) // threads):
-                item = tidx + i * threads
-                row = item // per_row
-                if row >= rows_left and item < items:
-                    cute.autovec_copy(zero, cute.local_tile(sX, (1, 8), (row, item % per_row)))
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=threads)
+        L.zero_rows_from(tiles, rows_left, self.consumer_tidx(), self.num_consumer_threads)
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
     def zero_unused_keys(self, sK, sV, n_block, seq, barrier_id):

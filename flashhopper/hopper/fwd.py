@@ -1178,20 +1178,9 @@ class FlashFwdSm90:
         before the block's first P @ V; ping-pong has not started yet (the peeled block)."""
         if keys_left < self.tile_n:
             pipe_v.consumer_wait(v_state)  # waited again, at no cost, where P @ V is issued
-            sV_stage = sV[None, None, v_state.index]
-            per_row = self.hdim_v // 8
-            items = self.tile_n * per_row
-            threads = self.num_consumer_threads
-            zero = cute.make_rmem_tensor((1, 8), self.dtype)
-            zero.fill(0.0)
-            t = _opaque(tidx)
-            for i in cutlass.range_constexpr((items + threads - 1) // threads):
-                item = t + i * threads
-                row = item // per_row
-                if row >= keys_left and item < items:
-                    cute.autovec_copy(zero, cute.local_tile(sV_stage, (1, 8), (row, item % per_row)))
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=FwdBarrier.V_ZERO, number_of_threads=threads)
+            L.zero_rows_from((sV[None, None, v_state.index],), keys_left, _opaque(tidx),
+                             self.num_consumer_threads)
+            cute.arch.barrier(barrier_id=FwdBarrier.V_ZERO, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],

@@ -104,3 +104,22 @@ def acc_layout_as_operand_a_fp8(acc_layout: cute.Layout) -> cute.Layout:
     groups = cute.size(acc_layout, mode=[0, 2])
     view = cute.make_layout((((2, 2), 2, 2), 1, groups // 4), stride=(((1, 4), 2, 8), 0, 16))
     return cute.composition(acc_layout, view)
+
+
+@cute.jit
+def zero_rows_from(tiles, rows_left, tidx, threads: cutlass.Constexpr[int]):
+    """Rows [rows_left, rows) of each smem tile in `tiles` ((rows, cols) views of 16-bit elements) set to
+    0 by `threads` threads (this one `tidx`) in 16-byte stores, then fenced for the async proxy (WGMMA
+    reads them next); the caller's barrier follows. Varlen: the rows past a sequence's keys or used rows,
+    which a tile loads and which may hold anything (0 x NaN is NaN in the GEMMs that read them)."""
+    zero = cute.make_rmem_tensor((1, 8), tiles[0].element_type)
+    zero.fill(0.0)
+    for sX in tiles:
+        per_row = cute.size(sX, mode=[1]) // 8
+        items = cute.size(sX, mode=[0]) * per_row
+        for i in cutlass.range_constexpr((items + threads - 1) // threads):
+            item = tidx + i * threads
+            row = item // per_row
+            if row >= rows_left and item < items:
+                cute.autovec_copy(zero, cute.local_tile(sX, (1, 8), (row, item % per_row)))
+    cute.arch.fence_proxy("async.shared", space="cta")
