@@ -480,7 +480,7 @@ class FlashFwdSm90:
                             mQ, mK, mV, sQ, sK, sV_loaded, tma_atom_Q, tma_atom_K, tma_atom_V, pipe_q, pipe_k,
                             pipe_v_loaded, m_block, head, head // head_ratio, 0, n_min, n_max, q_state,
                             k_state, v_state, pipe_o=pipe_o, offsets=(off_q, off_k), pages=pages)
-                        tile = sched.claimed()
+                        tile = sched.claimed(lane)
                         m_block, head, seq = sched.varlen_tile(tile)
                     sched.retire(lane)  # the last claim is done (its tile is past the walk's end)
                     # the end marker (sequence -1) lets the consumers leave
@@ -1091,8 +1091,9 @@ class FlashFwdSm90:
                     if cutlass.const_expr(not idle):
                         to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True)
                         acc_to_operand_a(acc_S, tOrP)
-                if cutlass.const_expr(sV is not None):  # varlen (idle warpgroups too: they meet)
-                    self.zero_v_past_keys(pipe_v, v_state, sV, seqlen_k - (n_max - 1) * self.tile_n, tidx)
+                if cutlass.const_expr(sV is not None):  # varlen (idle warpgroups too: they arrive)
+                    self.zero_v_past_keys(pipe_v, v_state, sV, seqlen_k - (n_max - 1) * self.tile_n, tidx,
+                                          idle)
         n_top = n_max - 1 if cutlass.const_expr(self.cfg.intra_wg_overlap) else n_max
         # decided once: the serial path moves n_top below, and a prime without its finish leaves
         # a hand-off pending that deadlocks the next persistent tile (1-block causal tiles)
@@ -1171,16 +1172,22 @@ class FlashFwdSm90:
         return k_state, v_state
 
     @cute.jit
-    def zero_v_past_keys(self, pipe_v, v_state, sV, keys_left, tidx):
+    def zero_v_past_keys(self, pipe_v, v_state, sV, keys_left, tidx, idle: cutlass.Constexpr[bool]):
         """Varlen, the highest key block: V's rows past the sequence's keys (the next sequence's, or
         what lies past seqused_k) get probability 0, but 0 x NaN is NaN in P @ V. The consumers zero
         them in smem (each thread its share), fence the writes for the WGMMAs (async proxy) and meet
-        before the block's first P @ V; ping-pong has not started yet (the peeled block)."""
+        before the block's first P @ V; ping-pong has not started yet (the peeled block). An idle
+        warpgroup reads no V: it only arrives (its stores released to the waiting ones), so the
+        barrier has one waiting site."""
         if keys_left < self.tile_n:
             pipe_v.consumer_wait(v_state)  # waited again, at no cost, where P @ V is issued
             L.zero_rows_from((sV[None, None, v_state.index],), keys_left, _opaque(tidx),
                              self.num_consumer_threads)
-            cute.arch.barrier(barrier_id=FwdBarrier.V_ZERO, number_of_threads=self.num_consumer_threads)
+            if cutlass.const_expr(idle):
+                cute.arch.barrier_arrive(barrier_id=FwdBarrier.V_ZERO,
+                                         number_of_threads=self.num_consumer_threads)
+            else:
+                cute.arch.barrier(barrier_id=FwdBarrier.V_ZERO, number_of_threads=self.num_consumer_threads)
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],

@@ -200,10 +200,13 @@ class FwdTileScheduler:
             self.claimed_slot[0] = cute.arch.atomic_add(self.counter.iterator, Int32(1)) + self.grid_size
 
     @cute.jit
-    def claimed(self):
-        """Varlen, producer warp: the tile claim_ahead claimed, in every lane."""
-        cute.arch.sync_warp()  # lane 0's store before the other lanes' loads
-        return self.claimed_slot[0]
+    def claimed(self, lane):
+        """Varlen, producer warp: the tile claim_ahead claimed, in every lane. Lane 0 wrote the word
+        and reads it back; the others take it by shuffle (no lane reads what another lane wrote)."""
+        claimed = Int32(0)
+        if lane == 0:
+            claimed = self.claimed_slot[0]
+        return cute.arch.shuffle_sync(claimed, 0)
 
     @cute.jit
     def claim(self, lane):
