@@ -26,6 +26,9 @@ backward, FP8, varlen and decode as they come.
   softcap within 2x the emulator's error plus softcap * 2^-10 (the approximate tanh moves every
   score by up to softcap * 2^-11); both plus 4 fp32 ulps of the row's largest sum of |q| |k|
   products (`score_floor`: the tensor cores truncate each chunk's sum to the largest term's bits).
+- A KV cache (flash_attn_with_kvcache, `check_kvcache`): each item's out and LSE by the rule above
+  against its keys gathered from the cache after the call; the appended keys and values exact, element
+  by element, and every other cache entry bit for bit as before the call.
 - FP8 (e4m3 inputs, bf16 out): the reference is float64 on the dequantized inputs (stored value x
   descale); the emulator (`emulate_forward_fp8`) rounds P the kernel's way: exp2(x - max + 8),
   i.e. P * 256, to e4m3, the row sums from the unrounded P, V's descale at the end, in the kernel's
@@ -48,6 +51,7 @@ backward, FP8, varlen and decode as they come.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 
@@ -253,7 +257,8 @@ def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: 
 
 
 def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(None, None, None)) -> None:
-    """A forward's out and LSE against the float64 reference by the rule (FP8: `descales`)."""
+    """A forward's out and LSE against the float64 reference by the rule (FP8: `descales`); lse None: a
+    call that returned none (out alone is checked)."""
     from flashhopper.reference import attention_ref, dequantize_fp8
 
     fp8 = q.dtype == torch.float8_e4m3fn
@@ -277,6 +282,8 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
     # FP8: the yardstick is the kernel-order emulator (its tensor-core accumulation is a rounding point)
     check_output("out", out, ref, exact if fp8 else emu, softcap, fp8=fp8,
                  floor=ftz_floor(k.shape[1], vmax))
+    if lse is None:
+        return
     if fp8:  # exact but for the scores' tensor-core accumulation, which costs no more than its own error
         check_lse(lse, exact_lse.double(), exact_lse, softcap)
         seen = torch.isfinite(ref_lse)
@@ -302,6 +309,67 @@ def check_varlen_forward(out, lse, q, k, v, cu_seqlens_q, cu_seqlens_k, used_q, 
             assert (out[rows] == 0).all() and torch.isneginf(lse[:, rows]).all(), f"sequence {i}: no key"
         unused = slice(starts_q[i] + lq, starts_q[i + 1])
         assert out[unused].isnan().all() and lse[:, unused].isnan().all(), f"sequence {i}: rows past seqused"
+
+
+def cache_index(cache, item: int, positions, *, row: int | None = None, page_table=None) -> tuple:
+    """Where item `item`'s positions (an int64 tensor on the cache's device) lie in a KV cache, as an index:
+    cache[index] is their (n, heads_k, d) entries in position order. Contiguous (b_cache, s_cache, ...):
+    positions of cache row `row` (cache_batch_idx[item]; default item). Paged (page_table (b, max_pages),
+    cache (num_pages, page_size, ...)): position p at slot p % page_size of page page_table[item, p //
+    page_size]. Spelled out here, apart from kvcache's own arithmetic, to check it."""
+    if page_table is None:
+        return item if row is None else row, positions
+    page_size = cache.shape[1]
+    return page_table[item].long()[positions // page_size], positions % page_size
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """t's elements as integers of their width: compared, NaN equals the same NaN and -0 is not 0."""
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return t.contiguous().view(width)
+
+
+def check_kvcache(out, lse, q, k_cache, v_cache, cache_seqlens, *, scale, causal, window, softcap, k_new=None,
+                  v_new=None, before=None, cache_batch_idx=None, cache_leftpad=None, page_table=None) -> None:
+    """flash_attn_with_kvcache's results by the rule, item by item (cache_seqlens, cache_batch_idx,
+    cache_leftpad: lists of ints as the call was given them; page_table: the call's tensor):
+
+    - the append element by element: k_new[i], v_new[i] ((b, s_new, heads_k, d), or None) at positions
+      cache_seqlens[i] .. + s_new of item i's cache row or pages (cache_index);
+    - with `before` (copies of (k_cache, v_cache) from before the call) every other entry of both caches,
+      other rows and pages included, bit for bit as it was;
+    - out (b, s_q, hq, dv) and lse (b, hq, s_q; None where the call returned none) by check_forward
+      against the item's keys [cache_leftpad[i], cache_seqlens[i] + s_new) in position order, the queries
+      aligned bottom-right; an item with no key gives 0 and -inf.
+
+    A failure names the item."""
+    s_new = 0 if k_new is None else k_new.shape[1]
+    rows = cache_batch_idx or range(q.shape[0])
+    left = cache_leftpad or [0] * q.shape[0]
+    written = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device=k_cache.device)
+    for i, (row, n) in enumerate(zip(rows, cache_seqlens, strict=True)):
+        where = partial(cache_index, k_cache, i, row=row, page_table=page_table)
+        positions = partial(torch.arange, device=k_cache.device)
+        if s_new:
+            appended = where(positions(n, n + s_new))
+            assert torch.equal(_bits(k_cache[appended]), _bits(k_new[i])), f"item {i}: the appended k"
+            assert torch.equal(_bits(v_cache[appended]), _bits(v_new[i])), f"item {i}: the appended v"
+            written[appended] = True
+        keys = where(positions(left[i], n + s_new))
+        item_lse = None if lse is None else lse[i:i + 1]
+        if n + s_new > left[i]:
+            try:
+                check_forward(out[i:i + 1], item_lse, q[i:i + 1], k_cache[keys][None], v_cache[keys][None],
+                              scale, causal, window, softcap)
+            except AssertionError as exc:
+                raise AssertionError(f"item {i}: {exc}") from exc
+        else:
+            assert (out[i] == 0).all(), f"item {i} (no key): out not all 0"
+            assert item_lse is None or torch.isneginf(item_lse).all(), f"item {i} (no key): LSE not all -inf"
+    if before is not None:
+        for name, now, old in (("k_cache", k_cache, before[0]), ("v_cache", v_cache, before[1])):
+            kept = torch.equal(_bits(now[~written]), _bits(old[~written]))
+            assert kept, f"{name}: entries besides the append changed"
 
 
 def check_grads(grads, q, k, v, dout, scale, causal, window, softcap, *, out, label: str = "") -> None:

@@ -180,9 +180,11 @@ def _cmd_fuzz(args) -> int:
         print(f"flashhopper fuzz: --jobs takes N >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     if args.jobs > 1:
-        report = fuzz_parallel(args.cases, args.seed, args.jobs, backward=not args.no_bwd)
+        report = fuzz_parallel(args.cases, args.seed, args.jobs, backward=not args.no_bwd, group=args.strata,
+                               experimental=args.experimental)
     else:
-        report = fuzz(args.cases, args.seed, backward=not args.no_bwd, shard=(k, n))
+        report = fuzz(args.cases, args.seed, backward=not args.no_bwd, shard=(k, n), group=args.strata,
+                      experimental=args.experimental)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -405,6 +407,8 @@ def _cmd_plot(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from flashhopper.fuzz import STRATA
+
     parser = argparse.ArgumentParser(prog="flashhopper", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -449,6 +453,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cases", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-bwd", action="store_true", help="the forward only")
+    p.add_argument("--strata", choices=STRATA, default="all",
+                   help="draw from every stratum (default); from flash_attn_func's and "
+                   "flash_attn_varlen_func's only (the draws from before the decode strata); or from "
+                   "flash_attn_with_kvcache's only")
+    p.add_argument("--experimental", action="store_true",
+                   help="decode cases may also take the path never yet run on a GPU, the split inside the "
+                   "attention kernel (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT); the rest drawn as without it")
     p.add_argument("--case", metavar="JSON", help="run the one case a failure printed")
     p.add_argument("--jobs", type=int, default=1, help="processes sharing the GPU, each a shard of the cases")
     p.add_argument("--shard", default="0/1", metavar="K/N", help="only cases i with i %% N == K")

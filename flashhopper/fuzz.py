@@ -1,15 +1,38 @@
 """`flashhopper fuzz`: random cases, stratified over the dispatched kernels, checked by the one
-correctness rule (flashhopper/accuracy.py); every failure printed as a one-line reproducer.
+correctness rule (flashhopper/accuracy.py); every failure printed as a one-line reproducer
+(`flashhopper fuzz --case '<json>'` runs it again).
 
-Case i draws its stratum (dtype, head dim, mask kind, softcap, deterministic) round-robin, so N cases
-cover every stratum N / 40 times, then from its own seed: lengths (bracket edges of the dispatch,
-odd and tiny ones, or log-uniform up to 4096), batch, heads and GQA ratio, window bounds, layout
-(contiguous, heads strided, packed qkv), a softmax scale (default or drawn) and the inputs'
-magnitude. The forward is checked, then (unless --no-bwd) the backward.
+Case i draws its stratum round-robin from `strata()`, so N cases cover each of its S strata N / S
+times (S = 520: 360 attention strata, then 160 decode strata), then the rest from its own seed.
+
+Attention strata (dtype, head dim, mask kind, softcap, deterministic; dense, FP8 or varlen): lengths
+(bracket edges of the dispatch, odd and tiny ones, or log-uniform up to 4096), batch, heads and GQA
+ratio, window bounds, layout (contiguous, heads strided, packed qkv), a softmax scale (default or
+drawn) and the inputs' magnitude, through flash_attn_func / flash_attn_varlen_func. The forward is
+checked, then (unless --no-bwd) the backward.
+
+Decode strata (16-bit dtype, head dim, mask kind, softcap; a contiguous or a paged cache), through
+flash_attn_with_kvcache: GQA 32:8, 8:2, 4:4, 8:1 or 6:3, batch 1-8, a query length of 1 (decode), 2-16
+(speculative decoding) or a chunked prefill's, each item's cache_seqlens (0, 1, a page or key block
+boundary +-1, or log-uniform up to 4096), new keys and values appended (k=, v=) or not, cache_batch_idx
+(distinct rows of a larger contiguous cache) and cache_leftpad sometimes, pages of 1, 16, 64, 128 or
+256 rows in a shuffled table (its entries past an item's pages garbage), hdim 192 with dv = 128 two
+times in five, num_splits (0 or forced) and pack_gqa hints, return_lse or not, a preallocated out, and
+the 1-warpgroup decode tile opted in for the call (decode_paths); with `--experimental` also the split
+inside the attention kernel, which has never run on a GPU (the rest of each case drawn as without it).
+Every cache slot outside an item's keys is NaN, which must stay out; accuracy.check_kvcache checks each
+item by the rule against its keys, the append element by element and every other cache entry unchanged.
+Inference only: no backward. The kernels a decode case counts (kernels_of) are kvcache's choices planned
+on the host for the GPU's SM count.
+
+`--strata attention` draws exactly what the fuzz drew before it had decode strata (the same cases for
+the same seed); with the decode strata in the table (the default, "all") case i's stratum comes from the
+520-strata table, so the same seed draws other cases than before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -24,6 +47,44 @@ _EDGES = (1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 511, 512
           2047, 2048, 2049)
 # the float64 reference holds b * hq * sq * sk scores (and the backward several such tensors)
 _MAX_SCORES = 1 << 25
+# which strata a run draws from (`strata`): all of them, those of flash_attn_func and
+# flash_attn_varlen_func (the fuzz's draws before it had decode strata), or flash_attn_with_kvcache's
+STRATA = ("all", "attention", "decode")
+# decode strata: (query heads, kv heads), page sizes of a paged cache (1: gathered first; the others the
+# kernels read in place), chunked prefill lengths, the longest cache_seqlens drawn
+DECODE_GQA = ((32, 8), (8, 2), (4, 4), (8, 1), (6, 3))
+PAGE_SIZES = (1, 16, 64, 128, 256)
+_PREFILL = (33, 64, 127, 128, 129, 300, 512)
+_MAX_CACHED = 4096
+# the SMs the decode layout (splitkv.plan) is planned for when no GPU tells: an H100 SXM's and an H200's
+DEFAULT_SMS = 132
+
+
+@dataclasses.dataclass(frozen=True)
+class Decode:
+    """A flash_attn_with_kvcache case's cache and call (Case.decode); the tensors' values, the page
+    table's order and its garbage entries come from the case's seed."""
+
+    cache_seqlens: tuple  # each item's length before the append
+    new: int  # keys and values appended (k=, v=), 0: none
+    page_size: int  # 0: a contiguous cache
+    capacity: int  # positions an item may hold: the contiguous cache's s_cache, or a table row's pages
+    cache_rows: int  # the contiguous cache's b_cache, or the paged cache's pages
+    batch_idx: tuple = ()  # cache_batch_idx (distinct rows of a contiguous cache), () for none
+    leftpad: tuple = ()  # cache_leftpad, () for none
+    num_splits: int = 0
+    pack_gqa: bool | None = None
+    return_lse: bool = True
+    out: bool = False  # a preallocated out, NaN before the call
+    decode_tile: bool = False  # FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1 for the call (else 0)
+    split_in_kernel: bool = False  # FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1 for the call (else 0)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> Decode:
+        fields = dict(fields)
+        for name in ("cache_seqlens", "batch_idx", "leftpad"):
+            fields[name] = tuple(fields.get(name, ()))
+        return cls(**fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +112,26 @@ class Case:
     seqlens: tuple = ()
     seqused: tuple = ()
     dv: int = 0  # the value head dim when it differs from hdim (config.SPLIT_HDIMS)
+    # a flash_attn_with_kvcache case (sq: each item's query length, sk: the most keys an item holds,
+    # layout "bshd"), else None
+    decode: Decode | None = None
 
     @property
     def varlen(self) -> bool:
         return bool(self.seqlens)
 
+    @property
+    def kind(self) -> str:
+        """The stratum's entry point: "dense", "varlen", "kvcache" (a contiguous cache) or "paged"."""
+        if self.decode is not None:
+            return "paged" if self.decode.page_size else "kvcache"
+        return "varlen" if self.varlen else "dense"
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+        fields = dataclasses.asdict(self)
+        if self.decode is None:  # an attention case prints as it did before the decode strata
+            del fields["decode"]
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Case:
@@ -65,6 +139,8 @@ class Case:
         fields["window"] = tuple(fields["window"])
         for name in ("seqlens", "seqused"):
             fields[name] = tuple(tuple(pair) for pair in fields.get(name, ()))
+        if fields.get("decode") is not None:
+            fields["decode"] = Decode.from_dict(fields["decode"])
         return cls(**fields)
 
     @property
@@ -72,12 +148,19 @@ class Case:
         return self.mask in ("causal", "causal_window")
 
 
-def strata() -> list[tuple]:
-    """(dtype, hdim, mask, softcap, deterministic, varlen): 16-bit with both backward modes, dense and
-    varlen; FP8 (forward only)."""
-    return (list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True), (False,)))
-            + list(itertools.product(FP8_DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False,), (False,)))
-            + list(itertools.product(DTYPES, SUPPORTED_HDIMS, MASKS, (0.0, 15.0), (False, True), (True,))))
+def strata(group: str = "all") -> list[tuple]:
+    """(dtype, hdim, mask, softcap, deterministic, kind) of a group of STRATA: "attention", 16-bit with
+    both backward modes, dense and varlen, and FP8 (forward only), in the order the fuzz drew them before
+    the decode strata; "decode", 16-bit over a contiguous ("kvcache") or a paged cache (no backward);
+    "all", both in that order."""
+    if group not in STRATA:
+        raise ValueError(f"strata group {group!r}; accepted: {STRATA}")
+    masks = (SUPPORTED_HDIMS, MASKS, (0.0, 15.0))
+    attention = (list(itertools.product(DTYPES, *masks, (False, True), ("dense",)))
+                 + list(itertools.product(FP8_DTYPES, *masks, (False,), ("dense",)))
+                 + list(itertools.product(DTYPES, *masks, (False, True), ("varlen",))))
+    decode = list(itertools.product(DTYPES, *masks, (False,), ("kvcache", "paged")))
+    return {"all": attention + decode, "attention": attention, "decode": decode}[group]
 
 
 def _length(rng: random.Random) -> int:
@@ -86,12 +169,18 @@ def _length(rng: random.Random) -> int:
     return max(1, int(math.exp(rng.uniform(0.0, math.log(4096)))))
 
 
-def draw(index: int, seed: int) -> Case:
-    """Case `index` of a fuzz run seeded `seed` (the same on every machine)."""
-    table = strata()
-    dtype, hdim, mask, softcap, deterministic, varlen = table[index % len(table)]
+def draw(index: int, seed: int, group: str = "all", experimental: bool = False) -> Case:
+    """Case `index` of a fuzz run seeded `seed` over the strata `group` (the same on every machine);
+    `experimental`: decode cases may take the path never yet run on a GPU (the split inside the kernel),
+    the rest of every case drawn as without it."""
+    table = strata(group)
+    dtype, hdim, mask, softcap, deterministic, kind = table[index % len(table)]
     case_seed = seed * 1_000_003 + index
     rng = random.Random(case_seed)
+    if kind in ("kvcache", "paged"):
+        return _draw_decode(rng, case_seed, dtype=dtype, hdim=hdim, mask=mask, softcap=softcap,
+                            paged=kind == "paged", experimental=experimental)
+    varlen = kind == "varlen"
     sq, sk = _length(rng), _length(rng)
     ratio = rng.choice((1, 1, 2, 4, 8))
     hk = rng.choice((1, 1, 2, 3))
@@ -101,10 +190,7 @@ def draw(index: int, seed: int) -> Case:
         b -= 1
     while hq * sq * sk > _MAX_SCORES:
         sq, sk = max(1, sq // 2), max(1, sk // 2)
-    left = rng.choice((0, 1, 17, 64, 200, 1000))
-    right = rng.choice((0, 3, 64, 500)) if mask == "window" else -1
-    window = {"none": (-1, -1), "causal": (-1, -1), "window": (left, right),
-              "causal_window": (left, -1)}[mask]
+    window = _window(rng, mask)
     layout = rng.choice(("bshd", "bshd", "strided", "packed"))
     if layout == "packed" and (sq != sk or hq != hk):
         layout = "strided"
@@ -129,6 +215,71 @@ def draw(index: int, seed: int) -> Case:
         layout = "bshd"
     return Case(dtype, hdim, mask, softcap, deterministic, b, sq, sk, hq, hk, window, layout, scale,
                 magnitude, case_seed, descale, seqlens, seqused, dv)
+
+
+def _window(rng: random.Random, mask: str) -> tuple[int, int]:
+    left = rng.choice((0, 1, 17, 64, 200, 1000))
+    right = rng.choice((0, 3, 64, 500)) if mask == "window" else -1
+    return {"none": (-1, -1), "causal": (-1, -1), "window": (left, right), "causal_window": (left, -1)}[mask]
+
+
+def _cache_length(rng: random.Random, block: int) -> int:
+    """An item's cache_seqlens: 0, 1, a multiple of `block` (a page, or a key block) +-1, or
+    log-uniform up to _MAX_CACHED."""
+    pick = rng.random()
+    if pick < 0.1:
+        return 0
+    if pick < 0.2:
+        return 1
+    if pick < 0.55:
+        return max(0, rng.randint(1, _MAX_CACHED // block) * block + rng.choice((-1, 0, 1)))
+    return int(math.exp(rng.uniform(0.0, math.log(_MAX_CACHED))))
+
+
+def _query_length(rng: random.Random) -> int:
+    """1 (decode) 3 times in 5, else 2-16 (speculative decoding) or a chunked prefill's."""
+    pick = rng.random()
+    if pick < 0.6:
+        return 1
+    return rng.randint(2, 16) if pick < 0.9 else rng.choice(_PREFILL)
+
+
+def _draw_decode(rng: random.Random, case_seed: int, *, dtype: str, hdim: int, mask: str, softcap: float,
+                 paged: bool, experimental: bool) -> Case:
+    """A flash_attn_with_kvcache case of a decode stratum (the module docstring says what it draws)."""
+    hq, hk = rng.choice(DECODE_GQA)
+    b, sq = rng.randint(1, 8), _query_length(rng)
+    new = 0
+    if rng.random() < 0.5:  # the query tokens' own keys and values, or another count
+        new = sq if rng.random() < 0.75 else rng.randint(1, 16)
+    page_size = rng.choice(PAGE_SIZES) if paged else 0
+    lens = [_cache_length(rng, page_size if page_size > 1 else 128) for _ in range(b)]
+    while hq * sq * (max(lens) + new) > _MAX_SCORES:  # the reference's scores of one item
+        lens = [n // 2 for n in lens]
+    leftpad = tuple(rng.randint(0, n) for n in lens) if rng.random() < 0.2 else ()
+    need = max(1, max(lens) + new)
+    batch_idx = ()
+    if page_size:  # a table row's pages, some unused; spare pages no row holds
+        pages = -(-need // page_size) + rng.choice((0, 0, 1, 2))
+        capacity, cache_rows = pages * page_size, b * pages + rng.choice((0, 1, 5))
+    else:
+        capacity, cache_rows = need + rng.choice((0, 0, 1, 100)), b
+        if rng.random() < 0.3:
+            cache_rows = b + rng.choice((0, 1, 3))
+            batch_idx = tuple(rng.sample(range(cache_rows), b))
+    decode = Decode(cache_seqlens=tuple(lens), new=new, page_size=page_size, capacity=capacity,
+                    cache_rows=cache_rows, batch_idx=batch_idx, leftpad=leftpad,
+                    num_splits=0 if rng.random() < 0.6 else rng.choice((1, 2, 3, 7, 16, 64)),
+                    pack_gqa=None if rng.random() < 0.7 else rng.choice((True, False)),
+                    return_lse=rng.random() < 0.75, out=rng.random() < 0.3,
+                    decode_tile=rng.random() < 0.3, split_in_kernel=rng.random() < 0.25 and experimental)
+    window = _window(rng, mask)
+    scale = None if rng.random() < 0.6 else rng.uniform(0.02, 1.0) / math.sqrt(hdim) * 4
+    magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
+    splits = [dv for d, dv in SPLIT_HDIMS if d == hdim]
+    dv = rng.choice(splits) if splits and rng.random() < 0.4 else 0
+    return Case(dtype, hdim, mask, softcap, False, b, sq, max(lens) + new, hq, hk, window, "bshd", scale,
+                magnitude, case_seed, dv=dv, decode=decode)
 
 
 def make_inputs(case: Case, device="cuda"):
@@ -224,8 +375,136 @@ def make_descales(case: Case, device="cuda"):
     return tuple(0.5 + torch.rand(case.b, case.hk, device=device, generator=g) for _ in range(3))
 
 
-def run(case: Case, backward: bool = True) -> str | None:
-    """The case through flash_attn_func, checked by the rule: None, or what failed."""
+def _page_table(case: Case) -> list[list[int]]:
+    """A paged case's table rows: each item's pages a draw without repeats from the cache's pages
+    (shuffled: no order, no run of neighbours), from the case's seed; the entries past the pages an item
+    uses (its cache_seqlens plus the append) garbage: -1, a page far past the cache, another item's
+    first page."""
+    d = case.decode
+    rng = random.Random(f"page table {case.seed}")
+    per_item = d.capacity // d.page_size
+    pages = rng.sample(range(d.cache_rows), case.b * per_item)
+    table = [pages[i * per_item:(i + 1) * per_item] for i in range(case.b)]
+    for i, row in enumerate(table):
+        garbage = (-1, 1 << 30, pages[(i + 1) % case.b * per_item])
+        for j in range(-(-(d.cache_seqlens[i] + d.new) // d.page_size), per_item):
+            row[j] = rng.choice(garbage)
+    return table
+
+
+def make_decode_inputs(case: Case, device="cuda"):
+    """(q, k_cache, v_cache, the call's other arguments) of a decode case, from its seed: every cache
+    slot outside an item's keys before the call (positions [cache_leftpad, cache_seqlens) of its row or
+    pages) NaN, which must stay out of every result; a preallocated out (case.decode.out) NaN."""
+    import torch
+
+    from flashhopper.accuracy import cache_index
+
+    d = case.decode
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    g = torch.Generator(device=device).manual_seed(case.seed)
+
+    def randn(*shape):
+        return (torch.randn(*shape, device=device, generator=g) * case.magnitude).to(dt)
+
+    dv = case.dv or case.hdim
+    rows = (d.cache_rows, d.page_size or d.capacity, case.hk)
+    k_cache, v_cache = randn(*rows, case.hdim), randn(*rows, dv)
+    q = randn(case.b, case.sq, case.hq, case.hdim)
+    new = (None, None)
+    if d.new:
+        new = randn(case.b, d.new, case.hk, case.hdim), randn(case.b, d.new, case.hk, dv)
+
+    def int32(values):
+        return torch.tensor(values, dtype=torch.int32, device=device) if values else None
+
+    table = int32(_page_table(case)) if d.page_size else None
+    live = torch.zeros(rows[:2], dtype=torch.bool, device=device)
+    left = d.leftpad or (0,) * case.b
+    for i, n in enumerate(d.cache_seqlens):
+        positions = torch.arange(left[i], n, device=device)
+        live[cache_index(k_cache, i, positions, row=d.batch_idx[i] if d.batch_idx else None,
+                         page_table=table)] = True
+    for cache in (k_cache, v_cache):
+        cache[~live] = float("nan")
+    call = dict(k=new[0], v=new[1], cache_seqlens=int32(d.cache_seqlens), cache_batch_idx=int32(d.batch_idx),
+                cache_leftpad=int32(d.leftpad), page_table=table, softmax_scale=case.scale,
+                causal=case.causal, window_size=case.window, softcap=case.softcap, num_splits=d.num_splits,
+                pack_gqa=d.pack_gqa, return_lse=d.return_lse)
+    if d.out:
+        call["out"] = torch.full((*q.shape[:-1], dv), float("nan"), dtype=dt, device=device)
+    return q, k_cache, v_cache, call
+
+
+@contextlib.contextmanager
+def decode_paths(decode: Decode):
+    """The gated decode paths as the case drew them, for the call: the opt-ins of the 1-warpgroup decode
+    tile and of the split inside the kernel set to 1 or 0, whatever the caller's environment says
+    (restored after), so that a reproducer runs the path it failed on."""
+    from flashhopper import validation
+
+    wanted = {validation.DECODE_TILE_OPT_IN: decode.decode_tile,
+              validation.DECODE_SPLIT_OPT_IN: decode.split_in_kernel}
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update({name: "1" if on else "0" for name, on in wanted.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_decode(case: Case, *, device="cuda", backend="auto") -> None:
+    """A decode case through flash_attn_with_kvcache on its drawn path (decode_paths), checked by
+    accuracy.check_kvcache: each item by the rule against its keys, the append element by element, every
+    other cache entry unchanged, the outputs NaN-poisoned before the call (runtime.poison, and the
+    preallocated out). Raises AssertionError on a failure. backend="reference" (any device: the CPU
+    tests) runs the float64 reference with the same append instead of the kernels."""
+    import torch
+
+    from flashhopper import flash_attn_with_kvcache
+    from flashhopper.accuracy import check_kvcache
+
+    if backend != "reference":
+        from flashhopper.hopper import runtime
+
+        runtime.poison = True  # every output and workspace starts as NaN
+    d = case.decode
+    q, k_cache, v_cache, call = make_decode_inputs(case, device)
+    before = (k_cache.clone(), v_cache.clone())
+    with decode_paths(d):
+        result = flash_attn_with_kvcache(q, k_cache, v_cache, backend=backend, **call)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    out, lse = result if d.return_lse else (result, None)
+    assert not d.out or out is call["out"], "out: not the preallocated tensor"
+    scale = case.scale if case.scale is not None else case.hdim ** -0.5
+    check_kvcache(out, lse, q, k_cache, v_cache, list(d.cache_seqlens), scale=scale, causal=case.causal,
+                  window=case.window, softcap=case.softcap, k_new=call["k"], v_new=call["v"], before=before,
+                  cache_batch_idx=list(d.batch_idx) or None, cache_leftpad=list(d.leftpad) or None,
+                  page_table=call["page_table"])
+
+
+def _described(exc: Exception) -> str:
+    """A failure in one line: an assertion's message, or a crash's or a refusal's type and message."""
+    if isinstance(exc, AssertionError):
+        return str(exc).splitlines()[0][:300] if str(exc) else "AssertionError"
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+
+
+def run(case: Case, backward: bool = True, *, device="cuda", backend="auto") -> str | None:
+    """The case through flash_attn_func (varlen: run_varlen; decode: run_decode), checked by the rule:
+    None, or what failed. `device` and `backend` are a decode case's (run_decode); the others run on the
+    GPU."""
+    if case.decode is not None:
+        try:
+            run_decode(case, device=device, backend=backend)
+        except Exception as exc:  # a crash or a refusal is a failure too
+            return _described(exc)
+        return None
     import torch
 
     from flashhopper import flash_attn_func
@@ -259,18 +538,117 @@ def run(case: Case, backward: bool = True) -> str | None:
         check_forward(out.detach(), lse, q, k, v, scale, case.causal, case.window, case.softcap, descales)
         if backward:
             check_grads(grads, q, k, v, dout, scale, case.causal, case.window, case.softcap, out=out.detach())
-    except AssertionError as exc:
-        return str(exc).splitlines()[0][:300]
     except Exception as exc:  # a crash or a refusal is a failure too
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        return _described(exc)
     return None
 
 
-def kernels_of(case: Case, backward: bool) -> set:
-    """The kernel configs the case dispatches (for the count of configs hit)."""
+def decode_attention_config(dtype: str, hdim: int, dv: int, causal: bool, window, softcap: bool, *,
+                            rearranged: bool, tile: bool, split: bool, page_size: int):
+    """The attention kernel's config a flash_attn_with_kvcache call launches (kvcache.py): with one query
+    token and no window rearranged (`rearranged`, splitkv.plan: no mask) on the split walk inside the
+    kernel (`split`), else on the 1-warpgroup decode tile (`tile`) or the varlen tile; otherwise the
+    varlen forward of the mask. Over pages of `page_size` rows (0: none) the paged config where the
+    kernels serve them (its page_size then page_size; else the call gathers the pages first)."""
+    from flashhopper import plan
+
+    if rearranged and split:
+        return plan.fwd_plan_split(dtype, hdim, softcap, dv, page_size, decode_tile=tile)
+    if rearranged and tile:
+        return plan.fwd_plan_decode(dtype, hdim, softcap, dv, page_size)
+    if rearranged:  # one query token at the end of its keys: no mask
+        causal, window = False, (-1, -1)
+    return plan.fwd_plan_varlen(dtype, hdim, causal, window, softcap, dv, page_size)[0]
+
+
+def _decode_switches(decode: Decode) -> tuple[bool, bool]:
+    """(decode tile, split inside the kernel) as the call runs them: drawn on, or verified (on for all)."""
+    from flashhopper import validation
+
+    return (decode.decode_tile or validation.DECODE_TILE_GPU_VERIFIED,
+            decode.split_in_kernel or validation.DECODE_SPLIT_GPU_VERIFIED)
+
+
+def _decode_kernels(case: Case, sms: int) -> set:
+    """The configs a decode case's call launches on `sms` SMs (kvcache.py's choices, planned here on
+    the host): its attention kernel (decode_attention_config; a paged cache read in place where there
+    is no cache_leftpad and the kernels serve the page size, else gathered into a contiguous copy first)
+    and the merge kernel where the call merges or unpacks partials (the rearranged call on the varlen
+    kernel; the split inside the kernel with more than one split)."""
+    from flashhopper import splitkv, validation
+    from flashhopper.config import COMBINE_MAX_SPLITS, CombineConfig
+
+    d = case.decode
+    tile, split = _decode_switches(d)
+
+    def planned(page_size: int):
+        align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
+        layout = splitkv.plan(batch=case.b, seqlen_q=case.sq, heads_q=case.hq, heads_k=case.hk,
+                              capacity=d.capacity, window=case.window, num_splits=d.num_splits,
+                              pack_gqa=d.pack_gqa, sms=sms, align=align)
+        cfg = decode_attention_config(case.dtype, case.hdim, case.dv, case.causal, case.window,
+                                      case.softcap > 0, rearranged=layout.rearranged, tile=tile,
+                                      split=split and layout.rearranged, page_size=page_size)
+        return layout, cfg
+
+    layout, cfg = planned(0)
+    if d.page_size and not d.leftpad and validation.paged_tma_enabled():
+        paged_layout, paged_cfg = planned(d.page_size)
+        if paged_cfg.page_size == d.page_size:  # the kernels read the pages in place
+            layout, cfg = paged_layout, paged_cfg
+    if split and layout.rearranged:
+        merged = layout.splits > 1  # one split: the kernel stores into the output itself
+    else:
+        merged = layout.rearranged and validation.decode_merge_enabled()
+    if merged and layout.splits <= COMBINE_MAX_SPLITS:
+        return {cfg, CombineConfig(case.dtype, case.dv or case.hdim, case.dtype)}
+    return {cfg}
+
+
+def decode_kernels_reachable(experimental: bool = False) -> set:
+    """Every config a decode case can launch: decode_attention_config over every 16-bit dtype, head dim
+    pair, mask kind, softcap, arrangement, decode path (the split inside the kernel only `experimental`,
+    as draw) and page size (those the kernels do not serve gathered: page size 0), and the merge
+    kernels."""
+    from flashhopper import plan, validation
+
+    tiles = (True,) if validation.DECODE_TILE_GPU_VERIFIED else (False, True)
+    splits = (True,) if validation.DECODE_SPLIT_GPU_VERIFIED else (False, True) if experimental else (False,)
+    paths = [(False, False, False), *itertools.product((True,), tiles, splits)]
+    hit = set(plan.combine_kernels())
+    for dtype, hdim in itertools.product(DTYPES, SUPPORTED_HDIMS):
+        shapes = itertools.product(plan.value_hdims(hdim), plan.MASKS, (False, True), (0, *PAGE_SIZES), paths)
+        for dv, (causal, window), softcap, page_size, (rearranged, tile, split) in shapes:
+            if rearranged and tuple(window) != (-1, -1):
+                continue
+            cfg = decode_attention_config(dtype, hdim, dv, causal, window, softcap, rearranged=rearranged,
+                                          tile=tile, split=split, page_size=page_size)
+            if cfg.page_size == page_size:
+                hit.add(cfg)
+    return hit
+
+
+def reachable_kernels(group: str = "all", backward: bool = True, experimental: bool = False) -> set:
+    """The kernel configs the strata `group` can reach (the denominator of the count of configs hit):
+    the dispatched ones (plan.dispatched_kernels) for attention, decode_kernels_reachable for decode."""
+    from flashhopper.plan import dispatched_kernels
+
+    reachable = set()
+    if group in ("all", "attention"):
+        reachable |= set(dispatched_kernels(forward=True, backward=backward))
+    if group in ("all", "decode"):
+        reachable |= decode_kernels_reachable(experimental)
+    return reachable
+
+
+def kernels_of(case: Case, backward: bool, sms: int = DEFAULT_SMS) -> set:
+    """The kernel configs the case dispatches (for the count of configs hit); a decode case's as planned
+    for `sms` SMs."""
     from flashhopper import plan
     from flashhopper.config import BwdPreConfig
 
+    if case.decode is not None:
+        return _decode_kernels(case, sms)
     if case.varlen:
         hit = {plan.fwd_plan_varlen(case.dtype, case.hdim, case.causal, case.window, case.softcap > 0,
                                     case.dv)[0]}
@@ -289,17 +667,27 @@ def kernels_of(case: Case, backward: bool) -> set:
     return hit
 
 
-def fuzz(cases: int, seed: int, backward: bool = True, log=print, shard: tuple[int, int] = (0, 1)) -> dict:
-    """Run cases i < `cases` with i % n == k for shard (k, n); print each failure's reproducer;
-    return the counts, the failures' JSON and the configs hit (as reprs, for merging shards)."""
-    from flashhopper.plan import dispatched_kernels
+def _sm_count() -> int:
+    """The GPU's SMs (what kvcache plans a decode call for), DEFAULT_SMS without one."""
+    import torch
 
+    if not torch.cuda.is_available():
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def fuzz(cases: int, seed: int, backward: bool = True, log=print, shard: tuple[int, int] = (0, 1),
+         group: str = "all", experimental: bool = False) -> dict:
+    """Run cases i < `cases` with i % n == k for shard (k, n), drawn from the strata `group` (STRATA;
+    `experimental` as draw's); print each failure's reproducer; return the counts, the failures' JSON and
+    the configs hit (as reprs, for merging shards)."""
     k, n = shard
     failures, hit = [], set()
     mine = range(k, cases, n)
+    sms = _sm_count()
     for done, i in enumerate(mine, 1):
-        case = draw(i, seed)
-        hit |= kernels_of(case, backward)
+        case = draw(i, seed, group, experimental)
+        hit |= kernels_of(case, backward, sms)
         problem = run(case, backward)
         if problem:
             failures.append(case.to_json())
@@ -307,14 +695,15 @@ def fuzz(cases: int, seed: int, backward: bool = True, log=print, shard: tuple[i
             log(f"FAIL {problem}\n  reproduce: flashhopper fuzz --case '{case.to_json()}'{flag}")
         if done % 100 == 0:
             log(f"{done} cases, {len(failures)} failed, {len(hit)} kernel configs hit")
-    reachable = set(dispatched_kernels(forward=True, backward=backward))
+    reachable = reachable_kernels(group, backward, experimental)
     log(f"{len(mine)} cases (seed {seed}, shard {k}/{n}), {len(failures)} failed; kernel configs hit: "
         f"{len(hit & reachable)} of {len(reachable)} dispatched")
     return {"cases": len(mine), "failed": len(failures), "configs_hit": len(hit & reachable),
             "configs": len(reachable), "failures": failures, "hit": sorted(repr(c) for c in hit & reachable)}
 
 
-def fuzz_parallel(cases: int, seed: int, jobs: int, backward: bool = True, log=print) -> dict:
+def fuzz_parallel(cases: int, seed: int, jobs: int, backward: bool = True, log=print,
+                  group: str = "all", experimental: bool = False) -> dict:
     """`fuzz` in `jobs` processes sharing the GPU (shard k of n each), merged: the draws are those of
     one process, only spread."""
     import os
@@ -326,8 +715,10 @@ def fuzz_parallel(cases: int, seed: int, jobs: int, backward: bool = True, log=p
         procs = []
         for k in range(jobs):
             cmd = [sys.executable, "-m", "flashhopper.cli", "fuzz", "--cases", str(cases),
-                   "--seed", str(seed), "--shard", f"{k}/{jobs}", "--json", os.path.join(tmp, f"{k}.json")]
-            procs.append(subprocess.Popen(cmd + ([] if backward else ["--no-bwd"]), stdout=subprocess.PIPE,
+                   "--seed", str(seed), "--strata", group, "--shard", f"{k}/{jobs}",
+                   "--json", os.path.join(tmp, f"{k}.json")]
+            cmd += ([] if backward else ["--no-bwd"]) + (["--experimental"] if experimental else [])
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         reports = []
         for k, proc in enumerate(procs):

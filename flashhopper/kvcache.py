@@ -250,7 +250,7 @@ def _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, item_rows, used_k,
     kernels read a paged cache through its table, item i from its table row's first entry (item_rows:
     the table's row stride), a split decode's chunk from its first page's entry (whole pages:
     _paged_plan). One query token (layout.rearranged): PackGQA and / or split-KV (flashhopper/splitkv.py)."""
-    from flashhopper.hopper import forward_varlen
+    from flashhopper.hopper import forward_varlen, runtime
 
     batch, packed_q = used_k.shape[0], cu_seqlens_q is not None
     pages = pages or {}
@@ -263,8 +263,11 @@ def _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, item_rows, used_k,
         keys = {"page_starts": starts[:-1], **pages} if pages else {}
         o_parts, lse_parts = forward_varlen(rows, k_rows, v_rows, cu_rows, None if pages else starts, per_seq,
                                             None, used, scale, False, window, softcap, decode=True, **keys)
-        target = out if out is not None else torch.empty(q.shape[:-1] + v_rows.shape[-1:], dtype=q.dtype,
-                                                         device=q.device)
+        target = out
+        if target is None:
+            target = torch.empty(q.shape[:-1] + v_rows.shape[-1:], dtype=q.dtype, device=q.device)
+            if runtime.poison:  # the tests and the fuzz: an element the merge leaves unwritten shows
+                target.fill_(float("nan"))
         o, lse = splitkv.combine(layout, o_parts, lse_parts, batch, q.shape[2], out=target,
                                  return_lse=return_lse, fused=True)
         return (o, lse) if return_lse else o

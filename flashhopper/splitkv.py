@@ -189,13 +189,25 @@ def combine(layout: DecodeLayout, o, lse, batch: int, heads_q: int, *, out=None,
     o = o.view(batch, s, rows, heads, dv)
     lse = lse.view(heads, batch, s, rows).permute(1, 2, 3, 0)  # (b, s, rows, heads)
     if out is None:
-        out = torch.empty(batch, 1, heads_q, dv, dtype=torch.float32, device=o.device)
-    lse_out = torch.empty(batch, heads_q, 1, dtype=torch.float32, device=o.device) if return_lse else None
+        out = _output((batch, 1, heads_q, dv), o.device, fused)
+    lse_out = _output((batch, heads_q, 1), o.device, fused) if return_lse else None
     # views of the results in the rows' layout: query head h is row h % rows of head h // rows
     out_rows = out[:, 0].unflatten(1, (heads, rows)).transpose(1, 2)  # (b, rows, heads, dv)
     lse_rows = lse_out[..., 0].unflatten(1, (heads, rows)).transpose(1, 2) if return_lse else None
     merge_parts(o, lse, out_rows, lse_rows, kernel=fused and validation.decode_merge_enabled())
     return out, lse_out
+
+
+def _output(shape, device, poisoned: bool):
+    """A new fp32 output of `combine`; `poisoned` (on the kernels' path) NaN where runtime.poison is set
+    (the tests, the fuzz: an element the merge leaves unwritten shows)."""
+    t = torch.empty(shape, dtype=torch.float32, device=device)
+    if poisoned:
+        from flashhopper.hopper import runtime
+
+        if runtime.poison:
+            t.fill_(float("nan"))
+    return t
 
 
 def merge_parts(o, lse, out, lse_out=None, *, kernel: bool = True):

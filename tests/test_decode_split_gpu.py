@@ -21,7 +21,7 @@ import torch
 from launched import record_launches
 
 from flashhopper import flash_attn_with_kvcache, validation
-from flashhopper.accuracy import check_forward
+from flashhopper.accuracy import check_forward, check_kvcache
 from flashhopper.config import CombineConfig
 from flashhopper.hopper import runtime
 
@@ -113,19 +113,9 @@ def _case(launched, lens, *, s_new=0, hq=32, hk=8, d=128, s_cache=4097, page_siz
     if given_out is not None:
         assert out is given_out
     splits = _check_launches(launched, page_size, merge_kernel)
-    for i, n in enumerate(lens):
-        pos = torch.arange(left_l[i], n + s_new, device=DEV)
-        keys, values = k_cache[slot(i, pos)][None], v_cache[slot(i, pos)][None]
-        if s_new:  # the append
-            assert torch.equal(keys[0, n - left_l[i]:], k[i]) and torch.equal(values[0, n - left_l[i]:], v[i])
-        if n + s_new > left_l[i]:
-            check_forward(out[i:i + 1], lse[i:i + 1], q[i:i + 1], keys, values, 1 / math.sqrt(d), True,
-                          (-1, -1), softcap)
-        else:
-            assert (out[i] == 0).all() and torch.isneginf(lse[i]).all()
-    unchanged = ~used  # nothing else of the cache was written (NaN compared as a number)
-    for new, old in zip((k_cache, v_cache), before, strict=True):
-        assert torch.equal(new[unchanged].nan_to_num(7.0), old[unchanged].nan_to_num(7.0))
+    check_kvcache(out, lse, q, k_cache, v_cache, lens, scale=1 / math.sqrt(d), causal=True, window=(-1, -1),
+                  softcap=softcap, k_new=k, v_new=v, before=before, cache_batch_idx=idx, cache_leftpad=left,
+                  page_table=kw.get("page_table"))
     return splits
 
 

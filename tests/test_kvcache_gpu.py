@@ -1,6 +1,7 @@
 """flash_attn_with_kvcache on the GPU: each item by the rule of flashhopper/accuracy.py against the
 float64 reference over its keys; unused cache slots hold NaN (they must stay out); the append checked
-element by element with the rest of the cache unchanged; a CUDA graph replayed with new lengths."""
+element by element with the rest of the cache unchanged (accuracy.check_kvcache, as the fuzz's decode
+cases); a CUDA graph replayed with new lengths."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from flashhopper import flash_attn_with_kvcache
-from flashhopper.accuracy import check_forward
+from flashhopper.accuracy import check_forward, check_kvcache
 
 pytestmark = pytest.mark.gpu
 
@@ -48,21 +49,8 @@ def _case(b, sq, s_new, lens, hq=8, hk=2, d=128, s_cache=700, b_cache=None, idx=
         kw["cache_leftpad"] = torch.tensor(left, dtype=torch.int32, device=DEV)
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **kw)
     torch.cuda.synchronize()
-    scale = 1 / math.sqrt(d)
-    for i in range(b):
-        row, end = idx_l[i], lens[i] + s_new
-        if s_new:  # the append, and nothing else of the row changed
-            appended = slice(lens[i], end)
-            assert torch.equal(k_cache[row, appended], k[i]) and torch.equal(v_cache[row, appended], v[i])
-        for new, old in zip((k_cache, v_cache), before, strict=True):
-            assert torch.equal(new[row, :lens[i]].nan_to_num(7.0), old[row, :lens[i]].nan_to_num(7.0))
-            assert torch.equal(new[row, end:].nan_to_num(7.0), old[row, end:].nan_to_num(7.0))
-        keys = slice(left_l[i], end)
-        if end > left_l[i]:
-            check_forward(out[i:i + 1], lse[i:i + 1], q[i:i + 1], k_cache[row:row + 1, keys],
-                          v_cache[row:row + 1, keys], scale, causal, window, softcap)
-        else:
-            assert (out[i] == 0).all() and torch.isneginf(lse[i]).all()
+    check_kvcache(out, lse, q, k_cache, v_cache, lens, scale=1 / math.sqrt(d), causal=causal, window=window,
+                  softcap=softcap, k_new=k, v_new=v, before=before, cache_batch_idx=idx, cache_leftpad=left)
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -141,12 +129,9 @@ def test_paged_cache(page_size, sq):
     q = torch.randn(b, sq, hq, d, device=DEV, dtype=torch.bfloat16)
     k, v = (torch.randn(b, sq, hk, d, device=DEV, dtype=torch.bfloat16) for _ in range(2))
     lens_t = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    before = (k_paged.clone(), v_paged.clone())
     out, lse = flash_attn_with_kvcache(q, k_paged, v_paged, k, v, cache_seqlens=lens_t, page_table=table,
                                        causal=True, return_lse=True)
     torch.cuda.synchronize()
-    for i, n in enumerate(lens):
-        pos = torch.arange(n + sq, device=DEV)
-        slots = (table[i, pos // page_size].long(), pos % page_size)
-        keys, values = k_paged[slots][None], v_paged[slots][None]
-        assert torch.equal(keys[0, n:], k[i]) and torch.equal(values[0, n:], v[i])  # the append
-        check_forward(out[i:i + 1], lse[i:i + 1], q[i:i + 1], keys, values, d ** -0.5, True, (-1, -1), 0.0)
+    check_kvcache(out, lse, q, k_paged, v_paged, lens, scale=d ** -0.5, causal=True, window=(-1, -1),
+                  softcap=0.0, k_new=k, v_new=v, before=before, page_table=table)
