@@ -11,8 +11,7 @@ absorbed query), attention_chunk, and for now in flash_attn_with_kvcache rotary 
 packed new keys (cu_seqlens_k_new with k, v) and FP8 caches (a paged cache runs: pages read in place
 where the page size allows, else through a contiguous copy of the table's span). Differences from FA3: a row
 that sees no key has LSE -inf (FA3: +inf); the varlen backward through seqused_q / seqused_k gives zero
-gradients past the used rows (FA3 leaves them unwritten) and for now needs
-FLASHHOPPER_EXPERIMENTAL_SEQUSED_BWD=1 (flashhopper.validation.SEQUSED_BWD_GPU_VERIFIED); head dims
+gradients past the used rows (FA3 leaves them unwritten); head dims
 (192, 128) have a backward (FA3's has none).
 """
 

@@ -120,8 +120,7 @@ def flash_attn_varlen_func(
     The bounds' types and shapes are checked (check_varlen_tensors says which properties are the
     caller's contract); backend="reference" (exact float64 per sequence, any device) checks all.
     Differentiable (dq, dk, dv; `deterministic` makes dq bitwise reproducible), head dims (192, 128)
-    included. Through seqused_q / seqused_k (for now with FLASHHOPPER_EXPERIMENTAL_SEQUSED_BWD=1:
-    validation.SEQUSED_BWD_GPU_VERIFIED): rows past a sequence's seqused_q get dq = 0 and their
+    included. Through seqused_q / seqused_k: rows past a sequence's seqused_q get dq = 0 and their
     gradient (and out, lse) is not read, keys past its seqused_k get dk = dv = 0 and are not seen; there
     q, k, v and the gradient may hold anything, NaN too (the kernels zero those rows in shared memory;
     FA3 reads them as they are and leaves their gradients unwritten). Otherwise non-finite values in
