@@ -12,9 +12,9 @@ gathered into a contiguous copy first (`_gather_pages`), unless the page size is
 TMA (validation.paged_tma_enabled, on by default) (a multiple of 8 that divides or
 is divided by the key block: FwdConfig.page_size), with no cache_leftpad: then the kernels read the
 pages through the table themselves (`_kernel_call` with `pages`). Decode (one query token) fills the
-grid by PackGQA and split-KV arranged around the varlen kernel (flashhopper/splitkv.py), or, opted in by
-FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1 (validation.decode_split_enabled; not yet run on a GPU), with the
-split and the packing inside the kernel (`_split_call`: runtime.forward_split, then the merge kernel).
+grid by PackGQA and split-KV inside the kernel (`_split_call`: runtime.forward_split, then the merge
+kernel; validation.decode_split_enabled, on by default), or arranged around the varlen kernel
+(flashhopper/splitkv.py) where that is switched off or the cache has no rows.
 Not yet: FP8 caches, other page sizes without the copy, the append inside the kernel.
 """
 

@@ -20,9 +20,9 @@ tensors by merge_by_lse's torch ops (nine launches). Without
 a window and with one query token the rearranged call computes the same attention; the rule of
 flashhopper/accuracy.py judges the rounding (tests/test_kvcache_gpu.py).
 
-With FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1 (validation.decode_split_enabled) the same layout (`plan`) is
-run inside the kernel instead (kvcache._split_call, FwdConfig.split_kv): q read in place, each split's keys
-from cache_seqlens in the kernel, the partials merged by `merge_parts`; `rearrange` and `combine` are then
+By default (validation.decode_split_enabled) the same layout (`plan`) is run inside the kernel instead
+(kvcache._split_call, FwdConfig.split_kv): q read in place, each split's keys from cache_seqlens in the
+kernel, the partials merged by `merge_parts`; `rearrange` and `combine` are then
 not used.
 """
 

@@ -2,7 +2,7 @@
 around it that would each launch a device kernel, counted (a decode call's launches must not grow
 back); with a float64 stand-in for the kernel, the call equal to the reference backend; and
 splitkv.merge_by_lse equal to its first formula. The split inside the attention kernel
-(FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1, runtime.forward_split) the same way: its kernel replaced by a
+(runtime.forward_split, the default) the same way: its kernel replaced by a
 float64 model that takes the kernel's own arguments and walks its tiles by the host twins of its
 arithmetic (host.split_tile, host.split_keys, host.paged_row). The stand-ins: tests/kvcache_kernels.py."""
 
@@ -25,7 +25,7 @@ LAUNCHES = {"1 x 8k": 9, "1 x 8k, append": 13, "8 x 32k": 11, "1 x 8k, paged 16"
 # the same where the merge is splitkv.merge_by_lse's torch ops (the merge kernel's gate off)
 TORCH_MERGE_LAUNCHES = {"1 x 8k": 17, "1 x 8k, append": 21, "8 x 32k": 19, "1 x 8k, paged 16": 18}
 # every launch of the call with the split inside the attention kernel
-# (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1): the attention kernel, the merge kernel (16 splits at 1 x 8k,
+# (the default: validation.decode_split_enabled): the attention kernel, the merge kernel (16 splits at 1 x 8k,
 # 2 at 8 x 32k), and the append's int64 positions and two index copies
 SPLIT_LAUNCHES = {"1 x 8k": 2, "1 x 8k, append": 5, "8 x 32k": 2, "1 x 8k, paged 16": 2}
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "_unsafe_view", "lift_fresh"}  # no kernel
@@ -63,7 +63,10 @@ def _no_kernel(q, k, v, cu_q, starts, max_q, used_q, used_k, *args, out=None, de
 
 @pytest.fixture()
 def cpu_kernels(monkeypatch):
-    """flash_attn_with_kvcache's kernel path on CPU tensors, as on 132 SMs (the tests set forward_varlen)."""
+    """flash_attn_with_kvcache's kernel path on CPU tensors, as on 132 SMs (the tests set forward_varlen):
+    the call arranged around the varlen kernel, as with the split inside the kernel switched off (the
+    split's tests opt in: split_kernels)."""
+    monkeypatch.setattr(validation, "DECODE_SPLIT_GPU_VERIFIED", False)
     return cpu_kernel_path(monkeypatch)
 
 

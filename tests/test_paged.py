@@ -237,6 +237,9 @@ def emulated(monkeypatch):
     monkeypatch.setattr(runtime, "_sm_count", lambda index: 132)
     monkeypatch.setattr(runtime, "get_kernel", lambda cfg: _emulated_kernel(cfg, launched))
     monkeypatch.setenv(validation.PAGED_TMA_OPT_IN, "1")
+    # decode arranged around the varlen kernel (emulated here); the split inside the kernel reads pages
+    # through the same table arithmetic (tests/test_decode_launches.py, split_kernels)
+    monkeypatch.setattr(validation, "DECODE_SPLIT_GPU_VERIFIED", False)
     return launched
 
 
@@ -356,6 +359,7 @@ def test_precompile_builds_the_paged_kernels_when_asked(capsys, monkeypatch):
 
     monkeypatch.delenv(validation.PAGED_TMA_OPT_IN, raising=False)
     monkeypatch.setattr(validation, "PAGED_TMA_GPU_VERIFIED", False)
+    monkeypatch.setattr(validation, "DECODE_SPLIT_GPU_VERIFIED", False)  # (its paged kernels come too)
     counts = []
     for extra in ([], ["--paged"]):
         assert main(["precompile", "--list", "--hdim", "128", "--dtype", "bf16", *extra]) == 0
