@@ -458,8 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "flash_attn_varlen_func's only (the draws from before the decode strata); or from "
                    "flash_attn_with_kvcache's only")
     p.add_argument("--experimental", action="store_true",
-                   help="decode cases may also take the path never yet run on a GPU, the split inside the "
-                   "attention kernel (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT); the rest drawn as without it")
+                   help="decode cases may also opt in to the split inside the attention kernel by its "
+                   "variable (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT; the default path since its GPU run, so "
+                   "the same kernels); the rest drawn as without it")
     p.add_argument("--case", metavar="JSON", help="run the one case a failure printed")
     p.add_argument("--jobs", type=int, default=1, help="processes sharing the GPU, each a shard of the cases")
     p.add_argument("--shard", default="0/1", metavar="K/N", help="only cases i with i %% N == K")

@@ -19,7 +19,8 @@ boundary +-1, or log-uniform up to 4096), new keys and values appended (k=, v=) 
 256 rows in a shuffled table (its entries past an item's pages garbage), hdim 192 with dv = 128 two
 times in five, num_splits (0 or forced) and pack_gqa hints, return_lse or not, a preallocated out, and
 the 1-warpgroup decode tile opted in for the call (decode_paths); with `--experimental` also the split
-inside the attention kernel, which has never run on a GPU (the rest of each case drawn as without it).
+inside the attention kernel opted in by its variable (the default since its GPU run; the rest of each
+case drawn as without it).
 Every cache slot outside an item's keys is NaN, which must stay out; accuracy.check_kvcache checks each
 item by the rule against its keys, the append element by element and every other cache entry unchanged.
 Inference only: no backward. The kernels a decode case counts (kernels_of) are kvcache's choices planned
@@ -171,8 +172,8 @@ def _length(rng: random.Random) -> int:
 
 def draw(index: int, seed: int, group: str = "all", experimental: bool = False) -> Case:
     """Case `index` of a fuzz run seeded `seed` over the strata `group` (the same on every machine);
-    `experimental`: decode cases may take the path never yet run on a GPU (the split inside the kernel),
-    the rest of every case drawn as without it."""
+    `experimental`: decode cases may opt in to the split inside the kernel by its variable (the default
+    since its GPU run), the rest of every case drawn as without it."""
     table = strata(group)
     dtype, hdim, mask, softcap, deterministic, kind = table[index % len(table)]
     case_seed = seed * 1_000_003 + index

@@ -129,7 +129,7 @@ def test_decode_draws_cover_what_the_call_takes():
     assert {0, 1} <= lengths
     for page in (16, 64, 128, 256):
         assert lengths & {page * k + e for k in range(1, 4096 // page + 1) for e in (-1, 1)}, page
-    assert not any(d.split_in_kernel for d in decodes)  # never run on a GPU: --experimental only
+    assert not any(d.split_in_kernel for d in decodes)  # its opt-in drawn with --experimental only
 
 
 def test_experimental_only_adds_the_split_in_kernel():
