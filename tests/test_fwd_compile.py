@@ -564,9 +564,12 @@ def test_forward_paged_compiles(cfg):
     report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
     sass = report["sass"]
     assert cfg.varlen and (cfg.tile_n % cfg.page_size == 0 or cfg.page_size % cfg.tile_n == 0)
-    assert sass["UTMALDG"] - sass["UTMALDG_DIVERGED"] == 5 * _tma_column_chunks(cfg.hdim)
+    # Q once, K at two sites (hdim columns), V at two sites (dv columns)
+    loads = 3 * _tma_column_chunks(cfg.hdim) + 2 * _tma_column_chunks(cfg.dv or cfg.hdim)
+    assert sass["UTMALDG"] - sass["UTMALDG_DIVERGED"] == loads
     assert sass["UTMASTG"] == 0
-    assert sass["HGMMA_WAITS"] == _commit_groups(causal=cfg.causal) + (4 if cfg.lazy_max_active else 0)
+    waits = _commit_groups(causal=cfg.causal, local=cfg.local) + (4 if cfg.lazy_max_active else 0)
+    assert sass["HGMMA_WAITS"] == waits
     assert sass["USETMAXREG"] == sorted([cfg.producer_regs, cfg.consumer_regs])
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert_smem(report, cfg)  # the unpaged tile's buffers: the boxes land in its stages
