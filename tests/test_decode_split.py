@@ -130,8 +130,9 @@ def test_split_configs():
 
 
 def test_split_taken_only_for_one_query_token_without_a_window(monkeypatch):
-    """With the opt-in, the rearranged decode (one query token, no window, not packed queries) and only it
-    goes to runtime.forward_split; without it, none does."""
+    """Where the split inside the kernel is on (by default, or opted in), the rearranged decode (one query
+    token, no window, not packed queries) and only it goes to runtime.forward_split; switched off, none
+    does."""
     monkeypatch.setattr(validation, "require_hopper", lambda q, backend="hopper": None)
     monkeypatch.setattr(validation, "check_varlen_call", lambda *args, **kwargs: None)
     monkeypatch.setattr(splitkv, "_sm_count", lambda index: 132)
@@ -166,12 +167,15 @@ def test_split_taken_only_for_one_query_token_without_a_window(monkeypatch):
              (dict(q=torch.zeros(2, 8, 64, dtype=torch.bfloat16), cu_seqlens_q=torch.tensor([0, 1, 2],
                                                                                              dtype=torch.int32),
                    max_seqlen_q=1), False)]
-    for opted in ("1", "0"):
+    # the default (verified), the opt-in where it is not, and neither
+    for verified, opted in ((True, "0"), (False, "1"), (False, "0")):
+        monkeypatch.setattr(validation, "DECODE_SPLIT_GPU_VERIFIED", verified)
         monkeypatch.setenv(validation.DECODE_SPLIT_OPT_IN, opted)
         for kw, split_kv in calls:
             kvcache.flash_attn_with_kvcache(k_cache=caches[0], v_cache=caches[1], cache_seqlens=lens,
                                             causal=True, **kw)
-            assert taken.pop() == ("split" if split_kv and opted == "1" else "varlen") and not taken
+            enabled = verified or opted == "1"
+            assert taken.pop() == ("split" if split_kv and enabled else "varlen") and not taken
 
 
 def test_forward_split_checks_its_arguments():
