@@ -1178,7 +1178,9 @@ class FlashFwdSm90:
         them in smem (each thread its share), fence the writes for the WGMMAs (async proxy) and meet
         before the block's first P @ V; ping-pong has not started yet (the peeled block). An idle
         warpgroup reads no V: it only arrives (its stores released to the waiting ones), so the
-        barrier has one waiting site."""
+        barrier has one waiting site. It cannot arrive again for the next tile before the waiting
+        warpgroups have passed: that tile's Q needs this one's Q released (one Q stage in every varlen
+        config), which they do after the barrier."""
         if keys_left < self.tile_n:
             pipe_v.consumer_wait(v_state)  # waited again, at no cost, where P @ V is issued
             L.zero_rows_from((sV[None, None, v_state.index],), keys_left, _opaque(tidx),
