@@ -1179,8 +1179,8 @@ class FlashFwdSm90:
         before the block's first P @ V; ping-pong has not started yet (the peeled block). An idle
         warpgroup reads no V: it only arrives (its stores released to the waiting ones), so the
         barrier has one waiting site. It cannot arrive again for the next tile before the waiting
-        warpgroups have passed: that tile's Q needs this one's Q released (one Q stage in every varlen
-        config), which they do after the barrier."""
+        warpgroups have passed: that tile's Q needs this one's Q released (one Q stage: varlen refuses
+        q_stages 2, FwdConfig._check_varlen), which they do after the barrier."""
         if keys_left < self.tile_n:
             pipe_v.consumer_wait(v_state)  # waited again, at no cost, where P @ V is issued
             L.zero_rows_from((sV[None, None, v_state.index],), keys_left, _opaque(tidx),
