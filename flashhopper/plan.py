@@ -254,6 +254,10 @@ def fwd_config_paged(cfg: FwdConfig, page_size: int) -> FwdConfig:
         if not (cfg.tile_n > _PAGED_TILE_N and page_size_served(_PAGED_TILE_N, page_size)):
             return cfg
         cfg = dataclasses.replace(cfg, tile_n=_PAGED_TILE_N)
+        if cfg.local and cfg.num_consumer_wg == 2 and not cfg.producer_nreg:
+            # the producer's page walk over a window's blocks spilled 8 bytes at 24 registers ((192, 128)
+            # over pages of 64-256); 64 keys a block leave the consumers room at 232
+            cfg = dataclasses.replace(cfg, producer_nreg=32)
     cfg = dataclasses.replace(cfg, page_size=page_size)
     cfg.check()
     return cfg
@@ -486,6 +490,8 @@ def bwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
             wide.update(dq_slot_halves=False, dq_slot_ring=0)
         if hdim in _BWD_SDP_BY_GEMM and not softcap:
             wide["sdp_by_gemm"] = True
+    if hdim == 256 and softcap and causal and dtype == "fp16":
+        wide["tile_n"] = 64  # 80 keys spilled 8 bytes (3 LDL) at 240 registers; bf16's do not
     cfg = BwdConfig(dtype=dtype, hdim=hdim, causal=causal, local=local, softcap=softcap,
                     deterministic=deterministic, pre_zero_dq=_BWD_PRE_ZERO_DQ,
                     tile_m=_BWD_TILE_M.get(hdim, 64),
