@@ -220,6 +220,10 @@ def _cmd_bench(args) -> int:
 
     if args.decode:
         return _bench_decode(args)
+    for flag, given in (("--pages", args.pages), ("--prefill", args.prefill)):
+        if given:  # checked first: a wrong command line needs no GPU to tell
+            print(f"flashhopper bench: {flag} applies to --decode only", file=sys.stderr)
+            return 2
     if args.varlen:
         return _bench_varlen(args)
     args.rounds = 1 if args.rounds is None else args.rounds
@@ -352,7 +356,8 @@ def _rounds(args, default: int) -> int | None:
 
 
 def _bench_decode(args) -> int:
-    """`bench --decode`: decode over a contiguous KV cache (flashhopper/bench/decode.py)."""
+    """`bench --decode`: decode over contiguous (and with --pages paged) KV caches, with --prefill chunked
+    prefill through pages (flashhopper/bench/decode.py)."""
     import torch
 
     from flashhopper.bench import decode
@@ -376,8 +381,16 @@ def _bench_decode(args) -> int:
         print(f"flashhopper bench: --decode --hdim {bad} not benchmarked; choose from {hdims} (128: 32 query "
               "heads over 8 KV heads, 64: 32 over 32)", file=sys.stderr)
         return 2
+    if args.pages and (bad := [p for p in args.pages if p < 1]):
+        print(f"flashhopper bench: --pages takes page sizes >= 1, got {bad}", file=sys.stderr)
+        return 2
     rounds = _rounds(args, decode.DEFAULT_ROUNDS)
     if rounds is None:
+        return 2
+    prefill = decode.prefill_points(hdims=args.hdim) if args.prefill else []
+    if args.prefill and not prefill:
+        print(f"flashhopper bench: --prefill times hdim {decode.PREFILL_HEADS[2]} only, not --hdim "
+              f"{args.hdim}", file=sys.stderr)
         return 2
     points = decode.decode_points(quick=args.quick, hdims=args.hdim)
     if not points:  # --quick is hdim 128 only
@@ -388,7 +401,8 @@ def _bench_decode(args) -> int:
         print("flashhopper bench: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
     decode.run_decode_bench(points, dtype=args.dtype, json_path=args.json, rounds=rounds,
-                            allocations=bool(args.allocations))
+                            allocations=bool(args.allocations), pages=tuple(dict.fromkeys(args.pages or ())),
+                            prefill=prefill)
     return 0
 
 
@@ -506,11 +520,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "flash_attn_varlen_func against FA4's and FA2's varlen, forward and backward (--bwd: "
                         "backward only); --quick: the 16 documents at hdim 128")
     p.add_argument("--decode", action="store_true",
-                   help="instead of the grid: decode over a contiguous KV cache (1 and 4 query tokens; "
-                        "batch x context 1x8k, 1x32k, 1x128k, 8x32k, 64x4k, 128x8k; heads 32:8 at hdim 128, "
+                   help="instead of the grid: decode over KV caches, contiguous and with --pages paged (1 "
+                        "and 4 query tokens; batch x context 1x8k, 1x32k, 1x128k, 8x32k, 64x4k, 128x8k; "
+                        "heads 32:8 at hdim 128, "
                         "32:32 at hdim 64), flash_attn_with_kvcache against FA4's varlen and torch SDPA, in "
                         "us per call and as a fraction of the device copy rate; --quick: 1x8k, 8x32k, 64x4k, "
                         "1 query token, 32:8 at hdim 128")
+    p.add_argument("--pages", type=int, nargs="+", metavar="P",
+                   help="with --decode: also flash_attn_with_kvcache over a paged copy of each cache for "
+                        "each page size P (e.g. --pages 1 16 64; a seeded shuffled page table), reported "
+                        "as flashhopper-pageP with its time over the contiguous call's")
+    p.add_argument("--prefill", action="store_true",
+                   help="with --decode: also chunked prefill, a 2048-query chunk after 8k and 32k cached "
+                        "tokens (batch 1 and 4, heads 32:8 at hdim 128, causal), flash_attn_with_kvcache "
+                        "over pages of 64 (or the --pages sizes) against flash_attn_func on the contiguous "
+                        "keys, in us per call, TFLOP/s and speed over the dense kernel")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="run flashhopper with this config field instead of the dispatched one (FwdConfig, "
                         "BwdConfig with --bwd), e.g. --set pingpong=false; repeatable; recorded in the JSON")
