@@ -288,7 +288,9 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
         check_lse(lse, exact_lse.double(), exact_lse, softcap)
         seen = torch.isfinite(ref_lse)
         err, own = ((x[seen].double() - ref_lse[seen]).abs() for x in (lse, exact_lse))
-        assert (err <= 1e-5 * ref_lse[seen].abs().clamp(min=1.0) + 2 * own).all(), "LSE: FP8 accumulation"
+        tanh = softcap * 2.0 ** -10  # the hardware tanh's error, which the emulator lacks (check_lse's)
+        bound = 1e-5 * ref_lse[seen].abs().clamp(min=1.0) + 2 * own + tanh
+        assert (err <= bound).all(), f"LSE: FP8 accumulation, {(err / bound).max().item():.3g}x the bound"
     else:
         check_lse(lse, ref_lse, emu_lse, softcap, floor=score_floor(q, k, scale, causal, window))
 

@@ -98,7 +98,7 @@ def _cmd_precompile(args) -> int:
     if not args.bwd_only and (args.decode or decode_split_enabled()):  # the gated split inside the kernel
         pages = (0, *PAGED_PAGE_SIZES) if args.paged or paged_tma_enabled() else (0,)
         # --decode: on both tiles (the varlen one, and the 1-warpgroup one the decode tile's opt-in takes)
-        for tile in dict.fromkeys((decode_tile_enabled(), True) if args.decode else (decode_tile_enabled(),)):
+        for tile in (False, True) if args.decode else (decode_tile_enabled(),):
             configs += [cfg for cfg in split_kernels(args.dtype or DTYPES, hdims, pages, decode_tile=tile)
                         if cfg not in configs]
     if not args.bwd_only and (args.paged or paged_tma_enabled()):  # the gated paged K / V kernels

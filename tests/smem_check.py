@@ -6,11 +6,14 @@ from flashhopper.config import SMEM_CAPACITY
 # the rest of the DSL's alignment padding (before each 1024-aligned buffer) and the 1 KiB Hopper
 # reserves per CTA (counted in the cubin's static shared memory): measured 1.9-3.0 KiB over it.
 MODEL_SLACK = 3 * 1024
+# That reserve is not part of the 227 KiB a CTA may request (SMEM_CAPACITY): a backward variant whose
+# dynamic + static bytes came to exactly SMEM_CAPACITY + 1 KiB launched and passed its GPU test (H100)
+RESERVED = 1024
 
 
 def assert_smem(report, cfg):
     """What the kernel's launch requests (dynamic, read from its host code, + static) fits the SM,
     and the planner's model is at most MODEL_SLACK below it."""
     real = report["smem_bytes"]
-    assert real <= SMEM_CAPACITY, (repr(cfg), real)
+    assert real <= SMEM_CAPACITY + RESERVED, (repr(cfg), real)
     assert 0 <= real - cfg.smem_bytes() <= MODEL_SLACK, (repr(cfg), real, cfg.smem_bytes())
