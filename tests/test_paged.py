@@ -365,3 +365,22 @@ def test_precompile_builds_the_paged_kernels_when_asked(capsys, monkeypatch):
         assert main(["precompile", "--list", "--hdim", "128", "--dtype", "bf16", *extra]) == 0
         counts.append(int(capsys.readouterr().out.strip().splitlines()[-1].split()[0]))
     assert counts[1] - counts[0] == len(plan.paged_kernels(["bf16"], [128])) == 28
+
+
+def test_precompile_decode_builds_both_tiles_whatever_the_opt_in(capsys, monkeypatch):
+    """`flashhopper precompile --decode` builds the split kernels of the varlen tile and of the decode tile
+    alike with the decode tile's opt-in set or not (with it set, the varlen tile's were once left out, and a
+    GPU suite under the opt-in met split calls with no kernel)."""
+    from flashhopper.cli import main
+
+    listed = []
+    for opt_in in (None, "1"):
+        if opt_in is None:
+            monkeypatch.delenv(validation.DECODE_TILE_OPT_IN, raising=False)
+        else:
+            monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, opt_in)
+        assert main(["precompile", "--list", "--decode", "--hdim", "128", "--dtype", "bf16"]) == 0
+        listed.append(capsys.readouterr().out.strip().splitlines())
+    assert listed[0] == listed[1]
+    both = {cfg for tile in (False, True) for cfg in plan.split_kernels(["bf16"], [128], decode_tile=tile)}
+    assert len(both) > len(plan.split_kernels(["bf16"], [128], decode_tile=True))
