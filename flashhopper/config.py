@@ -240,6 +240,12 @@ class FwdConfig(_KernelConfig):
         return self.dv or self.hdim
 
     @property
+    def sched_ring(self) -> tuple[int, int]:
+        """The tile scheduler's smem ring (hopper/tile_scheduler.py): (stages, Int32 words a stage): a tile
+        index a stage, or with varlen a tile's record."""
+        return (VARLEN_SCHED_STAGES, VARLEN_RECORD_WORDS) if self.varlen else (SCHED_STAGES, 1)
+
+    @property
     def is_fp8(self) -> bool:
         return self.dtype in FP8_DTYPES
 
@@ -287,7 +293,7 @@ class FwdConfig(_KernelConfig):
         barriers = 8 * (2 * self.q_stages + 4 * self.num_stages + 2 * o_reads)
         # the dynamic scheduler's ring (always allocated): two mbarriers and a slot's words a stage; varlen:
         # and the producer's claimed next tile
-        stages, words = (VARLEN_SCHED_STAGES, VARLEN_RECORD_WORDS) if self.varlen else (SCHED_STAGES, 1)
+        stages, words = self.sched_ring
         scheduler = stages * (2 * 8 + 4 * words) + (4 if self.varlen else 0)
         if self.is_fp8 and not self.vt_in_gmem:  # the ring V arrives in before it is transposed
             v += self.vt_stages * self.tile_n * self.hdim_v + 8 * 2 * self.vt_stages

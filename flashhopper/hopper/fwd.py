@@ -36,8 +36,6 @@ from flashhopper.config import (
     FP8_P_SHIFT_LOG2,
     LAZY_MAX_LOG2,
     SCHED_STAGES,
-    VARLEN_RECORD_WORDS,
-    VARLEN_SCHED_STAGES,
     FwdConfig,
 )
 from flashhopper.hopper import fp8 as F8
@@ -156,7 +154,7 @@ class FlashFwdSm90:
             sO_in_q = cute.cosize(sO_layout) * (self.o_dtype.width // self.dtype.width)
 
         mem, align = cute.struct.MemRange, cute.struct.Align
-        sched_stages = VARLEN_SCHED_STAGES if self.cfg.varlen else SCHED_STAGES
+        sched_stages, sched_words = self.cfg.sched_ring
         fields = {
             # with o_in_v, the O-read hand-off's barriers follow Q's (see pipe_o)
             "mbar_Q": mem[cutlass.Int64, 2 * q_stages + (2 * self.o_stages if o_in_v else 0)],
@@ -165,7 +163,7 @@ class FlashFwdSm90:
             # dynamic scheduler: the producer hands each claimed tile index to the consumers
             "mbar_sched": mem[cutlass.Int64, 2 * sched_stages],
             # varlen: a tile's record (FwdTileScheduler.publish_record)
-            "sTile": mem[Int32, sched_stages * (VARLEN_RECORD_WORDS if self.cfg.varlen else 1)],
+            "sTile": mem[Int32, sched_stages * sched_words],
         }
         if cutlass.const_expr(self.cfg.varlen):  # the producer's next tile, kept through a tile's loads
             fields["sClaimed"] = mem[Int32, 1]
@@ -372,14 +370,14 @@ class FlashFwdSm90:
             # FP8 the transposer threads read each tile too
             readers = self.num_consumer_threads + (F8.TRANSPOSER_THREADS if self.transposer else 0)
             pipe_sched = pipeline.PipelineAsync.create(
-                num_stages=VARLEN_SCHED_STAGES if self.cfg.varlen else SCHED_STAGES, producer_group=producer,
+                num_stages=self.cfg.sched_ring[0], producer_group=producer,
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, readers),
                 barrier_storage=storage.mbar_sched.data_ptr(), defer_sync=True,
             )
             if cutlass.const_expr(self.cfg.varlen):  # a record a slot (FwdTileScheduler.publish_record)
-                sTile = storage.sTile.get_tensor(cute.make_layout((VARLEN_RECORD_WORDS, VARLEN_SCHED_STAGES)))
+                sTile = storage.sTile.get_tensor(cute.make_layout(self.cfg.sched_ring[::-1]))
             else:
-                sTile = storage.sTile.get_tensor(cute.make_layout(SCHED_STAGES))
+                sTile = storage.sTile.get_tensor(cute.make_layout(self.cfg.sched_ring[0]))
         kd_ring = None
         if cutlass.const_expr(self.token):
             # per-token k descales (hopper/fp8_descale.py): the producer warp's 32 lanes fill a stage and
