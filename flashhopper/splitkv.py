@@ -121,6 +121,27 @@ def plan_for(q, heads_k: int, capacity: int, window, num_splits: int, pack_gqa,
                 pack_gqa=pack_gqa, sms=sms, align=align)
 
 
+# query tokens an item that kvcache's decode as a prefix and a tail takes (kvcache._qlen_call)
+QLEN_RANGE = range(2, 17)
+
+
+def plan_qlen(*, batch: int, heads_q: int, heads_k: int, capacity: int, num_splits: int, sms: int,
+              align: int = CHUNK_ALIGN) -> DecodeLayout:
+    """The split of the keys that every query token of an item sees, for kvcache's decode of several query
+    tokens (kvcache._qlen_call): always packed (each KV head's query heads of every token as rows of one
+    CTA), split as one query token's PackGQA layout is (`plan`: batch * heads_k CTAs by wave efficiency,
+    num_splits as its hint); the query tokens of an item see those keys alike, so nothing is windowed."""
+    return plan(batch=batch, seqlen_q=1, heads_q=heads_q, heads_k=heads_k, capacity=capacity, window=(-1, -1),
+                num_splits=num_splits, pack_gqa=True, sms=sms, align=align)
+
+
+def plan_qlen_for(q, heads_k: int, capacity: int, num_splits: int, align: int = CHUNK_ALIGN) -> DecodeLayout:
+    """plan_qlen() for a (b, s_q, hq, d) q on its GPU."""
+    sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    return plan_qlen(batch=q.shape[0], heads_q=q.shape[2], heads_k=heads_k, capacity=capacity,
+                     num_splits=num_splits, sms=sms, align=align)
+
+
 def multiples(count: int, step: int, device, out=None):
     """int32 (count,): 0, step, 2 * step, ... in one kernel (into `out` where given; torch.arange refuses
     a step of 0)."""

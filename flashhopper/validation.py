@@ -57,6 +57,13 @@ DECODE_MERGE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE"
 # that sets it
 DECODE_SPLIT_GPU_VERIFIED = True
 DECODE_SPLIT_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT"
+# kvcache's decode of 2 to 16 query tokens an item (speculative decoding; no window, unpacked q): the keys
+# every query token sees through the split inside the attention kernel with the tokens' query heads packed
+# as rows of their KV head, the last few keys (causal) through the causal varlen kernel, the two merged by
+# their LSE in the merge kernel (kvcache._qlen_call). Built from kernels that passed their GPU tests, but
+# the arrangement itself has not yet run on a GPU: off unless this variable is set to 1
+DECODE_QLEN_GPU_VERIFIED = False
+DECODE_QLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN"
 BACKENDS = ("auto", "hopper", "reference")
 # TMA needs 16-byte aligned global strides and base addresses.
 ALIGN_BYTES = 16
@@ -205,6 +212,14 @@ def decode_split_enabled() -> bool:
     """Whether kvcache's rearranged decode splits its keys inside the attention kernel and merges them by the
     merge kernel (DECODE_SPLIT_GPU_VERIFIED, or opted in by FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1)."""
     return _enabled(DECODE_SPLIT_GPU_VERIFIED, DECODE_SPLIT_OPT_IN)
+
+
+def decode_qlen_enabled() -> bool:
+    """Whether kvcache's decode of 2 to 16 query tokens an item takes the split inside the attention kernel
+    for the keys all its tokens see, with the causal remainder merged in (kvcache._qlen_call;
+    DECODE_QLEN_GPU_VERIFIED, or opted in by FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN=1); otherwise the varlen
+    kernel over every query head."""
+    return _enabled(DECODE_QLEN_GPU_VERIFIED, DECODE_QLEN_OPT_IN)
 
 
 def check_split_hdims_call(q, k, v) -> None:

@@ -24,19 +24,26 @@ def cpu_kernel_path(monkeypatch):
     monkeypatch.setattr(validation, "check_varlen_call", lambda *args, **kwargs: None)
     monkeypatch.setattr(splitkv, "_sm_count", lambda index: SMS)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    for opt_in in (validation.DECODE_SPLIT_OPT_IN, validation.DECODE_MERGE_OPT_IN):
+    opt_ins = (validation.DECODE_SPLIT_OPT_IN, validation.DECODE_MERGE_OPT_IN, validation.DECODE_QLEN_OPT_IN)
+    for opt_in in opt_ins:
         monkeypatch.delenv(opt_in, raising=False)
     return monkeypatch
 
 
 def varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal, window, softcap, out=None,
-                     decode=False, page_table=None, page_size=0, page_starts=None, **kwargs):
+                     lse=None, decode=False, page_table=None, page_size=0, page_starts=None, **kwargs):
     """forward_varlen on the CPU: sequence n's rows against keys starts[n] .. starts[n] + used_k[n] (paged:
     positions 0 .. used_k[n] of its pages from table entry page_starts[n] on, host.paged_row) in float64,
-    rounded to q's dtype as the kernel's output is; what it is given checked first (`decode`: only the
-    rearranged decode, one query token packed or split, with no mask and no out)."""
+    rounded to q's dtype as the kernel's output is, into out / lse where given; what it is given checked
+    first (`decode`: the rearranged decode, one query token packed or split, with no mask and no out; or
+    the causal tail of several query tokens (kvcache._qlen_tail), every sequence max_q rows, into out)."""
     n = cu_q.shape[0] - 1
-    assert not decode or (not causal and tuple(window) == (-1, -1) and out is None and used_q is None)
+    if decode:
+        assert tuple(window) == (-1, -1) and used_q is None
+        assert (not causal and out is None) or (causal and out is not None and lse is not None)
+        assert not causal or torch.equal(cu_q, torch.arange(n + 1, dtype=torch.int32) * max_q)
+    if lse is not None:
+        assert lse.shape == (q.shape[1], q.shape[0]) and lse.dtype == torch.float32 and lse.stride(-1) == 1
     if page_table is not None:
         assert starts is None
         flat, starts = runtime._flat_page_table(page_table, page_starts, n)
@@ -44,6 +51,7 @@ def varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal,
     for t, length in ((cu_q, n + 1), (starts, n + 1), (used_k, n)):
         assert t.dtype == torch.int32 and t.shape == (length,) and t.is_contiguous()
     used_q = cu_q[1:] - cu_q[:-1] if used_q is None else used_q
+    lse_out = lse
     o = torch.zeros(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float64)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"))
     for i in range(n):
@@ -57,7 +65,8 @@ def varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal,
             o_, l_ = attention_ref(q[None, rows], k[None, keys], v[None, keys], scale, causal, window,
                                    softcap)
             o[rows], lse[:, rows] = o_[0], l_[0]
-    return (o.to(q.dtype) if out is None else out.copy_(o)), lse.float()
+    return (o.to(q.dtype) if out is None else out.copy_(o)), (lse.float() if lse_out is None else
+                                                             lse_out.copy_(lse))
 
 
 def split_kernel_model(cfg, launched):

@@ -347,7 +347,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
     (out (total_q, hq, dv), lse (hq, total_q)). `decode`: kvcache's rearranged decode (a few rows a
     sequence), which without a mask runs on the 1-warpgroup tile (plan.fwd_plan_decode) where
-    validation.decode_tile_enabled().
+    validation.decode_tile_enabled(); with a mask (kvcache's causal tail of several query tokens,
+    kvcache._qlen_tail) it changes only the walk: every sequence max_seqlen_q rows.
 
     Paged (`page_table`, int32 (batch, max_pages) with `page_size` > 0): k / v are a paged cache's rows
     (num_pages * page_size, hk, d) and the kernel reads them through the table, key p of sequence b at row
