@@ -451,8 +451,11 @@ def _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, item_rows, used_k,
                   else torch.cat([starts_k, starts_k[-1:]]))
     cu_q = cu_seqlens_q if packed_q else splitkv.multiples(batch + 1, q.shape[1], q.device)
     o_rows = None if out is None else out.view(q_rows.shape[:-1] + out.shape[-1:])
+    # the most keys an item holds: its rows, or its table row's pages (the walk's L2 sections; k's rows by
+    # default, the whole cache)
+    max_keys = pages["page_table"].shape[1] * pages["page_size"] if pages else item_rows
     o, lse = forward_varlen(q_rows, k_rows, v_rows, cu_q, starts, max(lens_q), None, used_k, scale, causal,
-                            window, softcap, out=o_rows, **pages)
+                            window, softcap, out=o_rows, max_seqlen_k=max_keys, **pages)
     if out is not None and o.data_ptr() != out.data_ptr():
         out.view(o.shape).copy_(o)
     return _returned(q, o, lse, out, batch, packed_q, return_lse)
