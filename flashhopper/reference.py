@@ -1,6 +1,7 @@
 """Ground truth for the kernels.
 
-`attention_ref` / `attention_bwd_ref` are exact (float64). `attention_tiled_fwd` /
+`attention_ref` / `attention_bwd_ref` are exact (float64), and so is `attention_bwd_from_lse` (the
+backward from a given out and LSE, as the kernels take them). `attention_tiled_fwd` /
 `attention_tiled_bwd` replay, in float32 and block by block, the algorithm the Hopper kernels run,
 so a kernel bug can be told apart from a flaw in the algorithm itself. Everything is vectorized over
 batch and heads; the only Python loops are over blocks.
@@ -204,6 +205,44 @@ def attention_bwd_ref(q, k, v, dout, softmax_scale=None, causal=False, window_si
         q64, k64, v64 = (t.detach().to(torch.float64).requires_grad_() for t in (q, k, v))
         out, _ = attention_ref(q64, k64, v64, softmax_scale, causal, window_size, softcap)
         return torch.autograd.grad(out, (q64, k64, v64), dout.to(torch.float64))
+
+
+def attention_bwd_from_lse(q, k, v, out, dout, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0):
+    """(dq, dk, dv) in float64 from an out and LSE given from outside, by a flash backward's formulas:
+    P = exp(S - lse), D = rowsum(dO * O), dS = P * (dP - D) (times softcap's 1 - tanh^2), dQ = dS K *
+    scale, dK = dS^T Q * scale, dV = P^T dO; dk / dv summed over the query heads sharing a KV head.
+
+    With this attention's own out and lse it equals attention_bwd_ref. With those of a larger attention
+    in which these keys are one part of what each query sees (ring attention's merged out and LSE), it
+    gives that attention's gradients restricted to the part: dq's share from these keys, and dk, dv of
+    these keys from these queries. The CPU stand-in for the kernels' backward (flashhopper.hopper.backward,
+    which takes out and lse the same way). Rows with lse = -inf (no key anywhere) get P = 0."""
+    f64 = torch.float64
+    scale = default_scale(q.shape[-1], softmax_scale)
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    q64, o64, do64 = q.to(f64), out.to(f64), dout.to(f64)
+    k64, v64 = expand_kv(k.to(f64), heads_q), expand_kv(v.to(f64), heads_q)
+    s = torch.einsum("bqhd,bkhd->bhqk", q64, k64) * scale
+    if softcap > 0:
+        t = torch.tanh(s / softcap)
+        s = softcap * t
+    s = s.masked_fill(~visible_mask(seqlen_q, seqlen_k, causal, window_size, q.device), NEG_INF)
+    lse64 = lse.to(f64)
+    lse64 = torch.where(torch.isneginf(lse64), torch.full_like(lse64, float("inf")), lse64)
+    p = torch.exp(s - lse64.unsqueeze(-1))  # masked: exp(-inf) = 0; no key anywhere: exp(s - inf) = 0
+    delta = (do64 * o64).sum(-1).transpose(1, 2).unsqueeze(-1)  # (b, hq, sq, 1)
+    ds = p * (torch.einsum("bqhd,bkhd->bhqk", do64, v64) - delta)
+    if softcap > 0:
+        ds = ds * (1.0 - t * t)
+    dq = torch.einsum("bhqk,bkhd->bqhd", ds, k64) * scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", ds, q64) * scale
+    dv = torch.einsum("bhqk,bqhd->bkhd", p, do64)
+    group = heads_q // heads_k
+    dk = dk.reshape(batch, seqlen_k, heads_k, group, dk.shape[-1]).sum(3)
+    dv = dv.reshape(batch, seqlen_k, heads_k, group, dv.shape[-1]).sum(3)
+    return dq, dk, dv
 
 
 def _ceil_div(a: int, b: int) -> int:
