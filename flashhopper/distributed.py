@@ -326,7 +326,7 @@ def _ring_forward(q, k, v, cfg: _Config):
     acc = _acc_dtype(q.dtype)
     acc_out = torch.zeros(b, s, hq, v.shape[-1], dtype=acc, device=q.device)
     acc_lse = torch.full((b, s, hq), float("-inf"), dtype=acc, device=q.device)
-    kv = (k, v)
+    kv = (k.contiguous(), v.contiguous())  # point-to-point sends take dense tensors (NCCL's do not check)
     for step in range(ring.world):
         # the next step's K/V are on their way before this step computes
         pending = ring.post(kv) if step + 1 < ring.world else None
@@ -348,7 +348,7 @@ def _ring_backward(dout, q, k, v, out, lse, cfg: _Config):
     s = q.shape[1]
     acc = _acc_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = (k, v)
+    kv = (k.contiguous(), v.contiguous())  # (as the forward's)
     dkv_pending = None
     for step in range(ring.world):
         kv_pending = ring.post(kv) if step + 1 < ring.world else None

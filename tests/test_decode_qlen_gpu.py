@@ -199,7 +199,8 @@ def test_decode_tile(launched, monkeypatch):
     tokens of GQA 8: two query blocks)."""
     monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, "1")
     for page_size in (0, 16):
-        _case(launched, [0, 1, 129, 3000, S_CACHE - 16], s=16, s_new=16, page_size=page_size, num_splits=5)
+        _case(launched, [0, 1, 129, 3000, S_CACHE - 16], s=16, s_new=16, hq=64, hk=8, page_size=page_size,
+              num_splits=5)
 
 
 @pytest.mark.parametrize("page_size", [0, 16])

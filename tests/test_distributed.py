@@ -274,8 +274,11 @@ def _run_case(case, dense, rank, world, group, counts):
         return shard_sequence(x, rank=rank, world_size=world, layout=layout)
 
     ql, kl, vl = (mine(t).requires_grad_() for t in (q, k, v))
+    # k and v as views with gaps (unbound from one packed tensor, as from a fused QKV projection): the ring
+    # must send their elements, not their storage
+    k_in, v_in = torch.stack([kl, vl], dim=2).unbind(2)  # (of more than one row: not contiguous)
     counts.clear()
-    out, lse = ring_attn_func(ql, kl, vl, group=group, causal=causal, window_size=window, softcap=softcap,
+    out, lse = ring_attn_func(ql, k_in, v_in, group=group, causal=causal, window_size=window, softcap=softcap,
                               softmax_scale=SCALE, backend="reference", layout=layout, return_lse=True)
     # the same gradient as out.backward(mine(dout)), which imports sympy on its first call (seconds)
     (out * mine(dout)).sum().backward()
