@@ -50,6 +50,9 @@ VARLEN_RECORD_WORDS = 6
 
 # Hopper: 227 KiB of dynamic shared memory per CTA, 64 Ki 32-bit registers per SM.
 SMEM_CAPACITY = 232448
+# and 1 KiB more the SM reserves per CTA, which the cubin's static shared memory counts (a launch of
+# SMEM_CAPACITY + 1 KiB dynamic + static ran on an H100: tests/smem_check.py)
+SMEM_RESERVED_PER_CTA = 1024
 # FwdConfig.lazy_max: a block whose row sum (with the stale max) exceeds 2^this is redone exactly;
 # it bounds every P by 256, inside fp16's range with room for the row sums
 LAZY_MAX_LOG2 = 8
