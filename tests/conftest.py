@@ -20,6 +20,11 @@ REQUIRE_GPU = os.environ.get("FH_REQUIRE_GPU") == "1"
 # `flashhopper precompile` built and can forbid compiling (FLASHHOPPER_JIT=0)
 FULL = os.environ.get("FH_TEST_FULL") == "1"
 
+# pytest-xdist workers (make test: one a core): one torch thread each, so that a worker's float64 math does
+# not spin threads against the other worker's compiles (the decode fuzz's stand-ins ran 4x slower in CI)
+if os.environ.get("PYTEST_XDIST_WORKER") and not torch.cuda.is_available():
+    torch.set_num_threads(1)
+
 
 def _is_variant(item) -> bool:
     """Marked `variant`, or parametrized with a non-empty `fields` override."""

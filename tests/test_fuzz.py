@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import subprocess
 
 import pytest
@@ -36,6 +37,8 @@ from flashhopper.fuzz import (
 )
 from flashhopper.hopper import runtime
 from flashhopper.plan import dispatched_kernels
+
+FULL = os.environ.get("FH_TEST_FULL") == "1"
 
 # sha256 of the JSON of draws 0-999 of seeds 0 and 7 as the fuzz drew them before its decode strata
 ATTENTION_DRAWS = "be647e81c058c372aceb9aa84a288319c9e10c2e22c195d334dc417e14b67827"
@@ -185,7 +188,7 @@ def test_decode_cases_reach_most_decode_kernels(experimental, share):
 def test_decode_cases_pass_on_the_reference_backend():
     """The fuzz's decode run on the CPU, backend="reference": the float64 reference with the same append
     passes the checks (the inputs, the NaN in unused slots, the page tables, the checks' own indexing)."""
-    cases = [draw(i, seed=0, group="decode") for i in range(0, 160, 5)]
+    cases = [draw(i, seed=0, group="decode") for i in range(0, 160 if FULL else 80, 5)]
     assert {c.kind for c in cases} == {"kvcache", "paged"}
     for c in cases:
         assert run(c, device="cpu", backend="reference") is None, c.to_json()
@@ -275,7 +278,8 @@ def test_decode_cases_on_the_kernel_path_launch_what_kernels_of_counts(kernel_pa
     plans for them on the host. Cases whose split kernel model walks too many tiles are left out."""
     asked, launched = kernel_path
     ran, configs = [], set()
-    for i in range(160):
+    draws = 160 if FULL else 72  # (CI: ~40 s of float64 stand-ins)
+    for i in range(draws):
         c = draw(i, seed=5, group="decode", experimental=True)
         if c.b * c.hq * max(1, c.decode.capacity // 128) > 1500:
             continue
@@ -286,7 +290,7 @@ def test_decode_cases_on_the_kernel_path_launch_what_kernels_of_counts(kernel_pa
         assert launches == kernels_of(c, backward=False, sms=SMS), c.to_json()
         ran.append(c)
         configs |= launches
-    assert len(ran) > 60 and {c.kind for c in ran} == {"kvcache", "paged"}
+    assert len(ran) > draws * 3 // 8 and {c.kind for c in ran} == {"kvcache", "paged"}
     attention = [cfg for cfg in configs if isinstance(cfg, FwdConfig)]
     assert len(attention) < len(configs)  # merge kernels
     assert any(cfg.page_size for cfg in attention) and any(cfg.split_kv for cfg in attention)
