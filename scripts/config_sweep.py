@@ -98,6 +98,24 @@ def cudnn_peer(dtype: torch.dtype):
     return cudnn_fp8()
 
 
+def precompile_variants(dtype, hdims, seqlens, causal_modes, variants, jobs: int) -> None:
+    """The forward kernels every (point, variant) launches (the dispatch's plan under the variant's
+    overrides; FP8 with (batch, heads_k) descales, as the bench's provider passes), compiled in parallel."""
+    from flashhopper.precompile import precompile
+
+    configs = set()
+    for hdim in hdims:
+        for causal in causal_modes:
+            for seqlen in seqlens:
+                p = make_point(seqlen, hdim, causal)
+                for _, fields in variants:
+                    with runtime.config_overrides(**fields):
+                        plan = runtime._fwd_plan_uncached(dtype, hdim, p.batch, seqlen, seqlen, p.heads,
+                                                          causal, (-1, -1), False)
+                    configs.add(plan[0])
+    precompile(sorted(configs, key=repr), jobs=jobs)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,6 +129,9 @@ def main() -> int:
                         help="with --dtype fp8 and one --hdim: the dispatch and plan.FP8_TILE_CANDIDATES of "
                              "the head dim first, then any --variant")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=0,
+                        help="forward: compile every variant's kernels first, this many worker processes at "
+                             "a time (flashhopper precompile's pool), instead of one by one on first call")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     if dtype == FP8 and args.bwd:
@@ -128,6 +149,8 @@ def main() -> int:
     ours, peer = Ours(dtype, args.bwd), cudnn_peer(dtype)
 
     causal_modes = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal]
+    if args.jobs and not args.bwd:
+        precompile_variants(dtype, args.hdim, args.seqlen, causal_modes, variants, args.jobs)
     width = 22 if peer else 18
     legend = "TFLOP/s (x first variant, x cuDNN FP8)" if peer else "TFLOP/s (x first variant)"
     print(f"{args.dtype} {'backward' if args.bwd else 'forward'}: {legend}; max|d|: the largest absolute "
