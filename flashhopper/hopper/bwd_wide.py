@@ -738,8 +738,14 @@ class FlashBwdWideSm90(BwdKernelBase):
             if cutlass.const_expr(last or self.cfg.dq_slots):
                 # generic-proxy smem writes, read next by the TMA unit (async proxy)
                 cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=BwdWideBarrier.DQ_WG + self.num_consumer_wg + wg,
-                                         number_of_threads=128 + 32)
+                full = BwdWideBarrier.DQ_WG + self.num_consumer_wg + wg
+                if cutlass.const_expr(self.cfg.dq_slots):
+                    # the slot's hand-back as a barrier both sides wait at (the writer is already there):
+                    # the slot passes between warpgroups through the writer, an ordering racecheck follows
+                    # through barrier syncs, not through an arrive
+                    cute.arch.barrier(barrier_id=full, number_of_threads=128 + 32)
+                else:
+                    cute.arch.barrier_arrive(barrier_id=full, number_of_threads=128 + 32)
 
     @cute.jit
     def row_limits(self, coord_rc, sLSE, sD, state, do_state, m_block, n_block, seqlen_k, diag, window_left,
@@ -849,8 +855,8 @@ class FlashBwdWideSm90(BwdKernelBase):
                         # of half-turns a step, so half h is always slot half h); with a ring of R
                         # boxes the half-turn R back used this box
                         cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
-                        cute.arch.barrier_arrive(barrier_id=BwdWideBarrier.DQ_WG + w,
-                                                 number_of_threads=wg_threads)
+                        # the grant as a barrier both sides wait at (stage_dq: the hand-back too)
+                        cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + w, number_of_threads=wg_threads)
                         cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + num_wg + w,
                                           number_of_threads=wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):

@@ -8,9 +8,10 @@ kernel's tiles.
   memory (any strides, 0 too; a key past seqlen_k reads the last key's: its score is masked) before it
   waits for K's stage to be free, so the latency hides under that wait, writes them into the k-descale
   ring's stage of the same index once the block's K (and the next V) load is issued, and arrives on that
-  stage's full mbarrier (32 arrivals). The ring has no empty barriers of its own: its stage is free when
-  K's is, since the consumers read it before they release K's stage (each warp meets first, so lane 0's
-  release orders every lane's reads).
+  stage's full mbarrier (32 arrivals), after waiting on the stage's empty mbarrier, on which every
+  consumer thread arrives once it has read its descales (an idle warpgroup's threads arrive unread).
+  K's stage would guard the stage alone (the consumers read it before they release K's), but through one
+  lane's release after a warp sync, an ordering compute-sanitizer's racecheck does not follow.
 - a stage's layout: 4 rows of tile_n / 4 words (+ config.KD_ROW_PAD); row q holds, in the order of the
   thread's accumulator columns, the columns 8 g + 2 q + e (g < tile_n / 8, e < 2) that the WGMMA C
   fragment gives a consumer thread with lane % 4 == q. A consumer thread reads its tile_n / 4 descales

@@ -381,10 +381,12 @@ class FlashFwdSm90:
         kd_ring = None
         if cutlass.const_expr(self.token):
             # per-token k descales (hopper/fp8_descale.py): the producer warp's 32 lanes fill a stage and
-            # arrive on its full barrier; no empty barriers are waited on (K's stage guards the stage)
+            # arrive on its full barrier; every consumer thread arrives on its empty barrier once it has
+            # read its descales (the producer waits on it before refilling the stage)
             lanes = pipeline.CooperativeGroup(pipeline.Agent.Thread, 32)
+            readers = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_consumer_threads)
             pipe_kd = pipeline.PipelineAsync.create(
-                num_stages=self.num_stages, producer_group=lanes, consumer_group=consumers,
+                num_stages=self.num_stages, producer_group=lanes, consumer_group=readers,
                 barrier_storage=storage.mbar_Kd.data_ptr(), defer_sync=True,
             )
             kd_ring = (storage.sKd.get_tensor(KD.kd_layout(self.tile_n, self.num_stages)), pipe_kd)
@@ -720,7 +722,7 @@ class FlashFwdSm90:
             mKd_t, seqlen_k = kd[0][batch, head_kv, None], mK.shape[0]
             fetch_kd = partial(KD.fetch_k_descales, mKd_t, seqlen_k=seqlen_k, tile_n=self.tile_n)
             stage_kd = partial(self.stage_k_descales, sKd=kd[1], pipe_kd=kd[2])
-            kd_vals, kd_stage = fetch_kd(n_max - 1), k_state.index
+            kd_vals, kd_stage, kd_phase = fetch_kd(n_max - 1), k_state.index, k_state.phase
         if n_max > n_min:
             load_k(n_max - 1, k_state)
             k_state.advance()
@@ -733,7 +735,7 @@ class FlashFwdSm90:
         q_state.advance()
         if cutlass.const_expr(kd is not None):
             if n_max > n_min:
-                stage_kd(kd_vals, kd_stage)
+                stage_kd(kd_vals, kd_stage, kd_phase)
         if cutlass.const_expr(self.cfg.o_in_v_ring):
             # the same order; the tile's first V load (first two with o_v_stages) waits until the last
             # tile's O is out of the stage it goes to, and a tile with fewer V loads than that still
@@ -754,23 +756,27 @@ class FlashFwdSm90:
             if n_max > n_min:
                 for i in cutlass.range(n_max - n_min - 1, unroll=1):
                     if cutlass.const_expr(kd is not None):  # (names of the body's own: not loop-carried)
-                        block_kd, block_stage = fetch_kd(n_max - 2 - i), k_state.index
+                        block_kd = fetch_kd(n_max - 2 - i)
+                        block_stage, block_phase = k_state.index, k_state.phase
                     load_k(n_max - 2 - i, k_state)
                     k_state.advance()
                     load_v(n_max - 1 - i, v_state)
                     v_state.advance()
                     if cutlass.const_expr(kd is not None):
-                        stage_kd(block_kd, block_stage)
+                        stage_kd(block_kd, block_stage, block_phase)
                 load_v(n_min, v_state)
                 v_state.advance()
         return q_state, k_state, v_state
 
     @cute.jit
-    def stage_k_descales(self, vals, stage, sKd, pipe_kd):
+    def stage_k_descales(self, vals, stage, phase, sKd, pipe_kd):
         """Producer warp: a K block's k descales (KD.fetch_k_descales' values) into the ring's stage
-        `stage` (K's stage: free, its K load issued), then every lane arrives on its full barrier."""
+        `stage` (K's stage and producer phase, its K load issued) once every consumer thread has read
+        what the stage held, then every lane arrives on its full barrier."""
+        state = pipeline.PipelineState(self.num_stages, Int32(0), stage, phase)
+        pipe_kd.producer_acquire(state)
         KD.stage_k_descales(vals, sKd, stage, self.tile_n)
-        pipe_kd.producer_commit(pipeline.PipelineState(self.num_stages, Int32(0), stage, Int32(0)))
+        pipe_kd.producer_commit(state)
 
     # O staged in sV (FwdConfig.o_in_v): one hand-off per tile, every tile (also those with no key
     # block, which still stage their zeros in sV), so tile t's state follows from t's parity.
@@ -967,7 +973,7 @@ class FlashFwdSm90:
                        softmax=softmax, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state, sV=sV if self.cfg.varlen else None,
-                       tidx=tidx)
+                       tidx=tidx, pipe_kd=kd_ring[1] if self.token else None)
         if cutlass.const_expr(self.cfg.skip_idle_wg):
             # warp-uniform: every row of this warpgroup lies past the end of the queries
             idle_wg = m_block * self.tile_m + wg * 64 >= seqlen_q
@@ -1053,11 +1059,12 @@ class FlashFwdSm90:
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  softmax, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
                  window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None, sV=None,
-                 tidx=None, flush_pv=None):
+                 tidx=None, flush_pv=None, pipe_kd=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
-        walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax."""
+        walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax (per-token
+        FP8: `pipe_kd`, the k-descale ring, released with K, its descales unread)."""
         if cutlass.const_expr(idle):
-            step = partial(self.step_idle, pipe_k=pipe_k, pipe_v=pipe_v, wg=wg)
+            step = partial(self.step_idle, pipe_k=pipe_k, pipe_v=pipe_v, wg=wg, pipe_kd=pipe_kd)
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
                            issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
@@ -1081,6 +1088,8 @@ class FlashFwdSm90:
                         to_probs(n_block=n_max - 1, is_first=True, mask=True, mask_seqlen=True,
                                  k_state=k_state)
                         acc_to_operand_a(acc_S, tOrP)
+                    else:
+                        pipe_kd.consumer_release(k_state)
                     pipe_k.consumer_release(k_state)
                     k_state.advance()
                 else:
@@ -1191,10 +1200,13 @@ class FlashFwdSm90:
 
     @cute.jit
     def step_idle(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
-                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg):
+                  mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, wg, pipe_kd=None):
         """An idle warpgroup's step (FwdConfig.skip_idle_wg): the waits, releases and ping-pong
-        turns of step_overlap / step_serial in their order, and nothing else."""
+        turns of step_overlap / step_serial in their order, and nothing else (`pipe_kd`: per-token
+        FP8's k-descale ring, released with K)."""
         pipe_k.consumer_wait(k_state)
+        if cutlass.const_expr(pipe_kd is not None):
+            pipe_kd.consumer_release(k_state)
         self.pingpong_sync(wg)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             pipe_v.consumer_wait(v_state)
@@ -1210,12 +1222,10 @@ class FlashFwdSm90:
             pipe_v.consumer_release(v_state)
 
     def scale_by_k_descales(self, load_kd, k_state):
-        """Per-token FP8 descales (`load_kd` given): S times the k descales of K stage k_state's block,
-        read before that stage is released (the warp meets after the reads, so that lane 0's release
-        orders every lane's). Plain Python, called while tracing."""
+        """Per-token FP8 descales (`load_kd` given): S times the k descales of K stage k_state's block.
+        Plain Python, called while tracing."""
         if load_kd is not None:
             load_kd(k_state)
-            cute.arch.sync_warp()
 
     @cute.jit
     def k_descales(self, k_state, acc_S_rc, kd_ring):
@@ -1226,6 +1236,9 @@ class FlashFwdSm90:
             pipe_kd.consumer_wait(k_state)
             kd = KD.load_k_descales(sKd, k_state.index, chunk)
             KD.apply_k_descales(acc_S_rc, kd, chunk)
+        # this thread's reads of the stage are done: its own arrive (a release racecheck follows, where
+        # one lane's arrive after a warp sync was not)
+        pipe_kd.consumer_release(k_state)
 
     @cute.jit
     def issue_gemm(self, tiled_mma, acc, tCrA, tCrB, stage, zero_init: cutlass.Constexpr[bool]):
