@@ -124,6 +124,8 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
         tiles = _FP8_TILES[hdim]
         if qk_descale == "token" and (causal or local):
             tiles = _FP8_TOKEN_MASKED_TILES.get(hdim, tiles)
+        elif qk_descale == "head" and not (local or softcap):
+            tiles = _FP8_WIDE_TILES.get(hdim, tiles)
         return _fwd_config_untimed(dtype, hdim, tiles, causal, local, softcap,
                                    vt_stages=_FP8_VT_STAGES.get(hdim, 2), pv_two_level=hdim in _FP8_TWO_LEVEL,
                                    qk_descale=qk_descale)
@@ -158,6 +160,12 @@ def fwd_config(dtype: str, hdim: int, causal: bool = False, local: bool = False,
 # for O's own tile)
 _FP8_TILES = {**{d: (128, 128) for d in SUPPORTED_HDIMS}, 128: (128, 96), 256: (128, 96)}
 _FP8_VT_STAGES = {256: 1}
+# wider key blocks with per-(batch, kv head) descales, no window and no softcap (where they compile
+# without spills: FP8_TILE_CANDIDATES), two-level accumulation kept: `scripts/config_sweep.py --dtype fp8
+# --candidates` on an H100 (2026-12-06, 097409a): hdim 128 at 128 keys 1.05-1.13x the 96-key tile, hdim
+# 64 at 192 keys 1.00-1.07x the 128-key one. 192-224 keys at hdim 128 read 1.15-1.24x but only with one
+# accumulator (docs/results-fp8.md: its error grows with the keys)
+_FP8_WIDE_TILES = {64: (128, 192), 128: (128, 128)}
 # two-level accumulation where the second O accumulator fits the registers (hdim 128 at 96 keys a block):
 # on the H200 (V = 1 + N(0,1), peaked scores) the relative RMSE at 1k / 8k / 32k / 128k keys went from
 # 1.0e-2 / 0.10 / 0.30 / 0.57 to 2.7e-3 / 2.1e-3 / 2.1e-3 / 2.0e-3 (hdim 64; hdim 128 alike). Not at
