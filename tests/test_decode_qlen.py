@@ -180,10 +180,12 @@ def test_other_calls_keep_their_path(kernels):
 
 
 def test_opt_in_off_keeps_the_layout_and_the_call(monkeypatch):
-    """The opt-in unset (validation.DECODE_QLEN_GPU_VERIFIED is False): splitkv.plan leaves several query
-    tokens unrearranged, and the call is the varlen kernel over every query head, causal, on its own walk,
-    as before this path."""
-    assert validation.DECODE_QLEN_GPU_VERIFIED is False and not validation.decode_qlen_enabled()
+    """The path switched off (validation.DECODE_QLEN_GPU_VERIFIED False, the opt-in unset): splitkv.plan
+    leaves several query tokens unrearranged, and the call is the varlen kernel over every query head,
+    causal, on its own walk."""
+    monkeypatch.setattr(validation, "DECODE_QLEN_GPU_VERIFIED", False)
+    monkeypatch.delenv(validation.DECODE_QLEN_OPT_IN, raising=False)
+    assert not validation.decode_qlen_enabled()
     for s in (2, 4, 16):
         layout = splitkv.plan(batch=8, seqlen_q=s, heads_q=32, heads_k=8, capacity=32768, window=(-1, -1),
                               num_splits=0, pack_gqa=None, sms=132)
