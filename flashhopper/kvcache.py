@@ -16,8 +16,9 @@ grid by PackGQA and split-KV inside the kernel (`_split_call`: runtime.forward_s
 kernel; validation.decode_split_enabled, on by default), or arranged around the varlen kernel
 (flashhopper/splitkv.py) where that is switched off or the cache has no rows. Decode of 2 to 16 query
 tokens an item (speculative decoding) goes, where validation.decode_qlen_enabled (the default since its
-GPU tests and timing, docs/results-decode.md), as a prefix of the keys every token sees, packed and split as one token's decode, and the causal tail of the last few keys, merged by LSE
-(`_qlen_call`).
+GPU tests and timing, docs/results-decode.md), as a prefix of the keys every token sees, packed and
+split as one token's decode, and the causal tail of the last few keys, merged by LSE (`_qlen_call`);
+otherwise through the varlen kernel over every query head.
 Not yet: FP8 caches, other page sizes without the copy, the append inside the kernel.
 """
 
