@@ -19,3 +19,20 @@ def record_launches(monkeypatch, kind: type | None = FwdConfig) -> list:
 
     monkeypatch.setattr(runtime, "get_kernel", recording)
     return launched
+
+
+def record_split_launches(monkeypatch) -> tuple[list, list]:
+    """(every kernel config fetched, the `splits` each runtime.forward_split call was asked for): the
+    decode tests' record of what a KV-cache call launched."""
+    kernels, splits = record_launches(monkeypatch, kind=None), []
+    forward_split = runtime.forward_split
+
+    def split_recording(*args, **kwargs):
+        splits.append(kwargs["splits"])
+        return forward_split(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "forward_split", split_recording)
+    import flashhopper.hopper
+
+    monkeypatch.setattr(flashhopper.hopper, "forward_split", split_recording)
+    return kernels, splits

@@ -1,5 +1,5 @@
-"""Decode of 2 to 16 query tokens an item as a prefix and a tail (kvcache._qlen_call; opted in by
-FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN=1, validation.decode_qlen_enabled) on the GPU: flash_attn_with_kvcache,
+"""Decode of 2 to 16 query tokens an item as a prefix and a tail (kvcache._qlen_call, the default:
+validation.decode_qlen_enabled) on the GPU: flash_attn_with_kvcache,
 each item by the rule of flashhopper/accuracy.py against the float64 reference over its keys, causal
 aligned bottom-right (and without a mask). Tokens 2, 4, 16; GQA 1, 4, 8; lengths shorter than the tokens
 (0, 1: rows that see no key), at the chunk boundaries +-1 and the capacity; appends (checked in the cache
@@ -8,8 +8,8 @@ softcap, fp16, other head dims, a given output, the LSE returned or not; CUDA gr
 Every cache slot no item uses is NaN (it must stay out), every output, partial and buffer NaN before the
 call (runtime.poison), every launch checked: the split kernel, the causal varlen kernel, the merge kernels.
 
-Marked experimental until the path has passed here: FH_TEST_EXPERIMENTAL=1. The kernels: `flashhopper
-precompile --decode --paged` (the split, causal varlen, paged and merge kernels), or compiled on first use."""
+The kernels: `flashhopper precompile --decode --paged` (the split, causal varlen, paged and merge
+kernels), or compiled on first use."""
 
 from __future__ import annotations
 
@@ -17,14 +17,13 @@ import math
 
 import pytest
 import torch
-from launched import record_launches
+from launched import record_split_launches
 
 from flashhopper import flash_attn_with_kvcache, splitkv, validation
 from flashhopper.accuracy import check_forward, check_kvcache
 from flashhopper.config import CombineConfig
-from flashhopper.hopper import runtime
 
-pytestmark = [pytest.mark.gpu, pytest.mark.experimental]
+pytestmark = pytest.mark.gpu
 
 if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
     pytest.skip("needs an sm_90 (Hopper) GPU", allow_module_level=True)
@@ -35,20 +34,8 @@ S_CACHE = 4097
 
 @pytest.fixture(autouse=True)
 def launched(monkeypatch):
-    """The opt-in, and every kernel launched: (config, the splits asked of forward_split)."""
-    monkeypatch.setenv(validation.DECODE_QLEN_OPT_IN, "1")
-    kernels, splits = record_launches(monkeypatch, kind=None), []
-    forward_split = runtime.forward_split
-
-    def split_recording(*args, **kwargs):
-        splits.append(kwargs["splits"])
-        return forward_split(*args, **kwargs)
-
-    monkeypatch.setattr(runtime, "forward_split", split_recording)
-    import flashhopper.hopper
-
-    monkeypatch.setattr(flashhopper.hopper, "forward_split", split_recording)
-    return kernels, splits
+    """Every kernel launched: (config, the splits asked of forward_split)."""
+    return record_split_launches(monkeypatch)
 
 
 def _check_launches(launched, *, causal, page_size=0):

@@ -17,12 +17,11 @@ import math
 
 import pytest
 import torch
-from launched import record_launches
+from launched import record_split_launches
 
 from flashhopper import flash_attn_with_kvcache, validation
 from flashhopper.accuracy import check_forward, check_kvcache
 from flashhopper.config import CombineConfig
-from flashhopper.hopper import runtime
 
 pytestmark = pytest.mark.gpu
 
@@ -36,18 +35,7 @@ DEV = "cuda"
 def launched(monkeypatch):
     """The opt-ins, and every kernel launched: (config, the splits asked of forward_split or None)."""
     monkeypatch.setenv(validation.DECODE_SPLIT_OPT_IN, "1")
-    kernels, splits = record_launches(monkeypatch, kind=None), []
-    forward_split = runtime.forward_split
-
-    def split_recording(*args, **kwargs):
-        splits.append(kwargs["splits"])
-        return forward_split(*args, **kwargs)
-
-    monkeypatch.setattr(runtime, "forward_split", split_recording)
-    import flashhopper.hopper
-
-    monkeypatch.setattr(flashhopper.hopper, "forward_split", split_recording)
-    return kernels, splits
+    return record_split_launches(monkeypatch)
 
 
 def _check_launches(launched, page_size=0, merge_kernel=True, plain_ok=False):
