@@ -122,14 +122,16 @@ def test_fp8_block_quantized_inputs(d, block):
 
 def test_fp8_token_per_head_descales_given_per_token():
     """A per-head descale repeated per token is the same input: the per-token kernel passes the rule and
-    stays close to the per-head kernel on the same key blocks (their fp32 score arithmetic differs, which
-    may move a P across an e4m3 rounding boundary, no more; the dispatched per-head kernel takes wider
-    blocks, whose two-level accumulation adds the blocks' sums in another grouping)."""
+    stays close to the per-head kernel run on the same key blocks (their fp32 score arithmetic differs,
+    which may move a P across an e4m3 rounding boundary, no more; the dispatched per-head kernel takes
+    wider blocks, whose two-level accumulation groups the sums otherwise, and is checked by the rule in
+    tests/test_fp8_gpu.py)."""
     q, k, v, _ = make_case(2, 300, 517, 4, 2, 64)
     qd, kd, vd = (0.5 + torch.rand(2, 2, device=DEV) for _ in range(3))
+    check_call(q, k, v, (qd, kd, vd), causal=True)  # the dispatched per-head kernel, by the rule
     token_tile = fwd_config("e4m3", 64, causal=True, qk_descale="token").tile_n
     with runtime.config_overrides(tile_n=token_tile):
-        head = check_call(q, k, v, (qd, kd, vd), causal=True)
+        head = flash_attn_func(q, k, v, causal=True, q_descale=qd, k_descale=kd, v_descale=vd)
     tok = (qd.repeat_interleave(2, dim=1)[:, :, None].expand(2, 4, 300), kd[:, :, None].expand(2, 2, 517), vd)
     token = check_call(q, k, v, tok, causal=True)
     diff = (token.float() - head.float()).abs()
