@@ -581,6 +581,9 @@ def _decode_kernels(case: Case, sms: int) -> set:
 
     d = case.decode
     tile, split = _decode_switches(d)
+    qlen = _qlen_kernels(case, tile, split, sms)
+    if qlen is not None:
+        return qlen
 
     def planned(page_size: int):
         align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
@@ -604,6 +607,39 @@ def _decode_kernels(case: Case, sms: int) -> set:
     if merged and layout.splits <= COMBINE_MAX_SPLITS:
         return {cfg, CombineConfig(case.dtype, case.dv or case.hdim, case.dtype)}
     return {cfg}
+
+
+def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int) -> set | None:
+    """The configs of a decode case that kvcache runs as a prefix and a causal tail (kvcache._qlen_taken:
+    2 to 16 query tokens, no window, the split inside the kernel on, a cache with rows), else None: the
+    prefix's split kernel (over the pages where both kernels serve them, kvcache._qlen_pages_served), its
+    merge where the keys split, and with a mask the tail's causal varlen kernel and the parts' merge."""
+    from flashhopper import plan, splitkv, validation
+    from flashhopper.config import CombineConfig
+
+    d = case.decode
+    if not (validation.decode_qlen_enabled() and split and case.sq in splitkv.QLEN_RANGE
+            and tuple(case.window) == (-1, -1) and d.cache_rows * (d.page_size or d.capacity) > 0):
+        return None
+    softcap = case.softcap > 0
+
+    def kernels(page_size: int):
+        prefix = plan.fwd_plan_split(case.dtype, case.hdim, softcap, case.dv, page_size, decode_tile=tile)
+        tail = plan.fwd_plan_varlen(case.dtype, case.hdim, True, (-1, -1), softcap, case.dv, page_size)[0]
+        return prefix, tail
+
+    page_size = 0
+    if d.page_size and not d.leftpad and validation.paged_tma_enabled():
+        prefix, tail = kernels(d.page_size)
+        if prefix.page_size == d.page_size and (not case.causal or tail.page_size == d.page_size):
+            page_size = d.page_size  # the kernels read the pages in place
+    prefix, tail = kernels(page_size)
+    align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
+    layout = splitkv.plan_qlen(batch=case.b, heads_q=case.hq, heads_k=case.hk, capacity=d.capacity,
+                               num_splits=d.num_splits, sms=sms, align=align)
+    merge = CombineConfig(case.dtype, case.dv or case.hdim, case.dtype)
+    configs = {prefix} | ({merge} if layout.splits > 1 else set())
+    return configs | ({tail, merge} if case.causal else set())
 
 
 def decode_kernels_reachable(experimental: bool = False) -> set:

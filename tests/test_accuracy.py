@@ -105,13 +105,15 @@ def fp8_inputs(seed=0):
 @pytest.mark.parametrize("softcap", [0.0, 5.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_rule_passes_the_emulator_and_fails_a_wrong_descale(causal, softcap):
-    """FP8: the emulator in the kernel's order (128-key blocks, running max) passes the rule at r = 3
-    and the kernel-order check; V's descale left out, Q's read for the other kv head, a zeroed
+    """FP8: the emulator in the kernel's order (the dispatched key blocks, running max) passes the rule
+    at r = 3 and the kernel-order check; V's descale left out, Q's read for the other kv head, a zeroed
     128-key block of V, and a 2% scale error (under FP8's own rounding noise) each fail."""
+    from flashhopper import plan
     from flashhopper.accuracy import check_forward, emulate_forward_fp8
 
     q, k, v, ds = fp8_inputs()
-    out, lse = emulate_forward_fp8(q, k, v, ds, SCALE, causal, (-1, -1), softcap, tile_n=128)
+    tile_n = plan.fwd_config("e4m3", q.shape[-1], causal=causal, softcap=softcap > 0).tile_n
+    out, lse = emulate_forward_fp8(q, k, v, ds, SCALE, causal, (-1, -1), softcap, tile_n=tile_n)
     check_forward(out, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)
     wrong_v = emulate_forward_fp8(q, k, v, (ds[0], ds[1], None), SCALE, causal, (-1, -1), softcap)[0]
     swapped = (ds[0].flip(1), ds[1], ds[2])

@@ -621,8 +621,9 @@ def test_fp8_two_level_budget():
 def test_fp8_token_descale_configs(hdim):
     """FwdConfig.qk_descale "token": e4m3 only, one of QK_DESCALES; the k-descale ring (a stage per K
     stage, 4 rows of tile_n / 4 words and their padding, two mbarriers a stage) counted in shared memory;
-    the dispatched one is the per-head config but for the descale form and, with a mask at hdim 128 and
-    256, 64 keys a block."""
+    the dispatched one is the per-head config but for the descale form and its key block: the per-hdim
+    one (not the per-head kernel's wider blocks without a window or softcap), with a mask at hdim 128 and
+    256 64 keys."""
     for mask in ({}, {"causal": True}, {"local": True}):
         for softcap in (False, True):
             head = fwd_config("e4m3", hdim, softcap=softcap, **mask)
@@ -630,7 +631,7 @@ def test_fp8_token_descale_configs(hdim):
             token.check()
             assert token.token_descales and not head.token_descales
             narrower = mask and hdim in (128, 256)
-            tile_n = 64 if narrower else head.tile_n
+            tile_n = 64 if narrower else plan._FP8_TILES[hdim][1]
             assert token == dataclasses.replace(head, qk_descale="token", tile_n=tile_n)
             same_tile = dataclasses.replace(head, qk_descale="token")
             ring = head.num_stages * (4 * 4 * (head.tile_n // 4 + config.KD_ROW_PAD) + 16)

@@ -132,7 +132,10 @@ def test_split_configs():
 def test_split_taken_only_for_one_query_token_without_a_window(monkeypatch):
     """Where the split inside the kernel is on (by default, or opted in), the rearranged decode (one query
     token, no window, not packed queries) and only it goes to runtime.forward_split; switched off, none
-    does."""
+    does. (Several query tokens with several-token decode switched off: that path splits too, and has its
+    own tests in tests/test_decode_qlen.py.)"""
+    monkeypatch.setattr(validation, "DECODE_QLEN_GPU_VERIFIED", False)
+    monkeypatch.delenv(validation.DECODE_QLEN_OPT_IN, raising=False)
     monkeypatch.setattr(validation, "require_hopper", lambda q, backend="hopper": None)
     monkeypatch.setattr(validation, "check_varlen_call", lambda *args, **kwargs: None)
     monkeypatch.setattr(splitkv, "_sm_count", lambda index: 132)
