@@ -581,9 +581,6 @@ def _decode_kernels(case: Case, sms: int) -> set:
 
     d = case.decode
     tile, split = _decode_switches(d)
-    qlen = _qlen_kernels(case, tile, split, sms)
-    if qlen is not None:
-        return qlen
 
     def planned(page_size: int):
         align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
@@ -596,10 +593,15 @@ def _decode_kernels(case: Case, sms: int) -> set:
         return layout, cfg
 
     layout, cfg = planned(0)
+    paged = None
     if d.page_size and not d.leftpad and validation.paged_tma_enabled():
-        paged_layout, paged_cfg = planned(d.page_size)
-        if paged_cfg.page_size == d.page_size:  # the kernels read the pages in place
-            layout, cfg = paged_layout, paged_cfg
+        paged = planned(d.page_size)
+    served = paged is not None and paged[1].page_size == d.page_size  # the kernels read the pages in place
+    qlen = _qlen_kernels(case, tile, split, sms, paged_served=served)
+    if qlen is not None:
+        return qlen
+    if served:
+        layout, cfg = paged
     if split and layout.rearranged:
         merged = layout.splits > 1  # one split: the kernel stores into the output itself
     else:
@@ -609,11 +611,13 @@ def _decode_kernels(case: Case, sms: int) -> set:
     return {cfg}
 
 
-def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int) -> set | None:
+def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int, paged_served: bool) -> set | None:
     """The configs of a decode case that kvcache runs as a prefix and a causal tail (kvcache._qlen_taken:
     2 to 16 query tokens, no window, the split inside the kernel on, a cache with rows), else None: the
     prefix's split kernel (over the pages where both kernels serve them, kvcache._qlen_pages_served), its
-    merge where the keys split, and with a mask the tail's causal varlen kernel and the parts' merge."""
+    merge where the keys split, and with a mask the tail's causal varlen kernel and the parts' merge. Pages
+    these kernels do not serve go to the call's paged plan, which reads them with the one-token path's
+    kernels where `paged_served` (None then), else gathers them for this path."""
     from flashhopper import plan, splitkv, validation
     from flashhopper.config import CombineConfig
 
@@ -633,6 +637,8 @@ def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int) -> set | None:
         prefix, tail = kernels(d.page_size)
         if prefix.page_size == d.page_size and (not case.causal or tail.page_size == d.page_size):
             page_size = d.page_size  # the kernels read the pages in place
+        elif paged_served:
+            return None
     prefix, tail = kernels(page_size)
     align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
     layout = splitkv.plan_qlen(batch=case.b, heads_q=case.hq, heads_k=case.hk, capacity=d.capacity,

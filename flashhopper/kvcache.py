@@ -82,9 +82,9 @@ def flash_attn_with_kvcache(
     softcap as flash_attn_func. num_splits (0 = choose, 1 = none) and pack_gqa (None = choose) are
     hints taken where they keep the call exact, one query token per item and no window
     (flashhopper/splitkv.py: the keys split across CTAs and merged by LSE, the query heads of a KV
-    head packed into one CTA's rows); with 2 to 16 query tokens and FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN=1,
-    no window, num_splits splits the keys all tokens see and the query heads are always packed
-    (_qlen_call); scheduler_metadata is accepted and unused.
+    head packed into one CTA's rows); with 2 to 16 query tokens and no window num_splits splits the keys
+    all tokens see and the query heads are always packed (_qlen_call); scheduler_metadata is accepted and
+    unused.
     out: an optional preallocated output like q's (b, s_q, hq, d) or (total_q, hq, d).
 
     Returns out (q's shape and dtype), or (out, lse) with lse float32 (b, hq, s_q), or (hq, total_q)
@@ -241,7 +241,7 @@ def _split_call(q, k_rows, v_rows, layout, lens, s_new, starts_k, key_rows, left
 
 
 def _qlen_taken(q, packed_q, window, k_rows) -> bool:
-    """Whether the call runs as a prefix and a tail (_qlen_call): opted in (validation.decode_qlen_enabled),
+    """Whether the call runs as a prefix and a tail (_qlen_call): enabled (validation.decode_qlen_enabled),
     2 to 16 query tokens an item (splitkv.QLEN_RANGE) in a (b, s_q, hq, d) q, no window, the split inside
     the kernel enabled (validation.decode_split_enabled) and a cache with rows (a TMA descriptor needs
     them)."""

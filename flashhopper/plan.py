@@ -178,8 +178,8 @@ _FP8_TOKEN_MASKED_TILES = {128: (128, 64), 256: (128, 64)}
 # FP8 candidates, not dispatched (docs/design.md, FP8): wider key blocks and the 232 / 40 register split
 # (FwdConfig.producer_nreg), as FwdConfig overrides on the dispatched config (scripts/config_sweep.py
 # --dtype fp8 --candidates times them against it and cuDNN). Each compiles without spills and with one
-# QGMMA wait per commit group, with no mask and causal (tests/test_fwd_compile.py); most spill with softcap
-# or a local window, so one that wins goes into a per-mask table (_FP8_WIDE_TILES).
+# QGMMA wait per commit group, with no mask and causal (tests/test_fwd_compile.py, make test-full); most
+# spill with softcap or a local window, so one that wins goes into a per-mask table (_FP8_WIDE_TILES).
 # hdim 256: 128 keys take all of shared memory with O in Q's buffer and spill 32 bytes at 232 registers
 FP8_TILE_CANDIDATES = {
     64: ("tile_n=160", "tile_n=224,producer_nreg=40"),

@@ -136,11 +136,12 @@ class _Smem:
 # (tile_n, hdim): the FP8 forward's tiles (plan.py's FP8 tables) and a few more key-block widths: the
 # wider candidates (plan.FP8_TILE_CANDIDATES; sV rows of 160 / 224 bytes take the 32-byte swizzle, 192
 # the 64-byte)
-ALL_SHAPES = [(128, 64), (128, 96), (96, 128), (64, 128), (128, 128), (128, 192), (96, 256), (64, 256),
-              (160, 128), (224, 64), (192, 96), (224, 128), (160, 192)]
-# CI (without FH_TEST_FULL=1): the dispatched tiles, and one candidate of each other swizzle (32 and 64 bytes)
-SHAPES = ALL_SHAPES if FULL else [(128, 64), (128, 96), (96, 128), (128, 192), (96, 256), (160, 128),
-                                  (192, 96)]
+ALL_SHAPES = [(128, 64), (192, 64), (128, 96), (96, 128), (64, 128), (128, 128), (128, 192), (96, 256),
+              (64, 256), (160, 128), (224, 64), (192, 96), (224, 128), (160, 192)]
+# CI (without FH_TEST_FULL=1): the per-head kernels' dispatched tiles (plan._FP8_TILES, _FP8_WIDE_TILES;
+# the per-token kernels' 64-key blocks under a mask in the full set), and one candidate of the 32-byte swizzle
+SHAPES = ALL_SHAPES if FULL else [(128, 64), (192, 64), (128, 96), (96, 128), (128, 128), (128, 192),
+                                  (96, 256), (160, 128)]
 
 
 def _transpose(tile_n, hdim, stages=2, per_batch=F8.UNITS_PER_BATCH):

@@ -442,6 +442,8 @@ def test_forward_fp8_two_level_compiles(hdim, tile_n, causal):
 
 # FP8 candidates (plan.FP8_TILE_CANDIDATES, not dispatched): wider key blocks and the 232 / 40 register split
 # compile with no spills, one QGMMA wait per commit group and the split asked for, with no mask and causal
+# (make test-full: no user is dispatched them)
+@pytest.mark.variant
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(("hdim", "fields"), [(hdim, text) for hdim, texts in plan.FP8_TILE_CANDIDATES.items()
                                               for text in texts])
