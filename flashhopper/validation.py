@@ -18,11 +18,11 @@ SUPPORTED_HDIMS = (64, 96, 128, 192, 256)
 SPLIT_HDIMS = ((192, 128),)  # as flashhopper.config's (this module imports no more than torch)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 FP8_DTYPES = (torch.float8_e4m3fn,)
-# The FP8 forward: its LDSM.T / STSM transposer passed the FP8 GPU tests on an H100 (2026-12-05, 55b212c);
-# the 4 block-quantized cases at hdim 192 / 256 that missed were the rule's yardstick (the kernel's error
-# equals that of FP8 WGMMA's own accumulation, 1.00x: docs/testing.md, 7da5413). racecheck reports
-# hazards in the per-token kernels not yet read against the SASS; until then calls need this variable set
-# to 1
+# The FP8 forward: its LDSM.T / STSM transposer passed the FP8 GPU tests on an H100 (2026-12-05, 55b212c; the
+# block-quantized cases under the tensor-core yardstick since, docs/testing.md), and racecheck reads 0 hazards
+# over its kernels since the per-token k-descale ring's own empty barriers (097409a). The wider key blocks
+# dispatched since (plan._FP8_WIDE_TILES) passed the FP8 GPU tests but not yet the fuzz and the sanitizer
+# sweep; until then calls need this variable set to 1
 FP8_GPU_VERIFIED = False
 FP8_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_FP8"
 # the varlen backward through seqused_q / seqused_k (the used lengths taken by the kernels, every tile row
