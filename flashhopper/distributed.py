@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from flashhopper import sms
 from flashhopper.interface import flash_attn_func
 from flashhopper.reference import attention_bwd_from_lse, attention_ref
 from flashhopper.splitkv import merge_by_lse
@@ -275,6 +276,7 @@ class _Config:
     softcap: float
     deterministic: bool
     backend: str
+    sm_margin: int
 
 
 def _step_forward(q, k, v, pair: _Pair, cfg: _Config):
@@ -282,8 +284,10 @@ def _step_forward(q, k, v, pair: _Pair, cfg: _Config):
     qs, ks, vs = q[:, pair.q_rows], k[:, pair.k_rows], v[:, pair.k_rows]
     if q.dtype in REFERENCE_DTYPES:  # flash_attn_func takes fp16 / bf16 only; the same exact reference
         return attention_ref(qs, ks, vs, cfg.scale, pair.causal, pair.window, cfg.softcap)
-    return flash_attn_func(qs, ks, vs, softmax_scale=cfg.scale, causal=pair.causal, window_size=pair.window,
-                           softcap=cfg.softcap, return_lse=True, backend=cfg.backend)
+    with sms.sm_margin(cfg.sm_margin):
+        return flash_attn_func(qs, ks, vs, softmax_scale=cfg.scale, causal=pair.causal,
+                               window_size=pair.window, softcap=cfg.softcap, return_lse=True,
+                               backend=cfg.backend)
 
 
 def _step_backward(q, k, v, out, dout, lse, pair: _Pair, cfg: _Config):
@@ -464,7 +468,7 @@ def _check_ranks_agree(q, k, v, group) -> None:
 
 
 def ring_attn_func(q, k, v, group=None, causal=False, window_size=(-1, -1), softcap=0.0, softmax_scale=None,
-                   deterministic=False, backend="auto", layout="zigzag", return_lse=False):
+                   deterministic=False, backend="auto", layout="zigzag", return_lse=False, sm_margin=0):
     """Self-attention over a sequence sharded across the ranks of `group` (ring attention).
 
     q: (b, s_local, hq, d), k, v: (b, s_local, hk, d) with hq a multiple of hk: this rank's shard of the
@@ -474,7 +478,8 @@ def ring_attn_func(q, k, v, group=None, causal=False, window_size=(-1, -1), soft
     torch.distributed process group (None: the default one), initialized; every rank of it calls this
     function (and the backward) with equal shapes. backend: each step's attention, as flash_attn_func's
     ("reference" also takes fp32 / fp64); deterministic: the kernels' backward's. layout: "zigzag"
-    (s_local even; balanced under causal) or "contiguous".
+    (s_local even; balanced under causal) or "contiguous". sm_margin: SMs each step's forward kernel leaves
+    free for the transfers' kernels beside it (flashhopper.sm_margin; the backward's grids take none).
 
     Returns this rank's out (q.dtype, (b, s_local, hq, d)) or, with return_lse, (out, lse) with lse
     float32 (b, hq, s_local), natural log. Differentiable in q, k and v. The partial results are merged
@@ -494,6 +499,7 @@ def ring_attn_func(q, k, v, group=None, causal=False, window_size=(-1, -1), soft
         softcap=normalize_softcap(softcap),
         deterministic=check_flag("deterministic", deterministic),
         backend=backend,
+        sm_margin=sms.check_margin(sm_margin),
     )
     return_lse = check_flag("return_lse", return_lse)
     group = _resolve_group(group)

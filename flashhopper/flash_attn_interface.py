@@ -5,14 +5,14 @@
 Code written for FA3 runs unchanged where it uses what flashhopper has: the same arguments, the
 same results (out, or (out, softmax_lse) with return_attn_probs=True; LSE (b, h, s_q) dense and
 (h, total_q) varlen), FP8 descales, causal aligned bottom-right, windows, softcap, GQA.
-Scheduling hints FA3 takes (num_splits, pack_gqa, sm_margin) are accepted and left to flashhopper's
-own dispatch. What flashhopper does not have raises NotImplementedError naming it: qv (MLA's
-absorbed query), attention_chunk, and for now in flash_attn_with_kvcache rotary embedding, appending
-packed new keys (cu_seqlens_k_new with k, v) and FP8 caches (a paged cache runs: pages read in place
-where the page size allows, else through a contiguous copy of the table's span). Differences from FA3: a row
-that sees no key has LSE -inf (FA3: +inf); the varlen backward through seqused_q / seqused_k gives zero
-gradients past the used rows (FA3 leaves them unwritten); head dims
-(192, 128) have a backward (FA3's has none).
+Scheduling hints FA3 takes (num_splits, pack_gqa) are accepted and left to flashhopper's own dispatch;
+sm_margin leaves that many SMs free for other kernels, as FA3's does (flashhopper.sm_margin). What
+flashhopper does not have raises NotImplementedError naming it: qv (MLA's absorbed query),
+attention_chunk, and for now in flash_attn_with_kvcache rotary embedding, appending packed new keys
+(cu_seqlens_k_new with k, v) and FP8 caches (a paged cache runs: pages read in place where the page size
+allows, else through a contiguous copy of the table's span). Differences from FA3: a row that sees no
+key has LSE -inf (FA3: +inf); the varlen backward through seqused_q / seqused_k gives zero gradients
+past the used rows (FA3 leaves them unwritten); head dims (192, 128) have a backward (FA3's has none).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from __future__ import annotations
 from flashhopper.interface import flash_attn_func as _attn
 from flashhopper.interface import flash_attn_varlen_func as _attn_varlen
 from flashhopper.kvcache import flash_attn_with_kvcache as _attn_kvcache
+from flashhopper.sms import check_margin
+from flashhopper.sms import sm_margin as _sm_margin
 
 
 def _unsupported(qv, attention_chunk, num_splits) -> None:
@@ -38,9 +40,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     """FA3's flash_attn_func: out (b, s_q, h, dv), or (out, softmax_lse (b, h, s_q)) with
     return_attn_probs."""
     _unsupported(qv, attention_chunk, num_splits)
-    return _attn(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                 softcap=softcap, deterministic=deterministic, return_lse=bool(return_attn_probs),
-                 q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    with _sm_margin(sm_margin):
+        return _attn(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                     softcap=softcap, deterministic=deterministic, return_lse=bool(return_attn_probs),
+                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
@@ -53,10 +56,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _unsupported(qv, attention_chunk, num_splits)
     if any(d is not None for d in (q_descale, k_descale, v_descale)):
         raise NotImplementedError("varlen with FP8 descales is not supported by flashhopper yet")
-    return _attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                        seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale, causal=causal,
-                        window_size=window_size, softcap=softcap, deterministic=deterministic,
-                        return_lse=bool(return_attn_probs))
+    with _sm_margin(sm_margin):
+        return _attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                            seqused_q=seqused_q, seqused_k=seqused_k, softmax_scale=softmax_scale,
+                            causal=causal, window_size=window_size, softcap=softcap,
+                            deterministic=deterministic, return_lse=bool(return_attn_probs))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary_cos=None, rotary_sin=None,
@@ -77,12 +81,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     if names := [name for name, given in missing.items() if given]:
         raise NotImplementedError(f"flash_attn_with_kvcache: {', '.join(names)} not supported by flashhopper "
                                   "yet")
-    return _attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
-                         cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
-                         cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q, softmax_scale=softmax_scale,
-                         causal=causal, window_size=window_size, softcap=softcap, num_splits=num_splits,
-                         pack_gqa=pack_gqa, scheduler_metadata=scheduler_metadata,
-                         return_lse=bool(return_softmax_lse))
+    with _sm_margin(sm_margin):
+        return _attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                             cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+                             page_table=page_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                             softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+                             scheduler_metadata=scheduler_metadata, return_lse=bool(return_softmax_lse))
 
 
 def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim,
@@ -98,6 +103,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 
     if not isinstance(batch_size, int) or batch_size < 0:
         raise ValueError(f"batch_size must be an int >= 0, got {batch_size!r}")
+    check_margin(sm_margin)
     device = cache_seqlens.device if hasattr(cache_seqlens, "device") else None
     return torch.zeros(batch_size + 1, dtype=torch.int32, device=device)
 

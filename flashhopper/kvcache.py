@@ -167,11 +167,14 @@ def flash_attn_with_kvcache(
         if page_table.stride(-1) != 1 or page_table.stride(0) == 0:  # (a row stride of 0: rows apart)
             page_table = page_table.contiguous()
         if _split_taken(paged_layout, k_rows):
-            return _split_call(q, k_rows, v_rows, paged_layout, lens, s_new, None, page_table.stride(0), None,
-                               scale, softcap, out, return_lse, page_table=page_table, page_size=s_cache)
-        return _kernel_call(q, q_rows, k_rows, v_rows, paged_layout, None, page_table.stride(0),
-                            _used_keys(lens, s_new, left), lens_q, cu_seqlens_q, scale, causal, window,
-                            softcap, out, return_lse, pages={"page_table": page_table, "page_size": s_cache})
+            return _split_call(q, k_rows, v_rows, paged_layout, lens=lens, s_new=s_new, starts_k=None,
+                               key_rows=page_table.stride(0), left=None, scale=scale, softcap=softcap,
+                               out=out, return_lse=return_lse, page_table=page_table, page_size=s_cache)
+        return _kernel_call(q, q_rows, k_rows, v_rows, paged_layout, starts_k=None,
+                            item_rows=page_table.stride(0), used_k=_used_keys(lens, s_new, left),
+                            lens_q=lens_q, cu_seqlens_q=cu_seqlens_q, scale=scale, causal=causal,
+                            window=window, softcap=softcap, out=out, return_lse=return_lse,
+                            pages={"page_table": page_table, "page_size": s_cache})
     starts_k = _key_starts(batch, s_cache, idx, left)  # None: item i's keys from row i * s_cache
     if qlen and paged_layout is None and k_rows.shape[0] > 0:  # (paged here: gathered into a copy)
         layout = splitkv.plan_qlen_for(q, k_cache.shape[2], s_cache, num_splits)
@@ -181,10 +184,13 @@ def flash_attn_with_kvcache(
     layout = splitkv.plan_for(q, k_cache.shape[2], s_cache, window, num_splits, pack_gqa, packed_q)
     if _split_taken(layout, k_rows):
         key_rows = s_cache if starts_k is None else 0  # 0: each item's first key row from starts_k
-        return _split_call(q, k_rows, v_rows, layout, lens, s_new, starts_k, key_rows, left, scale, softcap,
-                           out, return_lse)
-    return _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, s_cache, _used_keys(lens, s_new, left),
-                        lens_q, cu_seqlens_q, scale, causal, window, softcap, out, return_lse)
+        return _split_call(q, k_rows, v_rows, layout, lens=lens, s_new=s_new, starts_k=starts_k,
+                           key_rows=key_rows, left=left, scale=scale, softcap=softcap, out=out,
+                           return_lse=return_lse)
+    return _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k=starts_k, item_rows=s_cache,
+                        used_k=_used_keys(lens, s_new, left), lens_q=lens_q, cu_seqlens_q=cu_seqlens_q,
+                        scale=scale, causal=causal, window=window, softcap=softcap, out=out,
+                        return_lse=return_lse)
 
 
 def _used_keys(lens, s_new, left):
@@ -200,7 +206,7 @@ def _split_taken(layout, k_rows) -> bool:
     return layout.rearranged and k_rows.shape[0] > 0 and validation.decode_split_enabled()
 
 
-def _split_call(q, k_rows, v_rows, layout, lens, s_new, starts_k, key_rows, left, scale, softcap, out,
+def _split_call(q, k_rows, v_rows, layout, *, lens, s_new, starts_k, key_rows, left, scale, softcap, out,
                 return_lse, page_table=None, page_size=0):
     """The rearranged decode (one query token, no window: no mask) with the split inside the attention
     kernel (runtime.forward_split, FwdConfig.split_kv): q read in place as (b, rows, heads, d), the query
@@ -416,8 +422,8 @@ def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, 
     return layout if cfg.page_size == page_size else None
 
 
-def _kernel_call(q, q_rows, k_rows, v_rows, layout, starts_k, item_rows, used_k, lens_q, cu_seqlens_q, scale,
-                 causal, window, softcap, out, return_lse, pages=None):
+def _kernel_call(q, q_rows, k_rows, v_rows, layout, *, starts_k, item_rows, used_k, lens_q, cu_seqlens_q,
+                 scale, causal, window, softcap, out, return_lse, pages=None):
     """flash_attn_with_kvcache's varlen forward over the cache's rows k_rows / v_rows: item i's keys from
     row starts_k[i] (None: i * item_rows) for used_k[i] rows; or with `pages` (page_table, page_size) the
     kernels read a paged cache through its table, item i from its table row's first entry (item_rows:

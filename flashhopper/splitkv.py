@@ -35,6 +35,7 @@ import torch
 
 from flashhopper import validation
 from flashhopper.config import COMBINE_MAX_SPLITS
+from flashhopper.sms import available as available_sms
 
 # split only where the unsplit grid leaves SMs idle (the count by wave efficiency: wave_splits), into
 # chunks of at least this many keys
@@ -58,6 +59,12 @@ class DecodeLayout:
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _planned_sms(q) -> int:
+    """The SMs a plan fills on q's GPU: its SM count less the SM margin (flashhopper/sms.py)."""
+    index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    return available_sms(_sm_count(index))
 
 
 def plan(*, batch: int, seqlen_q: int | None, heads_q: int, heads_k: int, capacity: int, window,
@@ -115,7 +122,7 @@ def wave_splits(ctas: int, sms: int, capacity: int, most: int, align: int = CHUN
 def plan_for(q, heads_k: int, capacity: int, window, num_splits: int, pack_gqa,
              packed_q: bool, align: int = CHUNK_ALIGN) -> DecodeLayout:
     """plan() for a (b, s_q, hq, d) q (packed_q: (total_q, hq, d), not rearranged) on its GPU."""
-    sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    sms = _planned_sms(q)
     return plan(batch=q.shape[0], seqlen_q=None if packed_q else q.shape[1], heads_q=q.shape[-2],
                 heads_k=heads_k, capacity=capacity, window=window, num_splits=num_splits,
                 pack_gqa=pack_gqa, sms=sms, align=align)
@@ -137,7 +144,7 @@ def plan_qlen(*, batch: int, heads_q: int, heads_k: int, capacity: int, num_spli
 
 def plan_qlen_for(q, heads_k: int, capacity: int, num_splits: int, align: int = CHUNK_ALIGN) -> DecodeLayout:
     """plan_qlen() for a (b, s_q, hq, d) q on its GPU."""
-    sms = _sm_count(q.device.index if q.device.index is not None else torch.cuda.current_device())
+    sms = _planned_sms(q)
     return plan_qlen(batch=q.shape[0], heads_q=q.shape[2], heads_k=heads_k, capacity=capacity,
                      num_splits=num_splits, sms=sms, align=align)
 

@@ -16,7 +16,7 @@ import warnings
 
 import torch
 
-from flashhopper import plan, validation
+from flashhopper import plan, sms, validation
 from flashhopper.artifact import CompiledArtifact
 from flashhopper.config import (
     COMBINE_MAX_SPLITS,
@@ -102,6 +102,12 @@ def kernel_launch(cfg) -> dict:
 @functools.cache
 def _sm_count(device_index) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _max_ctas(device_index) -> int:
+    """The persistent grids' bound: the SM count (or the tests' persistent_ctas_cap) less the SM margin
+    (flashhopper/sms.py)."""
+    return sms.available(persistent_ctas_cap or _sm_count(device_index))
 
 
 # Causal / local tiles are visited (head, batch) section by section, longest first inside each;
@@ -268,7 +274,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
         if poison:
             lse.fill_(_NAN)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
-    num_ctas = fwd_grid(cfg, sq, h * b, (persistent_ctas_cap or _sm_count(q.device.index)) if cfg.persistent
+    num_ctas = fwd_grid(cfg, sq, h * b, _max_ctas(q.device.index) if cfg.persistent
                         else None)
     counter = _counter_for(cfg, q.device)  # zero on entry: the previous launch on this stream reset it
     if cfg.token_descales:  # q's and k's per token (a per-head one repeated), a descale not given 1
@@ -403,7 +409,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
         walk = varlen_walk.walk_table(seqused_q, seqused_k, tile_m=cfg.tile_m)
     num_ctas = varlen_walk.walk_grid(tile_m=cfg.tile_m, total_q=total_q, batch=batch,
                                      max_seqlen_q=int(max_seqlen_q), heads=h,
-                                     max_ctas=persistent_ctas_cap or _sm_count(q.device.index))
+                                     max_ctas=_max_ctas(q.device.index))
     keys = k.shape[0] if max_seqlen_k is None else int(max_seqlen_k)
     section = _l2_section(max(keys, 1), cfg, h) if cfg.causal or cfg.local else 1  # heads a section
     counter = _counter_for(cfg, q.device)
@@ -479,7 +485,7 @@ def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, spl
     fn = get_kernel(cfg)
     scale_log2, softcap_pre = softmax_constants(softmax_scale, softcap)
     tiles = b * splits * heads * -(-rows // cfg.tile_m)
-    num_ctas = max(1, min(tiles, persistent_ctas_cap or _sm_count(q.device.index)))
+    num_ctas = max(1, min(tiles, _max_ctas(q.device.index)))
     counter = _counter_for(cfg, q.device)  # (the static walk never touches it)
     # no mask, no window; l2_section 1: the split walk's order (FwdTileScheduler.coords, host.split_tile)
     fn(q, k[None], v[None], o_parts, lse_parts, counter, scale_log2, softcap_pre, -1, -1, num_ctas, 1,
