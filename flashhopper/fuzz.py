@@ -632,14 +632,13 @@ def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int, paged_served: b
         tail = plan.fwd_plan_varlen(case.dtype, case.hdim, True, (-1, -1), softcap, case.dv, page_size)[0]
         return prefix, tail
 
-    page_size = 0
+    page_size, (prefix, tail) = 0, kernels(0)
     if d.page_size and not d.leftpad and validation.paged_tma_enabled():
-        prefix, tail = kernels(d.page_size)
-        if prefix.page_size == d.page_size and (not case.causal or tail.page_size == d.page_size):
-            page_size = d.page_size  # the kernels read the pages in place
+        paged = kernels(d.page_size)
+        if paged[0].page_size == d.page_size and (not case.causal or paged[1].page_size == d.page_size):
+            page_size, (prefix, tail) = d.page_size, paged  # the kernels read the pages in place
         elif paged_served:
             return None
-    prefix, tail = kernels(page_size)
     align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
     layout = splitkv.plan_qlen(batch=case.b, heads_q=case.hq, heads_k=case.hk, capacity=d.capacity,
                                num_splits=d.num_splits, sms=sms, align=align)

@@ -10,7 +10,6 @@ and take no margin.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import numbers
 
@@ -24,14 +23,20 @@ def check_margin(margin) -> int:
     return int(margin)
 
 
-@contextlib.contextmanager
-def sm_margin(margin: int):
-    """Leave `margin` SMs free for the calls made inside the block (0: none)."""
-    token = _MARGIN.set(check_margin(margin))
-    try:
-        yield
-    finally:
-        _MARGIN.reset(token)
+class sm_margin:  # noqa: N801  (used as a function: `with sm_margin(8): ...`)
+    """Leave `margin` SMs free for the calls made inside the block (0: none). A class rather than a
+    generator: FA3's entry points enter one on every call, where this costs a few hundred ns less."""
+
+    __slots__ = ("_margin", "_token")
+
+    def __init__(self, margin: int):
+        self._margin = check_margin(margin)
+
+    def __enter__(self):
+        self._token = _MARGIN.set(self._margin)
+
+    def __exit__(self, *exc) -> None:
+        _MARGIN.reset(self._token)
 
 
 def current_margin() -> int:
