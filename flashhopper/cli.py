@@ -469,8 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bwd", action="store_true", help="the forward only")
     p.add_argument("--strata", choices=STRATA, default="all",
                    help="draw from every stratum (default); from flash_attn_func's and "
-                   "flash_attn_varlen_func's only (the draws from before the decode strata); or from "
-                   "flash_attn_with_kvcache's only")
+                   "flash_attn_varlen_func's only (the draws from before the decode strata); from "
+                   "flash_attn_with_kvcache's only; or from the FP8 forward's only")
     p.add_argument("--experimental", action="store_true",
                    help="decode cases may also opt in to the split inside the attention kernel by its "
                    "variable (FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT; the default path since its GPU run, so "

@@ -49,8 +49,9 @@ _EDGES = (1, 2, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 511, 512
 # the float64 reference holds b * hq * sq * sk scores (and the backward several such tensors)
 _MAX_SCORES = 1 << 25
 # which strata a run draws from (`strata`): all of them, those of flash_attn_func and
-# flash_attn_varlen_func (the fuzz's draws before it had decode strata), or flash_attn_with_kvcache's
-STRATA = ("all", "attention", "decode")
+# flash_attn_varlen_func (the fuzz's draws before it had decode strata), flash_attn_with_kvcache's, or the
+# FP8 forward's alone (its own check before its switch is flipped, without compiling the 16-bit kernels)
+STRATA = ("all", "attention", "decode", "fp8")
 # decode strata: (query heads, kv heads), page sizes of a paged cache (1: gathered first; the others the
 # kernels read in place), chunked prefill lengths, the longest cache_seqlens drawn
 DECODE_GQA = ((32, 8), (8, 2), (4, 4), (8, 1), (6, 3))
@@ -153,7 +154,7 @@ def strata(group: str = "all") -> list[tuple]:
     """(dtype, hdim, mask, softcap, deterministic, kind) of a group of STRATA: "attention", 16-bit with
     both backward modes, dense and varlen, and FP8 (forward only), in the order the fuzz drew them before
     the decode strata; "decode", 16-bit over a contiguous ("kvcache") or a paged cache (no backward);
-    "all", both in that order."""
+    "all", both in that order; "fp8", the attention group's FP8 strata alone."""
     if group not in STRATA:
         raise ValueError(f"strata group {group!r}; accepted: {STRATA}")
     masks = (SUPPORTED_HDIMS, MASKS, (0.0, 15.0))
@@ -161,7 +162,8 @@ def strata(group: str = "all") -> list[tuple]:
                  + list(itertools.product(FP8_DTYPES, *masks, (False,), ("dense",)))
                  + list(itertools.product(DTYPES, *masks, (False, True), ("varlen",))))
     decode = list(itertools.product(DTYPES, *masks, (False,), ("kvcache", "paged")))
-    return {"all": attention + decode, "attention": attention, "decode": decode}[group]
+    fp8 = [s for s in attention if s[0] in FP8_DTYPES]
+    return {"all": attention + decode, "attention": attention, "decode": decode, "fp8": fp8}[group]
 
 
 def _length(rng: random.Random) -> int:
@@ -678,6 +680,8 @@ def reachable_kernels(group: str = "all", backward: bool = True, experimental: b
     reachable = set()
     if group in ("all", "attention"):
         reachable |= set(dispatched_kernels(forward=True, backward=backward))
+    if group == "fp8":
+        reachable |= set(dispatched_kernels(FP8_DTYPES, forward=True, backward=False))
     if group in ("all", "decode"):
         reachable |= decode_kernels_reachable(experimental)
     return reachable

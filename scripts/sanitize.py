@@ -33,6 +33,10 @@ def main() -> int:
     parser.add_argument("--all", action="store_true", help="every dispatched kernel, not the covering subset")
     parser.add_argument("--list", action="store_true", help="print the calls; run nothing")
     parser.add_argument("--pick", type=int, nargs="+", metavar="I", help="only these calls (--list numbers)")
+    parser.add_argument("--keys", type=int, metavar="N",
+                        help="dense calls read N keys instead of their listed lengths' (several key blocks a "
+                             "tile, so the K / V rings wrap; a plan that depends on the lengths may then "
+                             "dispatch another kernel than listed)")
     parser.add_argument("--decode", action="store_true",
                         help="the KV-cache calls instead (split-KV decode, appends, paged caches of 1 / 16 / "
                              "128 rows a page, chunked prefill)")
@@ -68,14 +72,15 @@ def main() -> int:
         if call.varlen:  # three sequences: the call's lengths, a short one, and one with no query
             _varlen(call, bwd)
             continue
+        sk = args.keys or call.sk
         q = torch.randn(1, call.sq, 2, call.hdim, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
-        k, v = (torch.randn(1, call.sk, 1, d, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
+        k, v = (torch.randn(1, sk, 1, d, device="cuda").to(dt[call.dtype]).requires_grad_(bwd)
                 for d in (call.hdim, call.dv or call.hdim))
         names = ("q_descale", "k_descale", "v_descale") if call.dtype == "e4m3" else ()
         descales = {name: torch.full((1, 1), 0.5, device="cuda") for name in names}  # FP8: per (b, kv head)
         if call.qk_descale == "token":  # the per-token kernels: q's and k's per row
             descales.update(q_descale=torch.full((1, 2, call.sq), 0.5, device="cuda"),
-                            k_descale=torch.full((1, 1, call.sk), 0.5, device="cuda"))
+                            k_descale=torch.full((1, 1, sk), 0.5, device="cuda"))
         out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window, **descales,
                               softcap=5.0 if call.softcap else 0.0, deterministic=call.deterministic)
         if bwd:

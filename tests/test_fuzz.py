@@ -94,6 +94,15 @@ def test_the_attention_strata_draw_as_before_the_decode_strata():
         strata("kvcache")
 
 
+def test_the_fp8_strata_are_the_attention_groups_fp8_ones():
+    """--strata fp8: every FP8 stratum of the attention group, nothing else; its kernels are the dispatched
+    FP8 forwards."""
+    fp8 = strata("fp8")
+    assert fp8 == [s for s in strata("attention") if s[0] == "e4m3"] and len(fp8) == 5 * 4 * 2
+    assert {draw(i, seed=0, group="fp8").dtype for i in range(len(fp8))} == {"e4m3"}
+    assert {c.dtype for c in reachable_kernels("fp8")} == {"e4m3"}
+
+
 def test_the_shards_draw_from_the_same_strata(monkeypatch):
     """fuzz_parallel's shard command lines parse as the CLI's, with the run's strata and switches."""
     commands = []
