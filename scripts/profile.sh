@@ -16,7 +16,7 @@ OUT_DIR="${OUT:-/tmp/fh_out}"
 mkdir -p "$OUT_DIR"
 [ "${1:-}" = "--" ] && shift
 M='regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio'
-M+=',sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active'
+M+=',regex:sm__pipe_tensor_op_.*_cycles_active\.avg\.pct_of_peak_sustained_active'
 M+=',sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active'
 M+=',sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active'
 M+=',lts__t_sectors_op_red.sum,lts__throughput.avg.pct_of_peak_sustained_elapsed'

@@ -3,6 +3,7 @@
     python3 scripts/run_one.py --hdim 128 --seqlen 8192 --set pingpong=false
     python3 scripts/run_one.py --bwd --hdim 192 --seqlen 8192 --set dq_tma=true
     python3 scripts/run_one.py --hdim 128 --seqlen 16384 --fa4        # FA4's SM90 kernel instead
+    python3 scripts/run_one.py --dtype fp8 --hdim 128 --seqlen 8192   # e4m3 in, no descales
 
 16k tokens (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / hdim), bf16, as the benchmark grid.
 With --bwd the forward runs once outside the iterations; each iteration is one backward.
@@ -29,15 +30,21 @@ def main() -> int:
     parser.add_argument("--hdim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="fp8: e4m3 q, k, v, forward")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--fa4", action="store_true", help="run flash_attn.cute (FA4) instead of flashhopper")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a FwdConfig (BwdConfig with --bwd) field, e.g. pingpong=false (repeatable)")
     args = parser.parse_args()
+    if args.dtype == "fp8" and (args.bwd or args.fa4):
+        parser.error("--dtype fp8 is flashhopper's forward only")
+    os.environ.setdefault("FLASHHOPPER_EXPERIMENTAL_FP8", "1")
     overrides = parse_overrides(",".join(args.set))
     b, h = max(16384 // args.seqlen, 1), max(2048 // args.hdim, 1)
     q, k, v = (torch.randn(b, args.seqlen, h, args.hdim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=args.bwd) for _ in range(3))
+    if args.dtype == "fp8":
+        q, k, v = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
     if args.fa4:
         from flash_attn.cute import flash_attn_func as attention
     else:
@@ -55,7 +62,7 @@ def main() -> int:
                 if args.fa4:
                     attention(q, k, v, causal=args.causal)
                 else:
-                    runtime.forward(q, k, v, 1 / math.sqrt(args.hdim), args.causal, (-1, -1), 0.0)
+                    attention(q, k, v, softmax_scale=1 / math.sqrt(args.hdim), causal=args.causal)
     torch.cuda.synchronize()
     who, what = "FA4" if args.fa4 else "flashhopper", "backward" if args.bwd else "forward"
     print(f"ran {who} {what} hdim {args.hdim} seqlen {args.seqlen} causal {args.causal} {overrides} "

@@ -9,7 +9,8 @@ kernel's tiles.
   waits for K's stage to be free, so the latency hides under that wait, writes them into the k-descale
   ring's stage of the same index once the block's K (and the next V) load is issued, and arrives on that
   stage's full mbarrier (32 arrivals), after waiting on the stage's empty mbarrier, on which every
-  consumer thread arrives once it has read its descales (an idle warpgroup's threads arrive unread).
+  consumer thread arrives once it has read its descales (an idle warpgroup's threads wait for the stage
+  to be full and arrive unread).
   K's stage would guard the stage alone (the consumers read it before they release K's), but through one
   lane's release after a warp sync, an ordering compute-sanitizer's racecheck does not follow.
 - a stage's layout: 4 rows of tile_n / 4 words (+ config.KD_ROW_PAD); row q holds, in the order of the

@@ -1089,7 +1089,7 @@ class FlashFwdSm90:
                                  k_state=k_state)
                         acc_to_operand_a(acc_S, tOrP)
                     else:
-                        pipe_kd.consumer_release(k_state)
+                        self.release_kd_unread(pipe_kd, k_state)
                     pipe_k.consumer_release(k_state)
                     k_state.advance()
                 else:
@@ -1206,7 +1206,7 @@ class FlashFwdSm90:
         FP8's k-descale ring, released with K)."""
         pipe_k.consumer_wait(k_state)
         if cutlass.const_expr(pipe_kd is not None):
-            pipe_kd.consumer_release(k_state)
+            self.release_kd_unread(pipe_kd, k_state)
         self.pingpong_sync(wg)
         if cutlass.const_expr(self.cfg.intra_wg_overlap):
             pipe_v.consumer_wait(v_state)
@@ -1220,6 +1220,15 @@ class FlashFwdSm90:
             self.pingpong_sync(wg)
             self.pingpong_arrive(wg)
             pipe_v.consumer_release(v_state)
+
+    @cute.jit
+    def release_kd_unread(self, pipe_kd, k_state):
+        """An idle warpgroup's turn on the k-descale ring: it waits for the stage to be full before it
+        arrives on its empty barrier, as a reading thread does. The early arrive alone cannot free a
+        stage before the readers (each round's empty phase needs every reader), but compute-sanitizer's
+        synccheck reports an arrive on a phase the thread never waited for ("Missing wait")."""
+        pipe_kd.consumer_wait(k_state)
+        pipe_kd.consumer_release(k_state)
 
     def scale_by_k_descales(self, load_kd, k_state):
         """Per-token FP8 descales (`load_kd` given): S times the k descales of K stage k_state's block.
