@@ -49,6 +49,7 @@ from flashhopper.hopper.host import paged_box_count
 from flashhopper.hopper.mma import acc_to_operand_a, issue_gemm
 from flashhopper.hopper.opaque import opaque as _opaque
 from flashhopper.hopper.tile_scheduler import FwdTileScheduler, VarlenWalk
+from flashhopper.hopper.two_level import TwoLevelO
 
 
 class FlashFwdSm90:
@@ -73,6 +74,10 @@ class FlashFwdSm90:
         # which sides of the visibility rule are bounded, and its block arithmetic (mask.BlockInfo)
         self.blocks = M.BlockInfo.of(cfg, cfg.tile_m, cfg.tile_n)
         self.has_right, self.has_left = self.blocks.has_right, self.blocks.has_left
+        # two-level O (FP8): the mask-free overlapped steps fold their row scale into the next block's
+        # add (hopper/two_level.py)
+        self.defers_row_scale = (cfg.pv_two_level and cfg.pv_defer_scale and cfg.intra_wg_overlap
+                                 and not cfg.rescale_o_before_pv)
         self.has_softcap = cfg.softcap
         self.cluster_m = cfg.cluster_m
         # O stores per tile: one per consumer warpgroup with wg_epilogue, else one for the tile
@@ -960,16 +965,16 @@ class FlashFwdSm90:
                     tOrP_alt)
         issue_qk = partial(self.issue_gemm, tiled_mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
         if cutlass.const_expr(self.cfg.pv_two_level):
-            # each block's P @ V into a fresh accumulator, added into O after its wait (flush_pv)
+            # each block's P @ V into a fresh accumulator, added into O after its wait (TwoLevelO)
             acc_Ob = cute.make_rmem_tensor(acc_O.layout, Float32)
             issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_Ob, tOrP, tOrV, zero_init=True)
-            flush_pv = partial(self.flush_pv, acc_O, acc_Ob)
+            two_level = TwoLevelO(acc_O_rc, L.acc_rows_cols(acc_Ob), softmax.row_scale, num_rows)
         else:
             issue_pv = partial(self.issue_gemm, tiled_mma_pv, acc_O, tOrP, tOrV, zero_init=False)
-            flush_pv = None
+            two_level = None
         loop = partial(self.mainloop, lazy=lazy, pipe_q=pipe_q, pipe_k=pipe_k, pipe_v=pipe_v,
                        issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
-                       acc_O_rc=acc_O_rc, tOrP=tOrP, flush_pv=flush_pv,
+                       acc_O_rc=acc_O_rc, tOrP=tOrP, two_level=two_level,
                        softmax=softmax, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state, sV=sV if self.cfg.varlen else None,
@@ -1059,7 +1064,7 @@ class FlashFwdSm90:
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  softmax, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
                  window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None, sV=None,
-                 tidx=None, flush_pv=None, pipe_kd=None):
+                 tidx=None, two_level=None, pipe_kd=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax (per-token
         FP8: `pipe_kd`, the k-descale ring, released with K, its descales unread)."""
@@ -1068,11 +1073,11 @@ class FlashFwdSm90:
         elif cutlass.const_expr(self.cfg.intra_wg_overlap):
             step = partial(self.step_overlap, lazy=lazy, pipe_k=pipe_k, pipe_v=pipe_v,
                            issue_qk=issue_qk, issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S,
-                           acc_O_rc=acc_O_rc, tOrP=tOrP, softmax=softmax, wg=wg, flush_pv=flush_pv)
+                           acc_O_rc=acc_O_rc, tOrP=tOrP, softmax=softmax, wg=wg, two_level=two_level)
         else:
             step = partial(self.step_serial, pipe_k=pipe_k, pipe_v=pipe_v, issue_qk=issue_qk,
                            issue_pv=issue_pv, to_probs=to_probs, acc_S=acc_S, acc_O_rc=acc_O_rc,
-                           tOrP=tOrP, softmax=softmax, wg=wg, flush_pv=flush_pv)
+                           tOrP=tOrP, softmax=softmax, wg=wg, two_level=two_level)
         # The first (highest) block carries the ragged seqlen_k end and the diagonal: it is
         # always fully masked. With intra-warpgroup overlap it is peeled: its QK^T and softmax
         # run alone, its P @ V is issued in the next step.
@@ -1146,10 +1151,20 @@ class FlashFwdSm90:
                 k_state.advance()
                 v_state.advance()
         else:
+            # two-level O with overlap: the mask-free steps defer their row scale into the next flush
+            # (TwoLevelO); the masked ones keep the FMUL, whose registers the mask code needs
+            defer = self.defers_row_scale and not idle
+            step_free = step
+            if cutlass.const_expr(defer):
+                two_level.start_deferring()
+                step_free = partial(step, defer=True)
             for i in cutlass.range(count_free, unroll=1):
-                step(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False, mask_seqlen=False)
+                step_free(n_block=n_cur - 1 - i, k_state=k_state, v_state=v_state, mask=False,
+                          mask_seqlen=False)
                 k_state.advance()
                 v_state.advance()
+            if cutlass.const_expr(defer and self.has_left):
+                two_level.settle()
         n_cur = n_cur - count_free
         if cutlass.const_expr(self.has_left):
             for i in cutlass.range(n_cur - n_min, unroll=1):
@@ -1172,8 +1187,9 @@ class FlashFwdSm90:
                 if cutlass.const_expr(not idle):
                     issue_pv(v_state.index)
                     warpgroup.wait_group(0)
-                    if cutlass.const_expr(flush_pv is not None):
-                        flush_pv()
+                    if cutlass.const_expr(two_level is not None):
+                        # the mask-free run's last row scale, still pending unless a left run followed
+                        two_level.add(deferred=self.defers_row_scale and not self.has_left)
                 pipe_v.consumer_release(v_state)
                 v_state.advance()
         return k_state, v_state
@@ -1254,11 +1270,6 @@ class FlashFwdSm90:
         """One block's WGMMAs with B from its ring stage `stage`, as one commit group (mma.issue_gemm)."""
         issue_gemm(tiled_mma, acc, tCrA, tCrB, zero_init, stage=stage)
 
-    @cute.jit
-    def flush_pv(self, acc_O, acc_Ob):
-        """FwdConfig.pv_two_level: a finished block's P @ V (acc_Ob) added into the fp32 O."""
-        for i in cutlass.range_constexpr(cute.size(acc_O)):
-            acc_O[i] = acc_O[i] + acc_Ob[i]
 
     @cute.jit
     def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
@@ -1285,7 +1296,8 @@ class FlashFwdSm90:
     def step_overlap(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                      mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
                      acc_S, acc_O_rc, tOrP, softmax, wg, lazy=None,
-                     p_cur=None, p_next=None, flush_pv=None):
+                     p_cur=None, p_next=None, two_level=None,
+                     defer: cutlass.Constexpr[bool] = False):
         """QK^T of block n and P @ V of block n+1 in flight together; softmax of n while P V runs.
 
         O is multiplied by block n+1's row scale before P @ V(n+1) accumulates into it: with
@@ -1328,13 +1340,15 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.cfg.late_k_release):
             self.release_after(pipe_k, k_state, softmax.row_sum, lazy[2] if lazy_step else None)
         warpgroup.wait_group(0)
-        if cutlass.const_expr(flush_pv is not None):
-            flush_pv()  # before O takes this block's row scale below
+        if cutlass.const_expr(two_level is not None):
+            two_level.add(deferred=defer)  # (deferred: O times the previous step's row scale) + P @ V(n+1)
         pipe_v.consumer_release(v_state)
         if cutlass.const_expr(lazy_step):
             lazy[1](need_exact=need_exact, p_next=p_next)
         else:
-            if cutlass.const_expr(not self.cfg.rescale_o_before_pv):
+            if cutlass.const_expr(defer):
+                two_level.defer()  # this block's row scale: applied by the next flush
+            elif cutlass.const_expr(not self.cfg.rescale_o_before_pv):
                 softmax.rescale(acc_O_rc)
             acc_to_operand_a(acc_S, tOrP)
 
@@ -1388,7 +1402,7 @@ class FlashFwdSm90:
     @cute.jit
     def step_serial(self, n_block, k_state, v_state, mask: cutlass.Constexpr[bool],
                     mask_seqlen: cutlass.Constexpr[bool], pipe_k, pipe_v, issue_qk, issue_pv, to_probs,
-                    acc_S, acc_O_rc, tOrP, softmax, wg, flush_pv=None):
+                    acc_S, acc_O_rc, tOrP, softmax, wg, two_level=None):
         """One block without intra-warpgroup overlap: QK^T, wait, softmax, P @ V, wait."""
         pipe_k.consumer_wait(k_state)
         self.pingpong_sync(wg)
@@ -1408,8 +1422,8 @@ class FlashFwdSm90:
         issue_pv(v_state.index)
         self.pingpong_arrive(wg)
         warpgroup.wait_group(0)
-        if cutlass.const_expr(flush_pv is not None):
-            flush_pv()
+        if cutlass.const_expr(two_level is not None):
+            two_level.add(deferred=False)
         pipe_v.consumer_release(v_state)
 
     def q_tile(self, sQ_layout):
