@@ -278,18 +278,26 @@ def test_qk_descale_kind():
     assert qk_descale_kind((three, None, None)) == qk_descale_kind((two, three, two)) == "token"
 
 
-def test_fp8_kernel_path_is_refused_until_verified(monkeypatch):
-    """Until the FP8 forward's current kernels have passed the GPU suite a call needs the opt-in; and an
-    FP8 input that requires grad is refused."""
+@pytest.mark.parametrize("verified", [False, True])
+def test_fp8_kernel_path_is_refused_until_verified(monkeypatch, verified):
+    """Until the FP8 forward's current kernels have passed the GPU suite a call needs the opt-in, and at
+    the head dims without two-level accumulation (192, 256) it always does; an FP8 input that requires
+    grad is refused."""
     from flashhopper import validation
 
-    q, k, v = fp8_qkv()
+    monkeypatch.setattr(validation, "FP8_GPU_VERIFIED", verified)
     monkeypatch.delenv(validation.FP8_OPT_IN, raising=False)
-    if not validation.FP8_GPU_VERIFIED:
-        with pytest.raises(NotImplementedError, match=validation.FP8_OPT_IN):
+    for d in (64, 128, 192, 256):
+        q, k, v = fp8_qkv(hdim=d)
+        if verified and d not in validation.FP8_ONE_LEVEL_HDIMS:
             validation.check_fp8_call(q, k, v)
+        else:
+            with pytest.raises(NotImplementedError, match=validation.FP8_OPT_IN):
+                validation.check_fp8_call(q, k, v)
     monkeypatch.setenv(validation.FP8_OPT_IN, "1")
-    validation.check_fp8_call(q, k, v)
+    for d in (64, 256):
+        validation.check_fp8_call(*fp8_qkv(hdim=d))
+    q, k, v = fp8_qkv()
     with pytest.raises(NotImplementedError, match="no FP8 backward"):
         validation.check_fp8_call(q.requires_grad_(), k, v)
 

@@ -999,7 +999,9 @@ class FlashFwdSm90:
             sO_wg, signal_o, wait_v_free = self.o_in_v_staging(sO, pipe_v, pipe_o, q_state, v_state, wg,
                                                                n_min, n_max)
         coord_lse = coord_rc
-        if cutlass.const_expr(self.token):  # the rows computed here, per tile (as coord_q, above)
+        if cutlass.const_expr(self.token or self.defers_row_scale):
+            # the rows computed here, per tile (as coord_q, above): held through the mainloop they were
+            # one register too many (the per-token kernels; hdim 128's deferred row scale: 8 bytes spilled)
             coord_lse = L.acc_rows_cols(tiled_mma_qk.get_slice(_opaque(tidx)).partition_C(cS))
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, softmax, coord_lse, mO, mLSE, sO_wg,
                            tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=signal_o,
