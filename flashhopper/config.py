@@ -235,8 +235,15 @@ class FwdConfig(_KernelConfig):
     # (the chunk and the split count runtime scalars), O and LSE stored to (batch * splits, rows, heads)
     # partials for the merge kernel (hopper/combine.py), or to the output itself with one split. The
     # tiles are alike, so the persistent grid strides over them (dynamic_sched off: no tile counter);
-    # no mask (one query at the end of its keys)
+    # no mask (one query at the end of its keys), or causal over packed tokens (token_rows)
     split_kv: bool = False
+    # split_kv with causal: each item's query rows pack the query heads of a KV head's group for each of its
+    # `tokens` newest query tokens (the kernel's split_tokens), row j * tokens + t the j-th head of token t,
+    # and row r sees the keys of token r % tokens: those up to the item's last key minus (tokens - 1 - t),
+    # in the item's positions across its splits (several-token decode: kvcache._qlen_call). Every key of a
+    # split is seen by its last token's rows, so the key blocks are the unmasked walk's; the mask
+    # is applied in the blocks that hold the item's last tokens - 1 keys
+    token_rows: bool = False
     # the producer warpgroup's registers after setmaxnreg (a multiple of 8, at least 24); the consumer
     # warpgroups get the rest of the CTA's pool (config.register_split). 0: the table's split for the
     # dtype (FP8_REG_SPLIT, REG_SPLIT)
@@ -385,6 +392,8 @@ class FwdConfig(_KernelConfig):
             self._check_varlen()
         elif self.split_kv:
             raise ValueError("split_kv is a mode of the varlen kernel (varlen=True)")
+        if self.token_rows and not self.split_kv:
+            raise ValueError("token_rows is a mode of the split decode walk (split_kv=True)")
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
         if self.pingpong and self.num_consumer_wg < 2:
@@ -461,9 +470,11 @@ class FwdConfig(_KernelConfig):
         if not self.persistent or self.dynamic_sched:
             raise ValueError("split_kv: needs persistent=True and dynamic_sched=False (the grid strides over "
                              "tiles it maps by arithmetic; no tile counter)")
-        if self.causal or self.local:
-            raise ValueError("split_kv: no causal / local mask (one query token at the end of its keys sees "
-                             "them all; a window is not split)")
+        if self.local:
+            raise ValueError("split_kv: no local window (a window is not split)")
+        if self.causal != self.token_rows:
+            raise ValueError("split_kv: causal goes with token_rows (the rows of several query tokens "
+                             "packed, each seeing its own keys), and token_rows with causal")
 
     def _check_paged(self) -> None:
         """What the paged K / V path (first version: the varlen kernel, 16-bit inputs) is built for."""

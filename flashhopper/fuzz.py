@@ -614,12 +614,12 @@ def _decode_kernels(case: Case, sms: int) -> set:
 
 
 def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int, paged_served: bool) -> set | None:
-    """The configs of a decode case that kvcache runs as a prefix and a causal tail (kvcache._qlen_taken:
-    2 to 16 query tokens, no window, the split inside the kernel on, a cache with rows), else None: the
-    prefix's split kernel (over the pages where both kernels serve them, kvcache._qlen_pages_served), its
-    merge where the keys split, and with a mask the tail's causal varlen kernel and the parts' merge. Pages
-    these kernels do not serve go to the call's paged plan, which reads them with the one-token path's
-    kernels where `paged_served` (None then), else gathers them for this path."""
+    """The configs of a decode case that kvcache runs with its tokens packed (kvcache._qlen_taken: 2 to 16
+    query tokens, no window, the split inside the kernel on, a cache with rows), else None: the split
+    kernel (causal over the packed tokens with a mask; over the pages where it serves them,
+    kvcache._qlen_pages_served) and its merge where the keys split. Pages it does not serve go to the
+    call's paged plan, which reads them with the one-token path's kernels where `paged_served` (None then),
+    else gathers them for this path."""
     from flashhopper import plan, splitkv, validation
     from flashhopper.config import CombineConfig
 
@@ -629,31 +629,29 @@ def _qlen_kernels(case: Case, tile: bool, split: bool, sms: int, paged_served: b
         return None
     softcap = case.softcap > 0
 
-    def kernels(page_size: int):
-        prefix = plan.fwd_plan_split(case.dtype, case.hdim, softcap, case.dv, page_size, decode_tile=tile)
-        tail = plan.fwd_plan_varlen(case.dtype, case.hdim, True, (-1, -1), softcap, case.dv, page_size)[0]
-        return prefix, tail
+    def kernel(page_size: int):
+        return plan.fwd_plan_split(case.dtype, case.hdim, softcap, case.dv, page_size, decode_tile=tile,
+                                   causal=case.causal)
 
-    page_size, (prefix, tail) = 0, kernels(0)
+    page_size, packed = 0, kernel(0)
     if d.page_size and not d.leftpad and validation.paged_tma_enabled():
-        paged = kernels(d.page_size)
-        if paged[0].page_size == d.page_size and (not case.causal or paged[1].page_size == d.page_size):
-            page_size, (prefix, tail) = d.page_size, paged  # the kernels read the pages in place
+        paged = kernel(d.page_size)
+        if paged.page_size == d.page_size:
+            page_size, packed = d.page_size, paged  # the kernel reads the pages in place
         elif paged_served:
             return None
     align = math.lcm(splitkv.CHUNK_ALIGN, page_size) if page_size else splitkv.CHUNK_ALIGN
     layout = splitkv.plan_qlen(batch=case.b, heads_q=case.hq, heads_k=case.hk, capacity=d.capacity,
                                num_splits=d.num_splits, sms=sms, align=align)
     merge = CombineConfig(case.dtype, case.dv or case.hdim, case.dtype)
-    configs = {prefix} | ({merge} if layout.splits > 1 else set())
-    return configs | ({tail, merge} if case.causal else set())
+    return {packed} | ({merge} if layout.splits > 1 else set())
 
 
 def decode_kernels_reachable(experimental: bool = False) -> set:
     """Every config a decode case can launch: decode_attention_config over every 16-bit dtype, head dim
     pair, mask kind, softcap, arrangement, decode path (the split inside the kernel only `experimental`,
-    as draw) and page size (those the kernels do not serve gathered: page size 0), and the merge
-    kernels."""
+    as draw) and page size (those the kernels do not serve gathered: page size 0), the split kernel causal
+    over packed tokens (several query tokens), and the merge kernels."""
     from flashhopper import plan, validation
 
     tiles = (True,) if validation.DECODE_TILE_GPU_VERIFIED else (False, True)
@@ -669,6 +667,10 @@ def decode_kernels_reachable(experimental: bool = False) -> set:
                                           tile=tile, split=split, page_size=page_size)
             if cfg.page_size == page_size:
                 hit.add(cfg)
+            if rearranged and split and causal:  # several query tokens packed, causal (kvcache._qlen_call)
+                cfg = plan.fwd_plan_split(dtype, hdim, softcap, dv, page_size, decode_tile=tile, causal=True)
+                if cfg.page_size == page_size:
+                    hit.add(cfg)
     return hit
 
 

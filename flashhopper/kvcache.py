@@ -16,9 +16,9 @@ grid by PackGQA and split-KV inside the kernel (`_split_call`: runtime.forward_s
 kernel; validation.decode_split_enabled, on by default), or arranged around the varlen kernel
 (flashhopper/splitkv.py) where that is switched off or the cache has no rows. Decode of 2 to 16 query
 tokens an item (speculative decoding) goes, where validation.decode_qlen_enabled (the default since its
-GPU tests and timing, docs/results-decode.md), as a prefix of the keys every token sees, packed and
-split as one token's decode, and the causal tail of the last few keys, merged by LSE (`_qlen_call`);
-otherwise through the varlen kernel over every query head.
+GPU tests and timing, docs/results-decode.md), packed and split as one token's decode, each token's rows
+seeing their own keys in the split kernel (`_qlen_call`); otherwise through the varlen kernel over every
+query head.
 Not yet: FP8 caches, other page sizes without the copy, the append inside the kernel.
 """
 
@@ -144,7 +144,7 @@ def flash_attn_with_kvcache(
                                   "inputs, or train with flash_attn_func / flash_attn_varlen_func")
     validation.check_varlen_call(q, k_cache, v_cache)
     paged_layout = None  # the decode layout where the kernels read the pages themselves
-    qlen = _qlen_taken(q, packed_q, window, k_rows)  # 2..16 query tokens: prefix and tail (_qlen_call)
+    qlen = _qlen_taken(q, packed_q, window, k_rows)  # 2..16 query tokens: packed (_qlen_call)
     if qlen and page_table is not None and _qlen_pages_served(q, k_cache, v_cache, left, causal, softcap):
         page_size, capacity = k_cache.shape[1], page_table.shape[1] * k_cache.shape[1]
         layout = splitkv.plan_qlen_for(q, k_cache.shape[2], capacity, num_splits,
@@ -247,7 +247,7 @@ def _split_call(q, k_rows, v_rows, layout, *, lens, s_new, starts_k, key_rows, l
 
 
 def _qlen_taken(q, packed_q, window, k_rows) -> bool:
-    """Whether the call runs as a prefix and a tail (_qlen_call): enabled (validation.decode_qlen_enabled),
+    """Whether the call runs with its tokens packed (_qlen_call): enabled (validation.decode_qlen_enabled),
     2 to 16 query tokens an item (splitkv.QLEN_RANGE) in a (b, s_q, hq, d) q, no window, the split inside
     the kernel enabled (validation.decode_split_enabled) and a cache with rows (a TMA descriptor needs
     them)."""
@@ -256,44 +256,38 @@ def _qlen_taken(q, packed_q, window, k_rows) -> bool:
 
 
 def _qlen_pages_served(q, k_cache, v_cache, left, causal, softcap) -> bool:
-    """Whether the kernels of _qlen_call read this call's paged cache themselves
-    (validation.paged_tma_enabled, no cache_leftpad, and both the split kernel's config and the causal
-    varlen kernel's serve the page size: runtime.split_config, runtime.varlen_config); otherwise the pages
-    are gathered, or the call is left to the varlen kernel where it reads them (flash_attn_with_kvcache)."""
-    from flashhopper.hopper.runtime import split_config, varlen_config
+    """Whether the split kernel of _qlen_call reads this call's paged cache itself
+    (validation.paged_tma_enabled, no cache_leftpad, and its config serves the page size:
+    runtime.split_config); otherwise the pages are gathered, or the call is left to the varlen kernel where
+    it reads them (flash_attn_with_kvcache)."""
+    from flashhopper.hopper.runtime import split_config
 
     page_size, d = k_cache.shape[1], q.shape[-1]
     if left is not None or not validation.paged_tma_enabled():
         return False
     dv = 0 if v_cache.shape[-1] == d else v_cache.shape[-1]
-    if split_config(q.dtype, d, softcap > 0.0, dv, page_size).page_size != page_size:
-        return False
-    return not causal or varlen_config(q.dtype, d, True, (-1, -1), softcap > 0.0, dv, decode=True,
-                                       page_size=page_size)[0].page_size == page_size
+    return split_config(q.dtype, d, softcap > 0.0, dv, page_size, causal=causal).page_size == page_size
 
 
 def _qlen_call(q, k_rows, v_rows, layout, *, used_k, starts_k, item_rows, scale, causal, softcap, out,
                return_lse, page_table=None, page_size=0):
-    """Decode of s = 2..16 query tokens an item (speculative decoding), no window: the keys every token of
-    item b sees, its first `prefix` of its L = used_k[b] keys (causal: L - s + 1, token t seeing [0, L - s +
-    t]; without a mask all L), by the split inside the attention kernel (runtime.forward_split, the layout
-    of splitkv.plan_qlen) with each KV head's g query heads of all s tokens packed as s * g rows of one CTA
-    (row j * s + t: token t, the j-th query head of the group), so each KV head is read once an item; the
-    causal tail, keys [prefix, L) (at most s - 1; over a paged cache read by the kernels, less than a page
-    more: the prefix ends on a page), by the causal varlen kernel as b * g sequences (item, group member)
-    of s query rows over the KV heads, bottom-right aligned (token 0 may see none: 0 and -inf); the two
-    merged by LSE in fp32 by the merge kernel (hopper/combine.py, splitkv.merge_parts). q is copied once
-    into the packed rows (q cannot be viewed so), and the merged rows once into the output.
+    """Decode of s = 2..16 query tokens an item (speculative decoding), no window, in the split kernel
+    (runtime.forward_split, the layout of splitkv.plan_qlen) with each KV head's g query heads of all s
+    tokens packed as s * g rows of one CTA (row j * s + t: token t, the j-th query head of the group), so
+    each KV head is read once an item; causal, row j * s + t sees the keys of token t, the item's first
+    L - s + 1 + t of its L = used_k[b] (FwdConfig.token_rows: the mask in the kernel; token 0 may see none:
+    0 and -inf), else all L. Where the keys split, the partials are merged by LSE in fp32 by the merge
+    kernel (hopper/combine.py, splitkv.merge_parts). q is copied once into the packed rows (q cannot be
+    viewed so), and the rows once into the output.
 
     item_rows: item i's keys from row i * item_rows where starts_k (int32 (b,)) is None; paged (page_table
-    given, page_size its pages' rows): the table's row stride. Launches (the append's apart): causal, 12
-    (the packing copy, 3 for the tail's bounds, their query starts, the split kernel, the varlen kernel with
-    its query lengths and two for its walk table, the merge kernel, the output's copy), one more for more
-    than one item without cache_batch_idx / cache_leftpad, 3 more over a paged cache read by the kernels,
-    one more where the keys split (their own merge): 13 at 1 x 8k, 14 at 8 x 32k (tests/test_decode_qlen.py
-    counts them); without a mask 3 (the packing copy, the split kernel, the output's copy), 4 where the keys
-    split; cache_leftpad and cache_batch_idx add what _used_keys and _key_starts launch. Nothing is read on
-    the host: capturable in a CUDA graph."""
+    given, page_size its pages' rows): the table's row stride. Launches (the append's apart): 3 (the
+    packing copy, the split kernel, the output's copy), one more where the keys split (their merge), one
+    more for more than one item without cache_batch_idx / cache_leftpad: 4 at 1 x 8k, 5 at 8 x 32k
+    (tests/test_decode_qlen.py counts them); cache_leftpad and cache_batch_idx add what _used_keys and
+    _key_starts launch. Nothing is read on the host: capturable in a CUDA graph."""
+    import flashhopper.hopper as hopper
+
     b, s, hq, d = q.shape
     hk, dv = layout.heads_k, v_rows.shape[-1]
     g = hq // hk
@@ -305,22 +299,14 @@ def _qlen_call(q, k_rows, v_rows, layout, *, used_k, starts_k, item_rows, scale,
     lse_rows = lse.view(b, hk, rows)  # (b, heads, rows): query head k * g + j, token t at row j * s + t
     pages = {"page_table": page_table, "page_size": page_size} if page_table is not None else {}
     key_rows = item_rows if starts_k is None else 0  # 0: each item's first key row from starts_k
-    prefix = partial(_qlen_prefix, packed.view(b, rows, hk, d), k_rows, v_rows, layout, key_rows=key_rows,
-                     starts_k=starts_k, scale=scale, softcap=softcap, pages=pages)
-    if not causal:  # every token sees all the keys: the prefix alone
-        prefix(seqlens=used_k, out=merged, lse=lse_rows)
+    call = partial(hopper.forward_split, packed.view(b, rows, hk, d), k_rows, v_rows, used_k, scale, softcap,
+                   splits=layout.splits, chunk=layout.chunk, new_keys=0, key_rows=key_rows,
+                   key_starts=starts_k, tokens=s if causal else 0, **pages)
+    if layout.splits == 1:
+        call(out=merged, lse=lse_rows)
     else:
-        # the parts' outputs (prefix, tail) and their LSEs as the kernels write them
-        parts = _qlen_buffer((2, b, rows, hk, dv), q.dtype, q.device)
-        lse_parts = _qlen_buffer((2, hk, b, rows), torch.float32, q.device)
-        seen_by_all, tail_starts, tail_used = _qlen_bounds(used_k, tokens=s, group=g, starts_k=starts_k,
-                                                           item_rows=item_rows, page_size=page_size)
-        prefix(seqlens=seen_by_all, out=parts[0], lse=lse_parts[0].transpose(0, 1))
-        _qlen_tail(packed.view(b * rows, hk, d), k_rows, v_rows, starts=tail_starts, used=tail_used, tokens=s,
-                   scale=scale, softcap=softcap, out=parts[1].view(b * rows, hk, dv),
-                   lse=lse_parts[1].view(hk, b * rows), pages=pages)
-        splitkv.merge_parts(parts.transpose(0, 1), lse_parts.permute(2, 0, 3, 1), merged,
-                            lse_rows.transpose(1, 2))
+        o, lse_parts = call()
+        splitkv.merge_parts(o, lse_parts.transpose(2, 3), merged, lse_rows.transpose(1, 2))
     target = out
     if target is None:
         target = torch.empty(b, s, hq, dv, dtype=q.dtype, device=q.device)
@@ -335,66 +321,6 @@ def _qlen_buffer(shape, dtype, device):
 
     t = torch.empty(shape, dtype=dtype, device=device)
     return t.fill_(float("nan")) if runtime.poison else t
-
-
-def _qlen_bounds(used_k, *, tokens, group, starts_k, item_rows, page_size):
-    """The split of each item's L = used_k[b] keys into the prefix all `tokens` query tokens see and the
-    causal tail: (prefix int32 (b,), the tail's b * group sequences' key starts (one spare) and used keys,
-    int32, sequence b * group + j of item b). The prefix is max(L - tokens + 1, 0) keys, the tail the
-    rest (min(L, tokens - 1)); over a paged cache read by the kernels (page_size) the prefix is rounded down
-    to whole pages, the tail taking up to page_size - 1 keys more, and the starts are table entries (the
-    item's row, item_rows its stride, plus the prefix's pages). Starts from starts_k[b] (None: b *
-    item_rows) plus the prefix. One buffer for the starts and the used keys; 3 to 7 small kernels."""
-    b = used_k.shape[0]
-    n = b * group
-    bounds = torch.empty(2 * n, dtype=torch.int32, device=used_k.device)
-    starts, used = bounds[:n].view(b, group), bounds[n:].view(b, group)
-    if page_size:
-        offsets = torch.sub(used_k, tokens - 1).clamp_(min=0).div_(page_size, rounding_mode="floor")  # pages
-        prefix = offsets * page_size
-        torch.sub(used_k[:, None].expand(b, group), prefix[:, None], out=used)
-    else:
-        torch.clamp(used_k[:, None].expand(b, group), max=tokens - 1, out=used)
-        prefix = offsets = torch.sub(used_k, used[:, 0])
-    if starts_k is None and b == 1:  # item 0 from row (entry) 0
-        starts.copy_(offsets[:, None].expand(b, group))
-    else:
-        first = splitkv.multiples(b, item_rows, used_k.device) if starts_k is None else starts_k
-        torch.add(first[:, None].expand(b, group), offsets[:, None], out=starts)
-    return prefix, bounds[:n + 1], bounds[n:]
-
-
-def _qlen_prefix(q_rows, k_rows, v_rows, layout, *, seqlens, key_rows, starts_k, scale, softcap, out, lse,
-                 pages):
-    """_qlen_call's prefix: item b's first seqlens[b] keys against its packed rows q_rows (b, rows, hk, d) by
-    the split kernel (runtime.forward_split), into out (b, rows, hk, dv) and lse (b, hk, rows), by the kernel
-    itself with one split, else merged from the partials by the merge kernel (splitkv.merge_parts)."""
-    import flashhopper.hopper as hopper
-
-    call = partial(hopper.forward_split, q_rows, k_rows, v_rows, seqlens, scale, softcap,
-                   splits=layout.splits, chunk=layout.chunk, new_keys=0, key_rows=key_rows,
-                   key_starts=starts_k, **pages)
-    if layout.splits == 1:
-        call(out=out, lse=lse)
-    else:
-        o, lse_parts = call()
-        splitkv.merge_parts(o, lse_parts.transpose(2, 3), out, lse.transpose(1, 2))
-
-
-def _qlen_tail(q_rows, k_rows, v_rows, *, starts, used, tokens, scale, softcap, out, lse, pages):
-    """_qlen_call's causal tail by the varlen kernel: q_rows (b * g * tokens, hk, d), sequence n its rows n *
-    tokens .. + tokens, against its used[n] keys from starts[n] (paged: table entry), bottom-right aligned,
-    into out (b * g * tokens, hk, dv) and lse (hk, b * g * tokens). Every sequence has `tokens` rows: the
-    walk of equal sequences (forward_varlen's `decode`, which with a mask takes no other tile)."""
-    from flashhopper.hopper import forward_varlen
-
-    n = used.shape[0]
-    cu_q = splitkv.multiples(n + 1, tokens, q_rows.device)
-    page_size = pages.get("page_size", 0)
-    keys = {"page_starts": starts[:-1], **pages} if pages else {}
-    forward_varlen(q_rows, k_rows, v_rows, cu_q, None if pages else starts, tokens, None, used, scale, True,
-                   (-1, -1), softcap, out=out, lse=lse, decode=True,
-                   max_seqlen_k=tokens - 1 + max(page_size - 1, 0), **keys)
 
 
 def _paged_plan(q, k_cache, v_cache, page_table, left, window, causal, softcap, num_splits, pack_gqa,

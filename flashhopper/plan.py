@@ -316,25 +316,32 @@ def fwd_config_split(cfg: FwdConfig) -> FwdConfig:
 
 
 def fwd_plan_split(dtype: str, hdim: int, softcap: bool, dv: int = 0, page_size: int = 0,
-                   decode_tile: bool = False) -> FwdConfig:
-    """The config of kvcache's decode with the split in the kernel (no mask): the varlen tile, or the
-    1-warpgroup decode tile with `decode_tile` (validation.decode_tile_enabled); `page_size` as
-    fwd_plan_varlen's (the caller checks that the config's page_size is the cache's)."""
+                   decode_tile: bool = False, causal: bool = False) -> FwdConfig:
+    """The config of kvcache's decode with the split in the kernel: the varlen tile, or the 1-warpgroup
+    decode tile with `decode_tile` (validation.decode_tile_enabled); `page_size` as fwd_plan_varlen's (the
+    caller checks that the config's page_size is the cache's); no mask, or with `causal` the same tile
+    causal over packed query tokens (FwdConfig.token_rows: several-token decode)."""
     base = (fwd_config_decode(dtype, hdim, softcap=softcap, dv=0 if dv == hdim else dv) if decode_tile
             else fwd_config_varlen(dtype, hdim, softcap=softcap, dv=0 if dv == hdim else dv))
-    return fwd_config_split(fwd_config_paged(base, page_size))
+    cfg = fwd_config_split(fwd_config_paged(base, page_size))
+    if causal:  # no lazy_max: with the mask and the pages it spilled (8-16 bytes at hdim 96 / 128); decode
+        # reads the cache at copy rate with or without it
+        cfg = dataclasses.replace(cfg, causal=True, token_rows=True, lazy_max=False)
+        cfg.check()
+    return cfg
 
 
 def split_kernels(dtypes=DTYPES, hdims=SUPPORTED_HDIMS, page_sizes=(0,), decode_tile: bool = False) -> list:
-    """The split decode configs (16-bit, each (hdim, dv) pair, softcap or not; the varlen tile, or the
-    1-warpgroup decode tile with `decode_tile`; `page_sizes`: over paged caches of those page sizes where the
-    kernels serve them, 0 unpaged): not in dispatched_kernels while FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT
+    """The split decode configs (16-bit, each (hdim, dv) pair, softcap or not, unmasked or causal over packed
+    tokens; the varlen tile, or the 1-warpgroup decode tile with `decode_tile`; `page_sizes`: over paged
+    caches of those page sizes where the kernels serve them, 0 unpaged): not in dispatched_kernels while
+    FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT
     gates them (`flashhopper precompile --decode` builds the unpaged ones, and where it builds the paged
     kernels the paged ones too)."""
     configs = []
     for dtype, hdim, page_size in itertools.product((d for d in dtypes if d in DTYPES), hdims, page_sizes):
-        for dv, softcap in itertools.product(value_hdims(hdim), (False, True)):
-            cfg = fwd_plan_split(dtype, hdim, softcap, dv, page_size, decode_tile=decode_tile)
+        for dv, softcap, causal in itertools.product(value_hdims(hdim), (False, True), (False, True)):
+            cfg = fwd_plan_split(dtype, hdim, softcap, dv, page_size, decode_tile=decode_tile, causal=causal)
             if cfg.page_size == page_size and cfg not in configs:
                 configs.append(cfg)
     return configs

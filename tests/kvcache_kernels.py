@@ -36,7 +36,7 @@ def varlen_stand_in(q, k, v, cu_q, starts, max_q, used_q, used_k, scale, causal,
     positions 0 .. used_k[n] of its pages from table entry page_starts[n] on, host.paged_row) in float64,
     rounded to q's dtype as the kernel's output is, into out / lse where given; what it is given checked
     first (`decode`: the rearranged decode, one query token packed or split, with no mask and no out; or
-    the causal tail of several query tokens (kvcache._qlen_tail), every sequence max_q rows, into out)."""
+    every sequence max_q rows (forward_varlen's decode walk with a mask), into out)."""
     n = cu_q.shape[0] - 1
     if decode:
         assert tuple(window) == (-1, -1) and used_q is None
@@ -76,12 +76,14 @@ def split_kernel_model(cfg, launched):
     unused), and walks the tiles as the kernel does: CTA c from tile c by the grid, each tile's (item,
     split, head, query block) by host.split_tile, its keys by host.split_keys (paged: their rows by
     host.paged_row), its rows against them in float64 into partial item * splits + split, rounded to O's
-    dtype. Each launch's (cfg, splits, chunk) goes to `launched`."""
+    dtype (token_rows: each row against the keys its token sees). Each launch's (cfg, splits, chunk) goes
+    to `launched`."""
     def kernel(q, k, v, o, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, l2_section, qd, kd, vd,
-               cu_q, starts, used_q, seqlens, walk, table, splits, chunk, new_keys, key_rows):
-        assert cfg.split_kv and cfg.varlen and not (cfg.causal or cfg.local)
+               cu_q, starts, used_q, seqlens, walk, table, splits, chunk, new_keys, key_rows, tokens):
+        assert cfg.split_kv and cfg.varlen and not cfg.local and cfg.causal == cfg.token_rows
         assert (wl, wr, l2_section) == (-1, -1, 1)
-        assert {type(x) for x in (splits, chunk, new_keys, key_rows)} == {int}
+        assert {type(x) for x in (splits, chunk, new_keys, key_rows, tokens)} == {int}
+        assert tokens >= 1 and (cfg.token_rows or tokens == 1)
         assert qd is kd is vd is cu_q is used_q is walk is None and (table is None) == (cfg.page_size == 0)
         b, rows, heads, d = q.shape
         dv = v.shape[-1]
@@ -113,17 +115,23 @@ def split_kernel_model(cfg, launched):
                 else:
                     keys = list(range(first, first + count))
                 assert all(0 <= r < k.shape[1] for r in keys)
-                q_rows = slice(m_block * cfg.tile_m, min(rows, (m_block + 1) * cfg.tile_m))
                 part, kv = item * splits + split, head // (heads // k.shape[2])
-                if count:
-                    one = lambda t: t[None, :, None]  # noqa: E731 (rows of one head, a batch of one)
-                    o_, l_ = attention_ref(one(q[item, q_rows, head]), one(k[0, keys, kv]),
-                                           one(v[0, keys, kv]), scale, False, (-1, -1), softcap)
-                    o[part, q_rows, head] = o_[0, :, 0].to(o.dtype)
-                    lse[part, head, q_rows] = l_[0, 0].float()
-                else:  # no key: 0 and -inf
-                    o[part, q_rows, head] = 0
-                    lse[part, head, q_rows] = float("-inf")
+                # token_rows: row r is token r % tokens, which sees the item's keys up to its end minus
+                # (tokens - 1 - token): in this split, its first `to_end - tokens + 1 + token` keys
+                to_end = int(seqlens[item]) + new_keys - split * chunk
+                for r in range(m_block * cfg.tile_m, min(rows, (m_block + 1) * cfg.tile_m)):
+                    seen = count
+                    if cfg.token_rows:
+                        seen = max(0, min(count, to_end - tokens + 1 + r % tokens))
+                    if seen:
+                        one = lambda t: t[None, :, None]  # noqa: E731 (rows of one head, a batch of one)
+                        o_, l_ = attention_ref(one(q[item, r:r + 1, head]), one(k[0, keys[:seen], kv]),
+                                               one(v[0, keys[:seen], kv]), scale, False, (-1, -1), softcap)
+                        o[part, r, head] = o_[0, 0, 0].to(o.dtype)
+                        lse[part, head, r] = l_[0, 0, 0].float()
+                    else:  # no key: 0 and -inf
+                        o[part, r, head] = 0
+                        lse[part, head, r] = float("-inf")
                 tile += num_ctas
         # every tile once (the walk is the kernel's: each CTA strides by the grid)
         assert len(walked) == len(set(walked)) == b * splits * heads * m_blocks

@@ -202,10 +202,10 @@ def test_kernel_path_equals_reference(cpu_kernels, name, kw, merge):
     assert all(torch.equal(a, b) for a, b in zip(caches, want_caches, strict=True))
     # one query token (not packed), unless neither split nor packed: rearranged, merged by the kernel
     rearranged = q.dim() == 4 and q.shape[1] == 1 and (kw.get("num_splits"), kw.get("pack_gqa")) != (1, False)
-    several = q.dim() == 4 and q.shape[1] > 1  # (causal, no window) the split prefix and the causal tail
-    if merge == "split" and several:  # one split-kernel launch; the parts' merge, and the splits' own where
-        # the keys split (tests/test_decode_qlen.py)
-        assert len(launched) == 1 and len(merges) == 1 + (launched[0][1] > 1)
+    several = q.dim() == 4 and q.shape[1] > 1  # (causal, no window) the tokens packed, causal in the kernel
+    if merge == "split" and several:  # one split-kernel launch (token_rows); the merge where the keys split
+        # (tests/test_decode_qlen.py)
+        assert len(launched) == 1 and launched[0][0].token_rows and len(merges) == (launched[0][1] > 1)
     elif merge == "split":  # one launch of the split kernel; the merge kernel where there are splits
         assert len(launched) == rearranged and len(merges) == (rearranged and launched[0][1] > 1)
     else:

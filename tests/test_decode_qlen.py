@@ -1,10 +1,12 @@
-"""flash_attn_with_kvcache with 2 to 16 query tokens an item through the prefix and the tail
-(kvcache._qlen_call, FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN=1) on the CPU: the split kernel's float64 model,
-the varlen kernel's and the merge kernel's stand-ins (tests/kvcache_kernels.py), against backend="reference"
-(outputs, LSEs, the appended caches); the launches the call makes; the layout and the calls with the opt-in
-off (the varlen kernel over every query head, as before)."""
+"""flash_attn_with_kvcache with 2 to 16 query tokens an item packed into the split kernel's rows
+(kvcache._qlen_call; causal: FwdConfig.token_rows) on the CPU: the split kernel's float64 model, the varlen
+kernel's and the merge kernel's stand-ins (tests/kvcache_kernels.py), against backend="reference" (outputs,
+LSEs, the appended caches); the launches the call makes; the layout and the calls with the path switched
+off (the varlen kernel over every query head)."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -83,15 +85,15 @@ def _run(lens, *, s, hq, hk, s_new=0, idx=None, left=None, page_size=0, b_cache=
 
 
 def _taken(kernels, causal=True, splits=None):
-    """The call ran the prefix and the tail: one split kernel launch (with `splits` where given), one causal
-    varlen call on the walk of equal sequences (none without a mask), the merges (the prefix's where it
-    split, the parts' where causal)."""
+    """The call ran packed: one split kernel launch (with `splits` where given; causal: its token_rows
+    config), no varlen call, the merge where the keys split."""
     launched, varlen, merges = kernels
     assert len(launched) == 1, launched
-    n = launched[0][1]
+    cfg, n = launched[0][:2]
+    assert cfg.token_rows == cfg.causal == causal, cfg
     assert splits is None or n == splits, n
-    assert varlen == ([(True, True)] if causal else []), varlen
-    assert len(merges) == (n > 1) + causal, merges
+    assert varlen == [], varlen
+    assert len(merges) == (n > 1), merges
     launched.clear()
     varlen.clear()
     merges.clear()
@@ -113,8 +115,8 @@ def test_tokens_and_groups(kernels, s, hq, hk, s_new):
 @pytest.mark.parametrize("s", [2, 4, 16])
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
 def test_chunk_boundaries(kernels, s, num_splits):
-    """The prefix (L - s + 1 keys) ending one before, on and one past a chunk's end (num_splits 5: chunks of
-    256), the tail across it."""
+    """The keys token 0 sees (L - s + 1) ending one before, on and one past a chunk's end (num_splits 5:
+    chunks of 256): the tokens' diagonal across it."""
     chunk = splitkv._chunks(S_CACHE, 5)[1]
     lens = [chunk - 1 + s - 1, chunk + s - 1, chunk + 1 + s - 1, 2 * chunk + s - 1, 2 * chunk - 1]
     _run(lens, s=s, hq=8, hk=2, causal=True, num_splits=num_splits)
@@ -124,8 +126,8 @@ def test_chunk_boundaries(kernels, s, num_splits):
 
 @pytest.mark.parametrize("s_new", [0, 1, 4])
 def test_batch_idx_and_leftpad(kernels, s_new):
-    """cache_batch_idx (rows permuted, spare rows) and cache_leftpad: the prefix from the kernel's key
-    starts, the tail's starts past it."""
+    """cache_batch_idx (rows permuted, spare rows) and cache_leftpad: the keys from the kernel's key
+    starts."""
     _run([50, 10, 600, 3], s=4, hq=8, hk=2, s_new=s_new, b_cache=6, idx=[4, 0, 2, 5], causal=True)
     _taken(kernels)
     _run([50, 10, 600, 3], s=4, hq=8, hk=2, s_new=s_new, b_cache=6, idx=[4, 0, 2, 5], left=[3, 0, 500, 2],
@@ -138,8 +140,8 @@ def test_batch_idx_and_leftpad(kernels, s_new):
 @pytest.mark.parametrize("page_size", [16, 64, 7])
 @pytest.mark.parametrize("s", [2, 16])
 def test_paged(kernels, page_size, s):
-    """Paged caches: pages the kernels read (16, 64: the prefix ends on a page, the tail takes the rest, up
-    to a page more), and pages of 7 gathered first (then as a contiguous cache)."""
+    """Paged caches: pages the kernel reads (16, 64), and pages of 7 gathered first (then as a contiguous
+    cache)."""
     lens = [0, 1, 15, 16, 17, 300, S_CACHE - s]
     _run(lens, s=s, hq=8, hk=2, s_new=s, page_size=page_size, causal=True)
     _taken(kernels)
@@ -148,7 +150,7 @@ def test_paged(kernels, page_size, s):
 
 
 def test_no_mask(kernels):
-    """Without a mask every token sees every key: the prefix alone (no varlen launch)."""
+    """Without a mask every token sees every key: the split kernel's unmasked config."""
     for num_splits in (0, 1):
         _run([0, 1, 300, S_CACHE - 4], s=4, hq=8, hk=2, s_new=4, causal=False, num_splits=num_splits)
         _taken(kernels, causal=False)
@@ -212,9 +214,9 @@ def test_qlen_window():
 
 
 # every launch of a call of 4 query tokens, 32 query heads over 8 KV heads, hdim 128, bf16, causal but for
-# "no mask" (the kernels counted: the split kernel, the varlen kernel, the merge kernels; 1 x 8k and 8 x 32k
-# split the prefix, 16 and 2 splits), as _qlen_call's docstring counts them (the append's 5 apart)
-QLEN_LAUNCHES = {"1 x 8k": 13, "1 x 8k, append": 18, "8 x 32k": 14, "1 x 8k, paged 16": 16,
+# "no mask" (the kernels counted: the split kernel, the merge kernel; 1 x 8k and 8 x 32k split the keys, 16
+# and 2 splits), as _qlen_call's docstring counts them (the append's 5 apart)
+QLEN_LAUNCHES = {"1 x 8k": 4, "1 x 8k, append": 9, "8 x 32k": 5, "1 x 8k, paged 16": 4,
                  "1 x 8k, no mask": 4}
 
 
@@ -248,15 +250,15 @@ def test_launches(monkeypatch, case):
         kvcache.flash_attn_with_kvcache(**kw, causal="no mask" not in case)
     total = ops.ops + [launch[0] for launch in launched] + ["forward_varlen"] * len(varlen)
     total += ["combine_splits"] * len(merges)
-    assert len(launched) == 1 and varlen == ([] if "no mask" in case else [True])
+    assert len(launched) == 1 and varlen == []
     assert "_local_scalar_dense" not in ops.ops
     assert len(total) <= QLEN_LAUNCHES[case], total
 
 
 def test_kernels_built_by_precompile(capsys):
-    """The kernels the path asks for (the split kernel, the causal varlen kernel with and without pages of
-    the paged sizes) are among those `flashhopper precompile --paged --decode` lists (what `make gpu-test`
-    builds): with FLASHHOPPER_JIT=0 a missing one fails the call."""
+    """The kernels the path asks for (the split kernel, unmasked and causal over packed tokens, with and
+    without pages of the paged sizes) are among those `flashhopper precompile --paged --decode` lists (what
+    `make gpu-test` builds): with FLASHHOPPER_JIT=0 a missing one fails the call."""
     from flashhopper.cli import main
 
     hdims = (64, 128, 256)
@@ -265,9 +267,6 @@ def test_kernels_built_by_precompile(capsys):
     for dtype in (torch.bfloat16, torch.float16):
         for d in hdims:
             for softcap in (False, True):
-                for page_size in (0, *plan.PAGED_PAGE_SIZES):
-                    split = runtime.split_config(dtype, d, softcap, 0, page_size)
-                    tail = runtime.varlen_config(dtype, d, True, (-1, -1), softcap, 0, decode=True,
-                                                 page_size=page_size)[0]
+                for page_size, causal in itertools.product((0, *plan.PAGED_PAGE_SIZES), (False, True)):
+                    split = runtime.split_config(dtype, d, softcap, 0, page_size, causal=causal)
                     assert repr(split) in built, split
-                    assert repr(tail) in built or tail.page_size != page_size, tail

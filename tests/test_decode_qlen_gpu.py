@@ -1,15 +1,16 @@
-"""Decode of 2 to 16 query tokens an item as a prefix and a tail (kvcache._qlen_call, the default:
-validation.decode_qlen_enabled) on the GPU: flash_attn_with_kvcache,
+"""Decode of 2 to 16 query tokens an item packed into the split kernel's rows, causal in the kernel
+(kvcache._qlen_call, FwdConfig.token_rows; the default: validation.decode_qlen_enabled) on the GPU:
+flash_attn_with_kvcache,
 each item by the rule of flashhopper/accuracy.py against the float64 reference over its keys, causal
 aligned bottom-right (and without a mask). Tokens 2, 4, 16; GQA 1, 4, 8; lengths shorter than the tokens
 (0, 1: rows that see no key), at the chunk boundaries +-1 and the capacity; appends (checked in the cache
 element by element); cache_batch_idx and cache_leftpad; paged caches read by the kernels and gathered;
 softcap, fp16, other head dims, a given output, the LSE returned or not; CUDA graph replay on new lengths.
 Every cache slot no item uses is NaN (it must stay out), every output, partial and buffer NaN before the
-call (runtime.poison), every launch checked: the split kernel, the causal varlen kernel, the merge kernels.
+call (runtime.poison), every launch checked: the split kernel, its merge kernel.
 
-The kernels: `flashhopper precompile --decode --paged` (the split, causal varlen, paged and merge
-kernels), or compiled on first use."""
+The kernels: `flashhopper precompile --decode --paged` (the split kernels, unmasked and causal, paged, and
+the merge kernels), or compiled on first use."""
 
 from __future__ import annotations
 
@@ -39,17 +40,17 @@ def launched(monkeypatch):
 
 
 def _check_launches(launched, *, causal, page_size=0):
-    """The call launched the split kernel once (paged: the paged one), its merge where it split, and where
-    causal the causal varlen kernel once (paged alike) and the parts' merge; nothing else of ours. Returns
-    the split count."""
+    """The call launched the split kernel once (paged: the paged one; causal: over the packed tokens), its
+    merge where it split; nothing else of ours. Returns the split count."""
     kernels, splits = launched
     assert len(splits) == 1, splits
     split = [cfg for cfg in kernels if not isinstance(cfg, CombineConfig) and cfg.split_kv]
-    tail = [cfg for cfg in kernels if not isinstance(cfg, CombineConfig) and not cfg.split_kv]
+    others = [cfg for cfg in kernels if not isinstance(cfg, CombineConfig) and not cfg.split_kv]
     merges = [cfg for cfg in kernels if isinstance(cfg, CombineConfig)]
     assert len(split) == 1 and split[0].page_size == page_size, split
-    assert len(tail) == causal and all(cfg.causal and cfg.page_size == page_size for cfg in tail), tail
-    assert len(merges) == (splits[0] > 1) + causal, merges
+    assert split[0].causal == split[0].token_rows == causal, split
+    assert not others, others
+    assert len(merges) == (splits[0] > 1), merges
     n = splits[0]
     kernels.clear()
     splits.clear()
@@ -125,8 +126,8 @@ def test_tokens_and_groups(launched, s, hq, hk, s_new):
 @pytest.mark.parametrize("s", [2, 4, 16])
 @pytest.mark.parametrize("num_splits", [0, 1, 2, 7, 64])  # 0: chosen; 64: capped at the cache's chunks
 def test_chunk_boundaries(launched, s, num_splits):
-    """The prefix (L - s + 1 keys) ending one before, on and one past a chunk's end (unsplit: a key block's
-    at 2048), the tail across it."""
+    """The keys token 0 sees (L - s + 1) ending one before, on and one past a chunk's end (unsplit: a key
+    block's at 2048): the tokens' diagonal across it."""
     layout = splitkv.plan_qlen(batch=5, heads_q=32, heads_k=8, capacity=S_CACHE, num_splits=num_splits,
                                sms=splitkv._sm_count(torch.cuda.current_device()))
     chunk = layout.chunk if layout.splits > 1 else 2048
@@ -148,7 +149,7 @@ def test_batch_idx_and_leftpad(launched, s_new):
 @pytest.mark.parametrize("s", [2, 16])
 @pytest.mark.parametrize("num_splits", [0, 1, 5])
 def test_paged(launched, page_size, s, num_splits):
-    """Pages read by the kernels: the prefix ends on a page, the tail takes the rest."""
+    """Pages read by the kernel, the tokens' diagonal at and across page ends."""
     lens = [0, 1, page_size - 1, page_size, page_size + 1, 3000, S_CACHE - s]
     _case(launched, lens, s=s, s_new=s, page_size=page_size, num_splits=num_splits)
 
@@ -182,8 +183,8 @@ def test_softcap_fp16_and_a_given_output(launched, return_lse):
 
 
 def test_decode_tile(launched, monkeypatch):
-    """The prefix on the 1-warpgroup decode tile (FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1; 128 rows at 16
-    tokens of GQA 8: two query blocks)."""
+    """The packed tokens on the 1-warpgroup decode tile (FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1; 128 rows at
+    16 tokens of GQA 8: two query blocks)."""
     monkeypatch.setenv(validation.DECODE_TILE_OPT_IN, "1")
     for page_size in (0, 16):
         _case(launched, [0, 1, 129, 3000, S_CACHE - 16], s=16, s_new=16, hq=64, hk=8, page_size=page_size,

@@ -103,8 +103,8 @@ def test_split_keys_paged(page_size):
 
 def test_split_configs():
     """plan.fwd_plan_split: the unmasked varlen tile (or the decode tile) with the split walk on the
-    persistent static stride, paged where the kernels serve the page size; refused with the dynamic
-    scheduler, a mask, or outside varlen."""
+    persistent static stride, paged where the kernels serve the page size, causal only over packed tokens
+    (token_rows); refused with the dynamic scheduler, a window, or outside varlen."""
     for hdim, dv, softcap, tile in itertools.product(SUPPORTED_HDIMS, (0, 128), (False, True), (False, True)):
         if dv and hdim != 192:
             continue
@@ -119,13 +119,20 @@ def test_split_configs():
     cfg = plan.fwd_plan_split("bf16", 128, False)
     for bad, match in (({"dynamic_sched": True}, "split_kv: needs persistent=True and dynamic_sched=False"),
                        ({"persistent": False}, "split_kv: needs persistent"),
-                       ({"causal": True}, "split_kv: no causal"), ({"local": True}, "split_kv: no causal"),
-                       ({"varlen": False}, "split_kv is a mode of the varlen kernel")):
+                       ({"causal": True}, "split_kv: causal goes with token_rows"),
+                       ({"token_rows": True}, "split_kv: causal goes with token_rows"),
+                       ({"local": True}, "split_kv: no local window"),
+                       ({"varlen": False}, "split_kv is a mode of the varlen kernel"),
+                       ({"split_kv": False, "dynamic_sched": True, "token_rows": True},
+                        "token_rows is a mode of the split")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(cfg, **bad).check()
+    causal = plan.fwd_plan_split("bf16", 128, False, causal=True)
+    assert causal.causal and causal.token_rows and (causal.tile_m, causal.tile_n) == (cfg.tile_m, cfg.tile_n)
     configs = plan.split_kernels(page_sizes=(0, 16))
-    assert len(configs) == len(set(configs)) == 2 * 2 * (len(SUPPORTED_HDIMS) + 1) * 2  # dtypes, (hdim, dv),
-    assert all(cfg.split_kv and not cfg.dynamic_sched for cfg in configs)  # softcap, pages
+    # dtypes, (hdim, dv), softcap, pages, unmasked or causal over packed tokens
+    assert len(configs) == len(set(configs)) == 2 * 2 * (len(SUPPORTED_HDIMS) + 1) * 2 * 2
+    assert all(cfg.split_kv and not cfg.dynamic_sched and cfg.causal == cfg.token_rows for cfg in configs)
     assert {cfg.page_size for cfg in configs} == {0, 16}
 
 

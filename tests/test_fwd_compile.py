@@ -578,15 +578,17 @@ def test_forward_paged_compiles(cfg):
     assert_smem(report, cfg)  # the unpaged tile's buffers: the boxes land in its stages
 
 
-# The split decode walk (FwdConfig.split_kv; flash_attn_with_kvcache takes it only with
-# FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1): the unmasked varlen tile (or the 1-warpgroup decode tile) on the
-# persistent static stride, each tile's item, split and keys by arithmetic, O stored by TMA into the partials
-# (or the output itself). The varlen kernel's WGMMA pipeline and register split, no spills, O's TMA store one
-# instruction a swizzle-atom column chunk, the loads as the varlen kernel's (Q once, K and V at two sites
-# each; paged: the boxes of a key block by one loop a site) on the path a converged warp runs. Default set:
-# bf16 hdim 128 unpaged, paged 16, and on the decode tile; every config `flashhopper precompile --decode
-# --paged` builds with FH_TEST_FULL=1.
-_SPLIT_CHEAP = {("bf16", 128, 0, 2, False), ("bf16", 128, 16, 2, False), ("bf16", 128, 0, 1, False)}
+# The split decode walk (FwdConfig.split_kv, flash_attn_with_kvcache's decode): the unmasked varlen tile (or
+# the 1-warpgroup decode tile; causal over packed tokens with token_rows) on the persistent static stride,
+# each tile's item, split and keys by arithmetic, O stored by TMA into the partials (or the output itself).
+# The varlen kernel's WGMMA pipeline and register split, no spills, O's TMA store one instruction a
+# swizzle-atom column chunk, the loads as the varlen kernel's (Q once, K and V at two sites each; paged: the
+# boxes of a key block by one loop a site) on the path a converged warp runs. Default set: bf16 hdim 128
+# unpaged, paged 16 (and causal over packed tokens), and on the decode tile; every config `flashhopper
+# precompile --decode --paged` builds with FH_TEST_FULL=1.
+# (dtype, hdim, page size, warpgroups, softcap or dv, causal over packed tokens)
+_SPLIT_CHEAP = {("bf16", 128, 0, 2, False, False), ("bf16", 128, 16, 2, False, False),
+                ("bf16", 128, 0, 1, False, False), ("bf16", 128, 16, 2, False, True)}
 
 
 def _split_params():
@@ -596,11 +598,13 @@ def _split_params():
              for hdim, softcap, page in ((64, False, 0), (128, False, 0), (128, False, 16), (256, True, 0))]
 
     def key(cfg):
-        return (cfg.dtype, cfg.hdim, cfg.page_size, cfg.num_consumer_wg, cfg.softcap or bool(cfg.dv))
+        return (cfg.dtype, cfg.hdim, cfg.page_size, cfg.num_consumer_wg, cfg.softcap or bool(cfg.dv),
+                cfg.token_rows)
 
     return [pytest.param(cfg, id=f"{cfg.dtype}-{cfg.hdim}-{cfg.hdim_v}-page{cfg.page_size}-n{cfg.tile_n}-"
                                  f"{'decode' if cfg.num_consumer_wg == 1 else 'varlen'}-"
-                                 f"{'softcap' if cfg.softcap else 'none'}",
+                                 f"{'softcap' if cfg.softcap else 'none'}"
+                                 f"{'-tokens' if cfg.token_rows else ''}",
                          marks=() if key(cfg) in _SPLIT_CHEAP else pytest.mark.variant)
             for cfg in split_kernels(page_sizes=(0, *PAGED_PAGE_SIZES)) + tiles]
 
@@ -613,7 +617,8 @@ def test_forward_split_kv_compiles(cfg):
     report = inspect_cubin(kernel_cubin(cfg), smem_bytes=kernel_launch(cfg)["smem"])
     sass = report["sass"]
     assert cfg.split_kv and cfg.varlen and cfg.persistent and not cfg.dynamic_sched
-    assert sass["HGMMA_WAITS"] == _commit_groups(softcap=cfg.softcap) + (4 if cfg.lazy_max_active else 0)
+    waits = _commit_groups(causal=cfg.causal, softcap=cfg.softcap)  # (causal: over packed tokens)
+    assert sass["HGMMA_WAITS"] == waits + (4 if cfg.lazy_max_active else 0)
     assert sass["UTMASTG"] == _tma_column_chunks(cfg.hdim_v)  # O (its partial) by one TMA store
     assert sass["UTMALDG"] - sass["UTMALDG_DIVERGED"] == (3 * _tma_column_chunks(cfg.hdim)
                                                           + 2 * _tma_column_chunks(cfg.hdim_v))

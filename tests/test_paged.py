@@ -185,7 +185,7 @@ def _emulated_kernel(cfg, launched):
             cu_q, cu_k, used_q, used_k, walk, table, *split):
         launched.append(cfg)
         assert cfg.local is False and (table is not None) == bool(cfg.page_size)
-        assert not cfg.split_kv and split == (0, 0, 0, 0)  # the split walk's scalars, unused here
+        assert not cfg.split_kv and split == (0, 0, 0, 0, 1)  # the split walk's scalars, unused
         heads, walk = q.shape[2], walk.tolist()
         walked = (varlen_tile(t, walk, heads=heads, l2_section=section, from_last=cfg.causal)
                   for t in itertools.count())

@@ -67,7 +67,7 @@ def test_forward_launches_the_dispatched_config(d, fwd_launches):
                     assert cfg == want_cfg, (rounds, sq, sk, causal, window, softcap)
                     assert args[8:12] == want_args, (rounds, sq, sk, causal, window, softcap)
                     # no FP8 descales, no varlen bounds, no page table, no split walk
-                    assert args[12:] == (None,) * 9 + (0, 0, 0, 0)
+                    assert args[12:] == (None,) * 9 + (0, 0, 0, 0, 1)
 
 
 def test_forward_overrides_are_not_served_from_the_cache(fwd_launches):

@@ -91,7 +91,7 @@ def compile_fwd(cfg: FwdConfig, options: str = ""):
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     # the split walk's scalars (FwdConfig.split_kv; unused by the other kernels): splits, chunk, new keys,
     # key rows an item
-    split = (cutlass.Int32(1), cutlass.Int32(128), cutlass.Int32(0), cutlass.Int32(1))
+    split = (cutlass.Int32(1), cutlass.Int32(128), cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(1))
     args = (*_fake_qkvo(cfg), cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(-1),
             cutlass.Int32(-1), cutlass.Int32(1), cutlass.Int32(1), *_fake_descales(cfg), *_fake_varlen(cfg),
             _fake_page_table(cfg), *split, stream)

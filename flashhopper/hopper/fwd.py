@@ -120,6 +120,7 @@ class FlashFwdSm90:
         split_chunk: Int32,  # positions of an item a split takes (paged: whole pages)
         new_keys: Int32,  # keys each item holds past mUsedK's count (the append's)
         key_rows: Int32,  # item i's keys from row (paged: entry) i * key_rows; 0: from mCuK[i]
+        split_tokens: Int32,  # token_rows: the query tokens an item's rows pack (1 otherwise)
         stream: cuda.CUstream,
     ):
         # tile coordinates first: (seqlen, dim, head, batch); V^T given (vt_in_gmem): (dim, keys, head, batch)
@@ -235,7 +236,8 @@ class FlashFwdSm90:
                 cpasync.CopyBulkTensorTileS2GOp(), mO, sO_layout, (self.tile_m, self.hdim_v)
             )
 
-        split_args = (num_splits, split_chunk, new_keys, key_rows) if self.cfg.split_kv else (None,) * 4
+        split_args = ((num_splits, split_chunk, new_keys, key_rows, split_tokens) if self.cfg.split_kv
+                      else (None,) * 5)
         kernel = self.kernel(
             tma_Q, tma_K, tma_V, tma_O, mLSE, mTileCounter,
             tma_atom_Q, tma_atom_K, tma_atom_V, tma_atom_O,
@@ -293,6 +295,7 @@ class FlashFwdSm90:
         split_chunk: Int32 | None,
         new_keys: Int32 | None,
         key_rows: Int32 | None,
+        split_tokens: Int32 | None,
     ):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
@@ -454,10 +457,16 @@ class FlashFwdSm90:
                     while tile < num_tiles:
                         m_block, head, part = sched.coords(tile)
                         item = part // num_splits
-                        off_k, len_k = self.split_keys(item, part - item * num_splits, split_chunk, mUsedK,
-                                                       new_keys, mCuK, key_rows)
-                        sched.publish_record(q_state, (m_block, head, part, Int32(0), seqlen_q, len_k), lane)
-                        n_min, n_max = varlen_blocks(m_block, seqlen_q=seqlen_q, seqlen_k=len_k)
+                        split_idx = part - item * num_splits
+                        off_k, len_k = self.split_keys(item, split_idx, split_chunk, mUsedK, new_keys, mCuK,
+                                                       key_rows)
+                        # token_rows: the record's query-offset slot (0 in the split walk) carries the keys
+                        # from this split's start to the item's end (the mask's diagonal)
+                        to_end = Int32(0)
+                        if cutlass.const_expr(self.cfg.token_rows):
+                            to_end = mUsedK[item] + new_keys - split_idx * split_chunk
+                        sched.publish_record(q_state, (m_block, head, part, to_end, seqlen_q, len_k), lane)
+                        n_min, n_max = self.split_blocks(m_block, seqlen_q, len_k, varlen_blocks)
                         pages = None
                         if cutlass.const_expr(self.cfg.page_size):  # off_k: its first table entry
                             pages = (mPageTable, off_k, len_k)
@@ -549,7 +558,10 @@ class FlashFwdSm90:
                 # the producer's records: the tile and its sequence's bounds, sequence -1 at the end
                 m_block, head, seq, off_q, len_q, len_k = sched.read_record(q_state)
                 while seq >= 0:
-                    n_min, n_max = varlen_blocks(m_block, seqlen_q=len_q, seqlen_k=len_k)
+                    n_min, n_max = self.split_blocks(m_block, len_q, len_k, varlen_blocks)
+                    packed = None
+                    if cutlass.const_expr(self.cfg.token_rows):
+                        packed = (split_tokens, off_q)  # (the producer's record: the keys to the end)
                     # split_kv: the partial `seq` of O / LSE as a dense batch (TMA clips the rows past
                     # the item's); else the sequence's rows of the packed O, row by row
                     q_state, k_state, v_state = self.consume(
@@ -557,7 +569,7 @@ class FlashFwdSm90:
                         pipe_v, tidx - 128, m_block, head, seq if cutlass.const_expr(split) else 0, n_min,
                         n_max, len_q, len_k, scale_log2, softcap_pre, window_left, window_right, q_state,
                         k_state, v_state, pipe_o=pipe_o,
-                        varlen_out=None if cutlass.const_expr(split) else (mO_rows, off_q))
+                        varlen_out=None if cutlass.const_expr(split) else (mO_rows, off_q), packed=packed)
                     m_block, head, seq, off_q, len_q, len_k = sched.read_record(q_state)
             elif cutlass.const_expr(dynamic):
                 sched_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, SCHED_STAGES)
@@ -655,6 +667,14 @@ class FlashFwdSm90:
         in the packed tensors."""
         off_q, off_k = mCuQ[batch], mCuK[batch]
         return off_q, mUsedQ[batch], off_k, mUsedK[batch]
+
+    def split_blocks(self, m_block, rows, keys, varlen_blocks):
+        """The varlen walk's key blocks [n_min, n_max) of a tile (producer and consumers alike), `keys` of
+        them. With token_rows (split_kv, causal over packed tokens) every key of a split is seen by its last
+        token's rows: all of them. Plain Python, called while tracing."""
+        if cutlass.const_expr(self.cfg.token_rows):
+            return Int32(0), (keys + self.tile_n - 1) // self.tile_n
+        return varlen_blocks(m_block, seqlen_q=rows, seqlen_k=keys)
 
     @cute.jit
     def split_keys(self, item, split, chunk, mUsedK, new_keys, mStarts, key_rows):
@@ -883,7 +903,11 @@ class FlashFwdSm90:
     def consume(self, mO, mLSE, sQ, sK, sV, sO, tma_atom_O, tiled_mma_qk, tiled_mma_pv,
                 pipe_q, pipe_k, pipe_v, tidx, m_block, head, batch, n_min, n_max,
                 seqlen_q, seqlen_k, scale_log2, softcap_pre, window_left, window_right,
-                q_state, k_state, v_state, pipe_o=None, descales=None, varlen_out=None, kd_ring=None):
+                q_state, k_state, v_state, pipe_o=None, descales=None, varlen_out=None, kd_ring=None,
+                packed=None):
+        """One tile. `packed` (FwdConfig.token_rows): (tokens, the keys from this split's start to the item's
+        end): the mask's rows are the tokens (M.apply_mask), its diagonal at the item's end; seqlen_k is the
+        split's keys (the walk's, the ragged end's)."""
         wg = cute.arch.make_warp_uniform(tidx // 128)
         v_descale = None
         if cutlass.const_expr(self.fp8):
@@ -942,11 +966,18 @@ class FlashFwdSm90:
 
         pipe_q.consumer_wait(q_state)
 
+        # the mask's bounds: the tile's (block m_block of seqlen_q rows over seqlen_k keys), or with packed
+        # tokens, rows folded onto the tokens (block 0 for the runs: every tile holds token 0 .. tokens - 1)
+        mask_bounds = (m_block, seqlen_q, seqlen_k)
+        mask_rows = {}
+        if cutlass.const_expr(packed is not None):
+            mask_bounds = (Int32(0), packed[0], packed[1])
+            mask_rows = {"tokens": packed[0], "keys": seqlen_k}
         to_probs = partial(
             self.scores_to_probs, acc_S=acc_S, acc_S_rc=acc_S_rc, coord_rc=coord_rc, coord0_rc=coord0_rc,
-            softmax=softmax, m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            softmax=softmax, m_block=m_block, seqlen_q=mask_bounds[1], seqlen_k=mask_bounds[2],
             window_left=window_left, window_right=window_right, softcap_pre=softcap_pre, row_pre=row_pre,
-            load_kd=load_kd,
+            load_kd=load_kd, **mask_rows,
         )
         lazy = None
         if cutlass.const_expr(self.cfg.lazy_max_active):
@@ -978,7 +1009,7 @@ class FlashFwdSm90:
                        softmax=softmax, wg=wg, m_block=m_block, n_min=n_min,
                        n_max=n_max, seqlen_q=seqlen_q, seqlen_k=seqlen_k, window_left=window_left,
                        window_right=window_right, q_state=q_state, sV=sV if self.cfg.varlen else None,
-                       tidx=tidx, pipe_kd=kd_ring[1] if self.token else None)
+                       tidx=tidx, pipe_kd=kd_ring[1] if self.token else None, mask_bounds=mask_bounds)
         if cutlass.const_expr(self.cfg.skip_idle_wg):
             # warp-uniform: every row of this warpgroup lies past the end of the queries
             idle_wg = m_block * self.tile_m + wg * 64 >= seqlen_q
@@ -1066,7 +1097,7 @@ class FlashFwdSm90:
     def mainloop(self, pipe_q, pipe_k, pipe_v, issue_qk, issue_pv, to_probs, acc_S, acc_O_rc, tOrP,
                  softmax, wg, m_block, n_min, n_max, seqlen_q, seqlen_k, window_left,
                  window_right, q_state, k_state, v_state, idle: cutlass.Constexpr[bool], lazy=None, sV=None,
-                 tidx=None, two_level=None, pipe_kd=None):
+                 tidx=None, two_level=None, pipe_kd=None, mask_bounds=None):
         """Every key block of the tile, highest first. `idle` (FwdConfig.skip_idle_wg): the same
         walk with only the waits, releases and ping-pong barriers, no GEMM and no softmax (per-token
         FP8: `pipe_kd`, the k-descale ring, released with K, its descales unread)."""
@@ -1124,7 +1155,8 @@ class FlashFwdSm90:
         # Remaining blocks, highest first, in three runs so that no runtime branch sits between
         # a WGMMA issue and its wait (ptxas would serialize the pipeline there):
         # blocks crossing the causal/right-window edge, mask-free blocks, left-window blocks.
-        n_lo_right, n_hi_left = self.blocks.n_mask_runs(m_block, n_min, n_top, seqlen_q, seqlen_k,
+        # (mask_bounds: the mask's block, rows and keys: the tile's, or packed tokens' (consume))
+        n_lo_right, n_hi_left = self.blocks.n_mask_runs(*mask_bounds[:1], n_min, n_top, *mask_bounds[1:],
                                                         window_left, window_right)
         count_right = cutlass.max(n_top - n_lo_right, 0)
         if cutlass.const_expr(self.has_right):
@@ -1277,7 +1309,7 @@ class FlashFwdSm90:
     def scores_to_probs(self, n_block, is_first: cutlass.Constexpr[bool], mask: cutlass.Constexpr[bool],
                         mask_seqlen: cutlass.Constexpr[bool], acc_S, acc_S_rc, coord_rc, coord0_rc,
                         softmax, m_block, seqlen_q, seqlen_k, window_left, window_right, softcap_pre,
-                        row_pre=None, load_kd=None, k_state=None):
+                        row_pre=None, load_kd=None, k_state=None, tokens=None, keys=None):
         """One block's scores into probabilities: softcap, mask, online softmax step. Per-token FP8
         descales (`load_kd`): S times its k descales from K stage `k_state`'s ring stage first (then
         tanh's argument takes `row_pre`: softcap_pre times each row's q descale)."""
@@ -1291,7 +1323,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(mask):
             M.apply_mask(acc_S_rc, coord_rc, coord0_rc, m_block, n_block, seqlen_q, seqlen_k,
                          window_left, window_right, self.tile_m, self.tile_n, self.has_left,
-                         self.has_right, mask_seqlen)
+                         self.has_right, mask_seqlen, tokens=tokens, keys=keys)
         softmax.step(acc_S_rc, is_first=is_first)
 
     @cute.jit

@@ -131,10 +131,15 @@ def apply_mask(acc_S_rc: cute.Tensor, coord_rc: cute.Tensor, coord0_rc: cute.Ten
                n_block: Int32, seqlen_q: Int32, seqlen_k: Int32, window_left: Int32, window_right: Int32,
                tile_m: cutlass.Constexpr[int], tile_n: cutlass.Constexpr[int],
                has_left: cutlass.Constexpr[bool], has_right: cutlass.Constexpr[bool],
-               mask_seqlen: cutlass.Constexpr[bool] = True):
+               mask_seqlen: cutlass.Constexpr[bool] = True, tokens: Int32 | None = None,
+               keys: Int32 | None = None):
     """Set invisible scores to -inf; coord_rc gives each register's (row, col) in the tile.
 
     Only the highest key block can hold the ragged seqlen_k end, so the others skip that test.
+
+    `tokens` (FwdConfig.token_rows): the rows pack several query tokens, row r standing for query
+    (r % tokens) of `tokens` (seqlen_q); seqlen_k then counts the keys up to the item's end, for the
+    diagonal, and `keys` the block walk's (the ragged end's).
 
     coord0_rc is thread 0's coord_rc: compile-time (row, col) values. A thread's columns are
     thread 0's plus one offset, so the bounds are shifted by that offset once per row and each
@@ -145,9 +150,12 @@ def apply_mask(acc_S_rc: cute.Tensor, coord_rc: cute.Tensor, coord0_rc: cute.Ten
     """
     diag = seqlen_k - seqlen_q
     col_offset = coord_rc[0, 0][1] - coord0_rc[0, 0][1]
-    col_limit = seqlen_k - n_block * tile_n if cutlass.const_expr(mask_seqlen) else Int32(tile_n)
+    end = seqlen_k if cutlass.const_expr(keys is None) else keys
+    col_limit = end - n_block * tile_n if cutlass.const_expr(mask_seqlen) else Int32(tile_n)
     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
         row = m_block * tile_m + coord_rc[r, 0][0]
+        if cutlass.const_expr(tokens is not None):
+            row = row % tokens
         hi = col_limit
         if cutlass.const_expr(has_right):
             hi = cutlass.min(hi, row + diag + window_right + 1 - n_block * tile_n)

@@ -121,7 +121,7 @@ def _l2_section(seqlen_k: int, cfg: FwdConfig, num_pairs: int) -> int:
 
 
 # the split walk's scalars (FwdConfig.split_kv: forward_split) where a kernel takes none
-_NO_SPLIT = (0, 0, 0, 0)
+_NO_SPLIT = (0, 0, 0, 0, 1)  # (splits, chunk, new keys, key rows, tokens): FlashFwdSm90's split arguments
 
 _tile_counters: dict = {}
 
@@ -353,8 +353,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
     cu_seqlens (batch + 1) and seqused (batch,) or None (then each sequence's whole length); returns
     (out (total_q, hq, dv), lse (hq, total_q)). `decode`: kvcache's rearranged decode (a few rows a
     sequence), which without a mask runs on the 1-warpgroup tile (plan.fwd_plan_decode) where
-    validation.decode_tile_enabled(); with a mask (kvcache's causal tail of several query tokens,
-    kvcache._qlen_tail) it changes only the walk: every sequence max_seqlen_q rows.
+    validation.decode_tile_enabled(); with a mask it changes only the walk: every sequence max_seqlen_q
+    rows.
 
     Paged (`page_table`, int32 (batch, max_pages) with `page_size` > 0): k / v are a paged cache's rows
     (num_pages * page_size, hk, d) and the kernel reads them through the table, key p of sequence b at row
@@ -420,17 +420,19 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, sequs
 
 
 @functools.lru_cache(maxsize=1024)
-def _split_plan(dtype, hdim: int, softcap: bool, dv: int, page_size: int, decode_tile: bool):
-    return plan.fwd_plan_split(_TORCH_TO_NAME[dtype], hdim, softcap, dv, page_size, decode_tile=decode_tile)
+def _split_plan(dtype, hdim: int, softcap: bool, dv: int, page_size: int, decode_tile: bool, causal: bool):
+    return plan.fwd_plan_split(_TORCH_TO_NAME[dtype], hdim, softcap, dv, page_size, decode_tile=decode_tile,
+                               causal=causal)
 
 
-def split_config(dtype, hdim: int, softcap: bool, dv: int = 0, page_size: int = 0) -> FwdConfig:
+def split_config(dtype, hdim: int, softcap: bool, dv: int = 0, page_size: int = 0,
+                 causal: bool = False) -> FwdConfig:
     """What forward_split runs: the split walk (FwdConfig.split_kv) of the unmasked varlen tile, or of the
     1-warpgroup decode tile where that is enabled (validation.decode_tile_enabled); `page_size` as
     varlen_config's (the paged config where the kernels serve the pages, else the unpaged one: kvcache
-    asks before choosing the paged path)."""
+    asks before choosing the paged path); `causal`: over packed query tokens (FwdConfig.token_rows)."""
     dv = 0 if dv == hdim else dv
-    cfg = _split_plan(dtype, hdim, softcap, dv, page_size, validation.decode_tile_enabled())
+    cfg = _split_plan(dtype, hdim, softcap, dv, page_size, validation.decode_tile_enabled(), causal)
     if _overrides:  # tests, tuning
         cfg = dataclasses.replace(cfg, **_overrides)
     return cfg
@@ -438,7 +440,7 @@ def split_config(dtype, hdim: int, softcap: bool, dv: int = 0, page_size: int = 
 
 def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, splits: int, chunk: int,
                   new_keys: int = 0, key_rows: int = 0, key_starts=None, out=None, lse=None, page_table=None,
-                  page_size: int = 0):
+                  page_size: int = 0, tokens: int = 0):
     """kvcache's decode with the split inside the kernel (FwdConfig.split_kv), on validated CUDA tensors, in
     one launch. q (b, rows, heads, d), any 16-byte strides: each item's query rows (one query token's
     heads, or with PackGQA a KV head's group of them as rows of that head); k / v the cache's rows
@@ -446,7 +448,9 @@ def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, spl
     i holds seqlens[i] + new_keys keys (seqlens int32 (b,)) from row i * key_rows (paged: from the table's
     entry i * key_rows, its row stride), or from key_starts[i] (int32 (b,)) where key_rows is 0; split j
     takes its positions [j * chunk, min((j + 1) * chunk, that)) (paged: chunk a multiple of page_size).
-    Nothing is read on the host: capturable in a CUDA graph, replayed on new lengths.
+    `tokens` >= 1: causal over that many query tokens packed in each item's rows (FwdConfig.token_rows: row
+    j * tokens + t, token t the item's (tokens - 1 - t)-th newest, seeing the keys up to its own); 0: no
+    mask. Nothing is read on the host: capturable in a CUDA graph, replayed on new lengths.
 
     Returns the partials (o (b, splits, rows, heads, dv) in q's dtype, lse (b, splits, heads, rows) fp32,
     natural log, -inf where a split has no key) for the merge by LSE (combine_splits), new tensors
@@ -456,7 +460,7 @@ def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, spl
     b, rows, heads, d = q.shape
     dv = v.shape[-1]
     paged = page_table is not None
-    cfg = split_config(q.dtype, d, softcap > 0.0, dv, page_size if paged else 0)
+    cfg = split_config(q.dtype, d, softcap > 0.0, dv, page_size if paged else 0, causal=tokens > 0)
     if paged and cfg.page_size != page_size:
         raise ValueError(f"pages of {page_size} rows are not served by the paged kernel of {cfg.tile_n} keys "
                          "a block: gather the pages first")
@@ -487,9 +491,10 @@ def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, spl
     tiles = b * splits * heads * -(-rows // cfg.tile_m)
     num_ctas = max(1, min(tiles, _max_ctas(q.device.index)))
     counter = _counter_for(cfg, q.device)  # (the static walk never touches it)
-    # no mask, no window; l2_section 1: the split walk's order (FwdTileScheduler.coords, host.split_tile)
+    # no window; l2_section 1: the split walk's order (FwdTileScheduler.coords, host.split_tile)
     fn(q, k[None], v[None], o_parts, lse_parts, counter, scale_log2, softcap_pre, -1, -1, num_ctas, 1,
-       None, None, None, None, starts, None, seqlens, None, flat_table, splits, chunk, new_keys, key_rows)
+       None, None, None, None, starts, None, seqlens, None, flat_table, splits, chunk, new_keys, key_rows,
+       max(tokens, 1))
     return o, lse
 
 
