@@ -81,7 +81,7 @@ def split_kernel_model(cfg, launched):
     def kernel(q, k, v, o, lse, counter, scale_log2, softcap_pre, wl, wr, num_ctas, l2_section, qd, kd, vd,
                cu_q, starts, used_q, seqlens, walk, table, splits, chunk, new_keys, key_rows, tokens):
         assert cfg.split_kv and cfg.varlen and not cfg.local and cfg.causal == cfg.token_rows
-        assert (wl, wr, l2_section) == (-1, -1, 1)
+        assert wl == -1 and l2_section == 1 and wr in (-1, 0) and (wr == 0) == cfg.causal
         assert {type(x) for x in (splits, chunk, new_keys, key_rows, tokens)} == {int}
         assert tokens >= 1 and (cfg.token_rows or tokens == 1)
         assert qd is kd is vd is cu_q is used_q is walk is None and (table is None) == (cfg.page_size == 0)
@@ -116,13 +116,14 @@ def split_kernel_model(cfg, launched):
                     keys = list(range(first, first + count))
                 assert all(0 <= r < k.shape[1] for r in keys)
                 part, kv = item * splits + split, head // (heads // k.shape[2])
-                # token_rows: row r is token r % tokens, which sees the item's keys up to its end minus
-                # (tokens - 1 - token): in this split, its first `to_end - tokens + 1 + token` keys
+                # token_rows: row r is token r % tokens of `tokens`, bottom-right against the keys to the
+                # item's end (mask.py's rule with window_right as given): in this split, key p is seen
+                # where p <= r % tokens + (to_end - tokens) + wr
                 to_end = int(seqlens[item]) + new_keys - split * chunk
                 for r in range(m_block * cfg.tile_m, min(rows, (m_block + 1) * cfg.tile_m)):
                     seen = count
                     if cfg.token_rows:
-                        seen = max(0, min(count, to_end - tokens + 1 + r % tokens))
+                        seen = max(0, min(count, r % tokens + to_end - tokens + wr + 1))
                     if seen:
                         one = lambda t: t[None, :, None]  # noqa: E731 (rows of one head, a batch of one)
                         o_, l_ = attention_ref(one(q[item, r:r + 1, head]), one(k[0, keys[:seen], kv]),

@@ -491,8 +491,10 @@ def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, spl
     tiles = b * splits * heads * -(-rows // cfg.tile_m)
     num_ctas = max(1, min(tiles, _max_ctas(q.device.index)))
     counter = _counter_for(cfg, q.device)  # (the static walk never touches it)
-    # no window; l2_section 1: the split walk's order (FwdTileScheduler.coords, host.split_tile)
-    fn(q, k[None], v[None], o_parts, lse_parts, counter, scale_log2, softcap_pre, -1, -1, num_ctas, 1,
+    # no window (causal over packed tokens: the right bound at the diagonal, window_right 0); l2_section 1:
+    # the split walk's order (FwdTileScheduler.coords, host.split_tile)
+    fn(q, k[None], v[None], o_parts, lse_parts, counter, scale_log2, softcap_pre, -1, 0 if cfg.causal else -1,
+       num_ctas, 1,
        None, None, None, None, starts, None, seqlens, None, flat_table, splits, chunk, new_keys, key_rows,
        max(tokens, 1))
     return o, lse
