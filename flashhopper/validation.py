@@ -61,12 +61,11 @@ DECODE_MERGE_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_MERGE"
 # that sets it
 DECODE_SPLIT_GPU_VERIFIED = True
 DECODE_SPLIT_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT"
-# kvcache's decode of 2 to 16 query tokens an item (speculative decoding; no window, unpacked q): the keys
-# every query token sees through the split inside the attention kernel with the tokens' query heads packed
-# as rows of their KV head, the last few keys (causal) through the causal varlen kernel, the two merged by
-# their LSE in the merge kernel (kvcache._qlen_call). Passed tests/test_decode_qlen_gpu.py on an H100 at
-# 097409a (68 passed); 4 query tokens read 0.79-0.94 of the copy rate at batch >= 8 where the per-head walk
-# read 0.58-0.67, 1.9-6.4x faster at batch 1 (docs/results-decode.md): on by default; the variable stays
+# kvcache's decode of 2 to 16 query tokens an item (speculative decoding; no window, unpacked q): each KV
+# head's query heads of all the tokens packed as the split kernel's rows, causal in the kernel
+# (FwdConfig.token_rows; kvcache._qlen_call). Passed tests/test_decode_qlen_gpu.py and the KV-cache, split,
+# paged and serving GPU suites on an H100 (2026-12-06, 5a432ce + its window fix: 241 passed); 4 query tokens
+# read 0.97-1.01 of the copy rate at batch >= 8 (docs/results-decode.md): on by default; the variable stays
 # for code that sets it
 DECODE_QLEN_GPU_VERIFIED = True
 DECODE_QLEN_OPT_IN = "FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN"
