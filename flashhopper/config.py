@@ -466,7 +466,7 @@ class FwdConfig(_KernelConfig):
 
     def _check_split_kv(self) -> None:
         """What the split decode walk (split_kv) is built for: the varlen kernel's on the persistent static
-        stride, no mask."""
+        stride, no mask, or causal over packed tokens (token_rows)."""
         if not self.persistent or self.dynamic_sched:
             raise ValueError("split_kv: needs persistent=True and dynamic_sched=False (the grid strides over "
                              "tiles it maps by arithmetic; no tile counter)")

@@ -134,10 +134,10 @@ QLEN_RANGE = range(2, 17)
 
 def plan_qlen(*, batch: int, heads_q: int, heads_k: int, capacity: int, num_splits: int, sms: int,
               align: int = CHUNK_ALIGN) -> DecodeLayout:
-    """The split of the keys that every query token of an item sees, for kvcache's decode of several query
-    tokens (kvcache._qlen_call): always packed (each KV head's query heads of every token as rows of one
-    CTA), split as one query token's PackGQA layout is (`plan`: batch * heads_k CTAs by wave efficiency,
-    num_splits as its hint); the query tokens of an item see those keys alike, so nothing is windowed."""
+    """The split of an item's keys for kvcache's decode of several query tokens (kvcache._qlen_call): always
+    packed (each KV head's query heads of every token as rows of one CTA), split as one query token's
+    PackGQA layout is (`plan`: batch * heads_k CTAs by wave efficiency, num_splits as its hint); the
+    tokens' causal bounds are the kernel's mask (FwdConfig.token_rows), not the layout's."""
     return plan(batch=batch, seqlen_q=1, heads_q=heads_q, heads_k=heads_k, capacity=capacity, window=(-1, -1),
                 num_splits=num_splits, pack_gqa=True, sms=sms, align=align)
 

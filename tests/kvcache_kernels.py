@@ -105,7 +105,7 @@ def split_kernel_model(cfg, launched):
         for cta in range(num_ctas):
             tile = cta
             while (coords := host.split_tile(tile, m_blocks=m_blocks, heads=heads, splits=splits,
-                                             batch=b)) is not None:
+                                             batch=b, from_last=cfg.causal)) is not None:
                 item, split, head, m_block = coords
                 walked.append(coords)
                 first, count = host.split_keys(item, split, used=seqlens, new_keys=new_keys, starts=starts,

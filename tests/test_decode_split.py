@@ -42,6 +42,10 @@ def test_split_tile_walks_every_tile_once_in_order(m_blocks, heads, splits, batc
                 strided.append(tile)
                 t += grid
         assert sorted(strided) == promised
+    # the causal configs' (token_rows) order: the query blocks from the last down, each tile once
+    backwards = [host.split_tile(t, m_blocks=m_blocks, heads=heads, splits=splits, batch=batch,
+                                 from_last=True) for t in range(len(promised))]
+    assert backwards == [(item, split, head, m_blocks - 1 - m) for item, split, head, m in promised]
 
 
 def _layouts(capacity, align):

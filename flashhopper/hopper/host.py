@@ -149,15 +149,16 @@ def varlen_tile(tile: int, table, *, heads: int, l2_section: int,
 # section, hopper/fwd.py split_keys)
 
 
-def split_tile(tile: int, *, m_blocks: int, heads: int, splits: int,
-               batch: int) -> tuple[int, int, int, int] | None:
+def split_tile(tile: int, *, m_blocks: int, heads: int, splits: int, batch: int,
+               from_last: bool = False) -> tuple[int, int, int, int] | None:
     """The split walk's tile index -> (item, split, head, m_block), or None past the last tile: coords'
-    order with one pair a section (the query block fastest, then the head, then the split, then the item);
+    order with one pair a section (the query block fastest, then the head, then the split, then the item;
+    `from_last`: the query blocks from the last down, the causal configs' order: FwdConfig.token_rows);
     the partial output the tile writes is item * splits + split."""
     if tile >= m_blocks * heads * splits * batch:
         return None
     m_block, pair = section_coords(tile, num_m_blocks=m_blocks, num_pairs=heads * splits * batch,
-                                   l2_section=1, from_last=False)
+                                   l2_section=1, from_last=from_last)
     part = pair // heads
     return part // splits, part % splits, pair % heads, m_block
 

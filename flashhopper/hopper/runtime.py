@@ -466,6 +466,9 @@ def forward_split(q, k, v, seqlens, softmax_scale: float, softcap: float, *, spl
                          "a block: gather the pages first")
     if (out is None) != (lse is None) or (out is not None and splits != 1):
         raise ValueError("forward_split writes into out and lse together, and only with one split")
+    if tokens and rows % tokens:
+        raise ValueError(f"forward_split: {rows} rows an item do not pack {tokens} query tokens "
+                         "(row j * tokens + t)")
     if out is None:
         o = torch.empty(b, splits, rows, heads, dv, dtype=q.dtype, device=q.device)
         lse = torch.empty(b, splits, heads, rows, dtype=torch.float32, device=q.device)
