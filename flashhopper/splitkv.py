@@ -128,7 +128,7 @@ def plan_for(q, heads_k: int, capacity: int, window, num_splits: int, pack_gqa,
                 pack_gqa=pack_gqa, sms=sms, align=align)
 
 
-# query tokens an item that kvcache's decode as a prefix and a tail takes (kvcache._qlen_call)
+# query tokens an item that kvcache's decode packs into the split kernel's rows (kvcache._qlen_call)
 QLEN_RANGE = range(2, 17)
 
 
