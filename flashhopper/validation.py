@@ -221,7 +221,7 @@ def decode_split_enabled() -> bool:
 
 def decode_qlen_enabled() -> bool:
     """Whether kvcache's decode of 2 to 16 query tokens an item takes the split inside the attention kernel
-    for the keys all its tokens see, with the causal remainder merged in (kvcache._qlen_call;
+    with the tokens packed into its rows, causal in the kernel (kvcache._qlen_call;
     DECODE_QLEN_GPU_VERIFIED, or opted in by FLASHHOPPER_EXPERIMENTAL_DECODE_QLEN=1); otherwise the varlen
     kernel over every query head."""
     return _enabled(DECODE_QLEN_GPU_VERIFIED, DECODE_QLEN_OPT_IN)
