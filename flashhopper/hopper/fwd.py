@@ -1156,7 +1156,8 @@ class FlashFwdSm90:
         # a WGMMA issue and its wait (ptxas would serialize the pipeline there):
         # blocks crossing the causal/right-window edge, mask-free blocks, left-window blocks.
         # (mask_bounds: the mask's block, rows and keys: the tile's, or packed tokens' (consume))
-        n_lo_right, n_hi_left = self.blocks.n_mask_runs(*mask_bounds[:1], n_min, n_top, *mask_bounds[1:],
+        mask_m, mask_rows, mask_keys = mask_bounds
+        n_lo_right, n_hi_left = self.blocks.n_mask_runs(mask_m, n_min, n_top, mask_rows, mask_keys,
                                                         window_left, window_right)
         count_right = cutlass.max(n_top - n_lo_right, 0)
         if cutlass.const_expr(self.has_right):
@@ -1185,8 +1186,8 @@ class FlashFwdSm90:
                 k_state.advance()
                 v_state.advance()
         else:
-            # two-level O with overlap: the mask-free steps defer their row scale into the next flush
-            # (TwoLevelO); the masked ones keep the FMUL, whose registers the mask code needs
+            # two-level O with overlap: the mask-free steps defer their row scale into the next block's
+            # add (TwoLevelO); the masked ones keep the FMUL, whose registers the mask code needs
             defer = self.defers_row_scale and not idle
             step_free = step
             if cutlass.const_expr(defer):
