@@ -285,11 +285,18 @@ class FwdConfig(_KernelConfig):
 
     @property
     def consumer_regs(self) -> int:
-        return register_split(self.num_consumer_wg, self.is_fp8, self.producer_nreg)[0]
+        return register_split(self.num_consumer_wg, self._transposer_regs, self.producer_nreg)[0]
 
     @property
     def producer_regs(self) -> int:
-        return register_split(self.num_consumer_wg, self.is_fp8, self.producer_nreg)[1]
+        return register_split(self.num_consumer_wg, self._transposer_regs, self.producer_nreg)[1]
+
+    @property
+    def _transposer_regs(self) -> bool:
+        """FP8's register split (FP8_REG_SPLIT: the producer's transposer warps hold V^T's addresses), not
+        for the ablation fed V^T (vt_in_gmem: no transposer, the producer only issues TMA; with the FP8
+        split its causal hdim 128 consumers spilled once the row scale was deferred)."""
+        return self.is_fp8 and not self.vt_in_gmem
 
     @property
     def num_threads(self) -> int:
