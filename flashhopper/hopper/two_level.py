@@ -20,6 +20,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from flashhopper.hopper.softmax import rescale_rows
+
 
 class TwoLevelO:
     """O (fp32, row x column view), a block's P @ V accumulator, the softmax's row scale and the
@@ -60,7 +62,7 @@ class TwoLevelO:
 
     def settle(self):
         """O takes the pending scale now (before steps that do not defer)."""
-        _scale(self.acc_O_rc, self.pending)
+        rescale_rows(self.acc_O_rc, self.pending)
 
 
 @cute.jit
@@ -79,9 +81,3 @@ def _copy(dst: cute.Tensor, src: cute.Tensor):
     for r in cutlass.range_constexpr(cute.size(dst)):
         dst[r] = src[r]
 
-
-@cute.jit
-def _scale(acc_O_rc: cute.Tensor, pending: cute.Tensor):
-    for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
-        for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-            acc_O_rc[r, c] = acc_O_rc[r, c] * pending[r]
