@@ -18,7 +18,8 @@ kernel; validation.decode_split_enabled, on by default), or arranged around the 
 tokens an item (speculative decoding) goes, where validation.decode_qlen_enabled (the default since its
 GPU tests and timing, docs/results-decode.md), packed and split as one token's decode, each token's rows
 seeing their own keys in the split kernel (`_qlen_call`); otherwise through the varlen kernel over every
-query head.
+query head. A packed q (cu_seqlens_q, as SGLang and vLLM pass it) with the same 1 to 16 tokens in every
+item takes the same paths (`_uniform_tokens`).
 Not yet: FP8 caches, other page sizes without the copy, the append inside the kernel.
 """
 
@@ -105,6 +106,19 @@ def flash_attn_with_kvcache(
     packed_q = cu_seqlens_q is not None
     batch, lens_q = _check_q(q, cu_seqlens_q, max_seqlen_q)
     _check_cache(q, k_cache, v_cache)
+    _check_out(q, out, v_cache)
+    tokens = _uniform_tokens(q, batch, max_seqlen_q) if packed_q and backend != "reference" else 0
+    if tokens:  # every item has `tokens` queries: the (b, s_q, hq, d) call, whose decode paths pack and split
+        o = flash_attn_with_kvcache(
+            q.unflatten(0, (batch, tokens)), k_cache, v_cache, k=k, v=v, cache_seqlens=cache_seqlens,
+            cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad, page_table=page_table,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+            num_splits=num_splits, pack_gqa=pack_gqa,
+            out=None if out is None else out.unflatten(0, (batch, tokens)), return_lse=return_lse,
+            backend=backend)
+        o, lse = o if return_lse else (o, None)
+        o = out if out is not None else o.flatten(0, 1)
+        return (o, lse.transpose(0, 1).reshape(lse.shape[1], -1)) if return_lse else o  # lse (hq, total_q)
     s_cache = k_cache.shape[1]
     s_new = _check_new(k, v, k_cache, v_cache, batch)
     lens = _int32_vector("cache_seqlens", cache_seqlens, batch, q.device, required=True)
@@ -120,10 +134,6 @@ def flash_attn_with_kvcache(
         for cache, t in ((k_cache, k), (v_cache, v)):
             flat = cache.view(-1, *cache.shape[2:])
             flat.index_copy_(0, new_rows.reshape(-1), t.reshape(-1, *t.shape[2:]))
-    if out is not None:
-        if out.shape != q.shape[:-1] + v_cache.shape[-1:] or out.dtype != q.dtype or out.device != q.device:
-            raise ValueError(f"out has shape {tuple(out.shape)}, dtype {out.dtype}; accepted: "
-                             f"{tuple(q.shape[:-1] + v_cache.shape[-1:])}, {q.dtype} on {q.device}")
     k_rows = k_cache.view(-1, *k_cache.shape[2:])
     v_rows = v_cache.view(-1, *v_cache.shape[2:])
     if backend == "reference":
@@ -432,6 +442,23 @@ def _check_q(q, cu_seqlens_q, max_seqlen_q):
     if not isinstance(max_seqlen_q, int) or isinstance(max_seqlen_q, bool) or max_seqlen_q < 0:
         raise TypeError(f"max_seqlen_q must be a Python int >= 0 with cu_seqlens_q, got {max_seqlen_q!r}")
     return cu_seqlens_q.shape[0] - 1, [max_seqlen_q]
+
+
+def _check_out(q, out, v_cache):
+    if out is not None:
+        if out.shape != q.shape[:-1] + v_cache.shape[-1:] or out.dtype != q.dtype or out.device != q.device:
+            raise ValueError(f"out has shape {tuple(out.shape)}, dtype {out.dtype}; accepted: "
+                             f"{tuple(q.shape[:-1] + v_cache.shape[-1:])}, {q.dtype} on {q.device}")
+
+
+def _uniform_tokens(q, batch: int, max_seqlen_q: int) -> int:
+    """Query tokens of every item of a packed q (total_q, hq, d) where all items have the same number in
+    the decode paths' range (1 to 16), else 0. Read from the shapes, not cu_seqlens_q (no host sync): by
+    the contract that max_seqlen_q is at least every item's length, total_q == batch * max_seqlen_q holds
+    only where each item has exactly max_seqlen_q. This is how SGLang and vLLM call decode (q packed, one
+    or a few tokens an item), which then takes PackGQA and the split inside the kernel."""
+    s = max_seqlen_q
+    return s if batch > 0 and 1 <= s <= splitkv.QLEN_RANGE.stop - 1 and q.shape[0] == batch * s else 0
 
 
 def _check_cache(q, k_cache, v_cache):

@@ -27,7 +27,9 @@ TORCH_MERGE_LAUNCHES = {"1 x 8k": 17, "1 x 8k, append": 21, "8 x 32k": 19, "1 x 
 # every launch of the call with the split inside the attention kernel
 # (the default: validation.decode_split_enabled): the attention kernel, the merge kernel (16 splits at 1 x 8k,
 # 2 at 8 x 32k), and the append's int64 positions and two index copies
-SPLIT_LAUNCHES = {"1 x 8k": 2, "1 x 8k, append": 5, "8 x 32k": 2, "1 x 8k, paged 16": 2}
+SPLIT_LAUNCHES = {"1 x 8k": 2, "1 x 8k, append": 5, "8 x 32k": 2, "1 x 8k, paged 16": 2,
+                  # q packed with cu_seqlens_q as SGLang and vLLM pass it, one token an item
+                  "8 x 32k, packed q": 2, "1 x 8k, paged 16, packed q": 2}
 FREE = {"empty", "empty_strided", "empty_like", "new_empty", "_unsafe_view", "lift_fresh"}  # no kernel
 
 
@@ -83,6 +85,8 @@ def _call_ops(cpu_kernels, case):
         kw["page_table"] = torch.arange(b * context // page, dtype=torch.int32).view(b, -1)
     if "append" in case:
         kw["k"], kw["v"] = (torch.randn(b, 1, hk, d).to(torch.bfloat16) for _ in range(2))
+    if "packed" in case:
+        kw.update(q=kw["q"][:, 0], cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32), max_seqlen_q=1)
     with Launches() as launches:
         kvcache.flash_attn_with_kvcache(**kw, causal=True)
     return launches.ops
@@ -148,6 +152,12 @@ def _cases():
                                  cache_batch_idx=idx, out=True, **one)
     cu = torch.tensor([0, 1, 1, 5], dtype=torch.int32)
     yield "packed", dict(q=rand(5, hq, d), cu_seqlens_q=cu, max_seqlen_q=4, cache_leftpad=left, **one)
+    # every item the same tokens (SGLang's and vLLM's decode): the unpacked call's paths
+    yield "packed, one each", dict(q=rand(b, hq, d), cu_seqlens_q=torch.arange(b + 1, dtype=torch.int32),
+                                   max_seqlen_q=1, num_splits=3, **one)
+    yield "packed, three each, append, out", dict(
+        q=rand(3 * b, hq, d), cu_seqlens_q=torch.arange(0, 3 * b + 1, 3, dtype=torch.int32), max_seqlen_q=3,
+        k=rand(b, 3, hk, d), v=rand(b, 3, hk, d), out=True, **one)
     table = torch.randperm(b * s_cache // 7, generator=g).to(torch.int32).view(b, -1)
     paged = dict(page_table=table, caches=(b * s_cache // 7, 7), **one)
     yield "paged 7", dict(q=rand(b, 1, hq, d), k=rand(b, 1, hk, d), v=rand(b, 1, hk, d), **paged)
@@ -197,12 +207,15 @@ def test_kernel_path_equals_reference(cpu_kernels, name, kw, merge):
             assert got[0] is call["out"]
         results.append((*got, k_cache, v_cache))
     (want, want_lse, *want_caches), (out, lse, *caches) = results
+    b = kw["cache_seqlens"].shape[0] if isinstance(kw["cache_seqlens"], torch.Tensor) else q.shape[0]
     torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(lse, want_lse, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(a, b) for a, b in zip(caches, want_caches, strict=True))
-    # one query token (not packed), unless neither split nor packed: rearranged, merged by the kernel
-    rearranged = q.dim() == 4 and q.shape[1] == 1 and (kw.get("num_splits"), kw.get("pack_gqa")) != (1, False)
-    several = q.dim() == 4 and q.shape[1] > 1  # (causal, no window) the tokens packed, causal in the kernel
+    # query tokens an item: q's, or a packed q's where every item has max_seqlen_q of them
+    tokens = q.shape[1] if q.dim() == 4 else kw["max_seqlen_q"] * (q.shape[0] == b * kw["max_seqlen_q"])
+    # one query token, unless neither split nor packed: rearranged, merged by the kernel
+    rearranged = tokens == 1 and (kw.get("num_splits"), kw.get("pack_gqa")) != (1, False)
+    several = tokens > 1  # (causal, no window) the tokens packed, causal in the kernel
     if merge == "split" and several:  # one split-kernel launch (token_rows); the merge where the keys split
         # (tests/test_decode_qlen.py)
         assert len(launched) == 1 and launched[0][0].token_rows and len(merges) == (launched[0][1] > 1)

@@ -25,6 +25,7 @@ CASES = {  # (page size, lens_k, lens_q)
     "sglang extend": (1, [37, 3000, 5], [37, 200, 5]),
     "vllm decode": (16, [37, 3000, 16, 700], [1, 1, 1, 1]),
     "vllm mixed": (16, [37, 3000, 17], [37, 1, 9]),
+    "vllm speculative": (16, [37, 3000, 16, 700], [4, 4, 4, 4]),  # the same tokens an item: packed rows
 }
 
 
