@@ -17,8 +17,9 @@ flash_attn_with_kvcache: GQA 32:8, 8:2, 4:4, 8:1 or 6:3, batch 1-8, a query leng
 boundary +-1, or log-uniform up to 4096), new keys and values appended (k=, v=) or not, cache_batch_idx
 (distinct rows of a larger contiguous cache) and cache_leftpad sometimes, pages of 1, 16, 64, 128 or
 256 rows in a shuffled table (its entries past an item's pages garbage), hdim 192 with dv = 128 two
-times in five, num_splits (0 or forced) and pack_gqa hints, return_lse or not, a preallocated out, and
-the 1-warpgroup decode tile opted in for the call (decode_paths); with `--experimental` also the split
+times in five, num_splits (0 or forced) and pack_gqa hints, return_lse or not, a preallocated out, q
+packed (b * s_q, hq, d) with cu_seqlens_q three times in ten (as SGLang and vLLM pass it), and the
+1-warpgroup decode tile opted in for the call (decode_paths); with `--experimental` also the split
 inside the attention kernel opted in by its variable (the default since its GPU run; the rest of each
 case drawn as without it).
 Every cache slot outside an item's keys is NaN, which must stay out; accuracy.check_kvcache checks each
@@ -80,6 +81,8 @@ class Decode:
     out: bool = False  # a preallocated out, NaN before the call
     decode_tile: bool = False  # FLASHHOPPER_EXPERIMENTAL_DECODE_TILE=1 for the call (else 0)
     split_in_kernel: bool = False  # FLASHHOPPER_EXPERIMENTAL_DECODE_SPLIT=1 for the call (else 0)
+    # q passed packed, (b * s_q, hq, d) with cu_seqlens_q and max_seqlen_q = s_q, as SGLang and vLLM pass it
+    packed_q: bool = False
 
     @classmethod
     def from_dict(cls, fields: dict) -> Decode:
@@ -275,7 +278,9 @@ def _draw_decode(rng: random.Random, case_seed: int, *, dtype: str, hdim: int, m
                     num_splits=0 if rng.random() < 0.6 else rng.choice((1, 2, 3, 7, 16, 64)),
                     pack_gqa=None if rng.random() < 0.7 else rng.choice((True, False)),
                     return_lse=rng.random() < 0.75, out=rng.random() < 0.3,
-                    decode_tile=rng.random() < 0.3, split_in_kernel=rng.random() < 0.25 and experimental)
+                    decode_tile=rng.random() < 0.3, split_in_kernel=rng.random() < 0.25 and experimental,
+                    # (its own draw: the cases drawn before it existed stay the same)
+                    packed_q=random.Random(f"packed q {case_seed}").random() < 0.3)
     window = _window(rng, mask)
     scale = None if rng.random() < 0.6 else rng.uniform(0.02, 1.0) / math.sqrt(hdim) * 4
     magnitude = rng.choice((1.0, 1.0, 0.1, 4.0))
@@ -436,6 +441,11 @@ def make_decode_inputs(case: Case, device="cuda"):
                 pack_gqa=d.pack_gqa, return_lse=d.return_lse)
     if d.out:
         call["out"] = torch.full((*q.shape[:-1], dv), float("nan"), dtype=dt, device=device)
+    if d.packed_q:
+        cu_q = torch.arange(0, case.b * case.sq + 1, case.sq, dtype=torch.int32, device=device)
+        call.update(cu_seqlens_q=cu_q, max_seqlen_q=case.sq)
+        if d.out:
+            call["out"] = call["out"].flatten(0, 1)
     return q, k_cache, v_cache, call
 
 
@@ -479,11 +489,18 @@ def run_decode(case: Case, *, device="cuda", backend="auto") -> None:
     q, k_cache, v_cache, call = make_decode_inputs(case, device)
     before = (k_cache.clone(), v_cache.clone())
     with decode_paths(d):
-        result = flash_attn_with_kvcache(q, k_cache, v_cache, backend=backend, **call)
+        result = flash_attn_with_kvcache(q.flatten(0, 1) if d.packed_q else q, k_cache, v_cache,
+                                         backend=backend, **call)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
     out, lse = result if d.return_lse else (result, None)
     assert not d.out or out is call["out"], "out: not the preallocated tensor"
+    if d.packed_q:  # back to (b, s_q, hq, dv) and (b, hq, s_q)
+        assert out.shape == (case.b * case.sq, *out.shape[1:]), f"packed out of shape {tuple(out.shape)}"
+        out = out.unflatten(0, (case.b, case.sq))
+        if lse is not None:
+            assert lse.shape == (case.hq, case.b * case.sq), f"packed lse of shape {tuple(lse.shape)}"
+            lse = lse.unflatten(1, (case.b, case.sq)).transpose(0, 1)
     scale = case.scale if case.scale is not None else case.hdim ** -0.5
     check_kvcache(out, lse, q, k_cache, v_cache, list(d.cache_seqlens), scale=scale, causal=case.causal,
                   window=case.window, softcap=case.softcap, k_new=call["k"], v_new=call["v"], before=before,

@@ -145,3 +145,25 @@ def test_the_grid_bounds_the_tiles_from_what_the_host_knows(name, tile_m):
                      max_ctas=1 << 30) == heads * -(-1000 // tile_m)
     # no query at all still launches one CTA, which finds no tile
     assert walk_grid(tile_m=tile_m, total_q=0, batch=4, max_seqlen_q=0, heads=heads, max_ctas=132) == 1
+
+
+@pytest.mark.parametrize("name", ["edges", "512 short", "ties", "empty", "one"])
+def test_backward_launch_order_longest_first(name):
+    """runtime.longest_first: the varlen backward's per-sequence values (each read at the sequence's grid
+    index) permuted together, longest used query length first, ties in the caller's order; every
+    sequence once, its five values kept together."""
+    from flashhopper.hopper.runtime import longest_first
+
+    lens = _packing(name)
+    batch = len(lens)
+    used_q = torch.tensor(lens, dtype=torch.int32)
+    used_k = used_q.flip(0).contiguous()  # (any values: they travel with their sequence)
+    cu_q = torch.nn.functional.pad(used_q.cumsum(0, dtype=torch.int32), (1, 0))
+    cu_k = torch.nn.functional.pad(used_k.cumsum(0, dtype=torch.int32), (1, 0))
+    pad_q = cu_q + 7 * torch.arange(batch + 1, dtype=torch.int32)
+    got = longest_first(cu_q, cu_k, used_q, used_k, pad_q)
+    want = sorted(range(batch), key=lambda i: (-lens[i], i))
+    columns = torch.stack((cu_q[:batch], cu_k[:batch], used_q, used_k, pad_q[:batch]))
+    for position, seq in enumerate(want):
+        assert [int(t[position]) for t in got] == columns[:, seq].tolist()
+    assert all(t.shape == (batch,) and t.dtype == torch.int32 and t.stride() == (1,) for t in got)

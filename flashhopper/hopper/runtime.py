@@ -668,6 +668,18 @@ def _bwd_varlen_plan(dtype, hdim: int, causal: bool, window_size, softcap: bool,
     return cfg, wl, wr
 
 
+def longest_first(cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q):
+    """The varlen backward's per-sequence starts and lengths (each read by the kernel at the sequence's
+    grid index only) with the sequences in launch order: longest used query length first (stable), so
+    the grid, which launches a sequence's CTAs after the previous sequence's, starts with the CTAs that
+    walk the most query blocks and ends with the shortest (LPT). Three kernels on the device (the sort,
+    the stack, the gather), no host sync: (batch,) int32 views of one tensor, in the argument order."""
+    batch = used_q.shape[0]
+    order = torch.argsort(used_q, descending=True, stable=True)
+    rows = torch.stack((cu_seqlens_q[:batch], cu_seqlens_k[:batch], used_q, used_k, pad_q[:batch]))
+    return tuple(rows.index_select(1, order).unbind(0))
+
+
 def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                     softmax_scale: float, causal: bool, window_size, softcap: float,
                     deterministic: bool = False, seqused_q=None, seqused_k=None):
@@ -725,8 +737,9 @@ def backward_varlen(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     # and every tile row at or past a sequence's used length (the next sequences' rows too) is zeroed
     # in smem before a GEMM reads it; without, every row a tile reads is data and none is
     seqused = int(seqused_q is not None) + 2 * int(seqused_k is not None)
+    cu_q, cu_k, used_q, used_k, pad_q = longest_first(cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q)
     fn(q[None], k[None], v_in[None], dout_in[None], lse_log2, d_rows, dq_accum, dq_sem, dk[None], dv[None],
-       scale_log2, softcap_pre, softmax_scale, wl, wr, cu_seqlens_q, cu_seqlens_k, used_q, used_k, pad_q,
+       scale_log2, softcap_pre, softmax_scale, wl, wr, cu_q, cu_k, used_q, used_k, pad_q,
        max(int(max_seqlen_k), 1), seqused)
     # the kernel already applied the softmax scale; rows past seqused_q only ever had zeros added
     return dq_accum[0].to(q.dtype), dk, _trim_value_grad(dv, v, dv_split)
