@@ -248,6 +248,12 @@ class FwdConfig(_KernelConfig):
     # warpgroups get the rest of the CTA's pool (config.register_split). 0: the table's split for the
     # dtype (FP8_REG_SPLIT, REG_SPLIT)
     producer_nreg: int = 0
+    # Programmatic dependent launch (split_kv only): the kernel is launched so that it may start while the
+    # stream's previous kernel finishes (the previous decode call's merge kernel, which lets it), waits for
+    # that kernel (griddepcontrol.wait) before touching global memory, and at once lets the next kernel
+    # (its merge kernel, CombineConfig.pdl) launch the same way: each kernel boundary of a decode step
+    # overlaps a launch and a prologue instead of idling through them
+    pdl: bool = False
 
     @property
     def hdim_v(self) -> int:
@@ -401,6 +407,8 @@ class FwdConfig(_KernelConfig):
             raise ValueError("split_kv is a mode of the varlen kernel (varlen=True)")
         if self.token_rows and not self.split_kv:
             raise ValueError("token_rows is a mode of the split decode walk (split_kv=True)")
+        if self.pdl and not self.split_kv:
+            raise ValueError("pdl is for the split decode walk (split_kv=True)")
         if self.tile_m != 64 * self.num_consumer_wg:
             raise ValueError(f"tile_m {self.tile_m} must be 64 rows per consumer warpgroup")
         if self.pingpong and self.num_consumer_wg < 2:
@@ -1000,6 +1008,9 @@ class CombineConfig:
     hdim: int
     out_dtype: str
     max_splits: int = COMBINE_MAX_SPLITS
+    # launched as a programmatic dependent of the split kernel before it (FwdConfig.pdl): it waits for it
+    # (griddepcontrol.wait) before reading anything, and lets the next kernel launch early in turn
+    pdl: bool = True
 
     def check(self) -> None:
         for name in ("dtype", "out_dtype"):

@@ -311,8 +311,9 @@ def fwd_plan_decode(dtype: str, hdim: int, softcap: bool, dv: int = 0, page_size
 @functools.cache
 def fwd_config_split(cfg: FwdConfig) -> FwdConfig:
     """The split decode walk (FwdConfig.split_kv) of an unmasked varlen config (fwd_config_varlen,
-    fwd_config_decode, either paged): the same tile on the persistent static stride."""
-    cfg = dataclasses.replace(cfg, split_kv=True, dynamic_sched=False)
+    fwd_config_decode, either paged): the same tile on the persistent static stride, launched as a
+    programmatic dependent (FwdConfig.pdl)."""
+    cfg = dataclasses.replace(cfg, split_kv=True, dynamic_sched=False, pdl=True)
     cfg.check()
     return cfg
 

@@ -108,18 +108,19 @@ def test_split_keys_paged(page_size):
 def test_split_configs():
     """plan.fwd_plan_split: the unmasked varlen tile (or the decode tile) with the split walk on the
     persistent static stride, paged where the kernels serve the page size, causal only over packed tokens
-    (token_rows); refused with the dynamic scheduler, a window, or outside varlen."""
+    (token_rows), launched as a programmatic dependent (pdl); refused with the dynamic scheduler, a window,
+    or outside varlen; pdl only there."""
     for hdim, dv, softcap, tile in itertools.product(SUPPORTED_HDIMS, (0, 128), (False, True), (False, True)):
         if dv and hdim != 192:
             continue
         cfg = plan.fwd_plan_split("bf16", hdim, softcap, dv, decode_tile=tile)
         config_of = plan.fwd_config_decode if tile else plan.fwd_config_varlen
         base = config_of("bf16", hdim, softcap=softcap, dv=dv)
-        assert cfg == dataclasses.replace(base, split_kv=True, dynamic_sched=False)
+        assert cfg == dataclasses.replace(base, split_kv=True, dynamic_sched=False, pdl=True)
         for page_size in (16, 64, 7):
             paged = plan.fwd_plan_split("bf16", hdim, softcap, dv, page_size, decode_tile=tile)
             served = plan.fwd_config_paged(base, page_size)
-            assert paged == dataclasses.replace(served, split_kv=True, dynamic_sched=False)
+            assert paged == dataclasses.replace(served, split_kv=True, dynamic_sched=False, pdl=True)
     cfg = plan.fwd_plan_split("bf16", 128, False)
     for bad, match in (({"dynamic_sched": True}, "split_kv: needs persistent=True and dynamic_sched=False"),
                        ({"persistent": False}, "split_kv: needs persistent"),
@@ -128,7 +129,8 @@ def test_split_configs():
                        ({"local": True}, "split_kv: no local window"),
                        ({"varlen": False}, "split_kv is a mode of the varlen kernel"),
                        ({"split_kv": False, "dynamic_sched": True, "token_rows": True},
-                        "token_rows is a mode of the split")):
+                        "token_rows is a mode of the split"),
+                       ({"split_kv": False, "dynamic_sched": True, "pdl": True}, "pdl is for the split")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(cfg, **bad).check()
     causal = plan.fwd_plan_split("bf16", 128, False, causal=True)
@@ -142,7 +144,8 @@ def test_split_configs():
 
 def test_split_taken_only_for_one_query_token_without_a_window(monkeypatch):
     """Where the split inside the kernel is on (by default, or opted in), the rearranged decode (one query
-    token, no window, not packed queries) and only it goes to runtime.forward_split; switched off, none
+    token, no window; packed queries only one an item) and only it goes to runtime.forward_split; switched
+    off, none
     does. (Several query tokens with several-token decode switched off: that path splits too, and has its
     own tests in tests/test_decode_qlen.py.)"""
     monkeypatch.setattr(validation, "DECODE_QLEN_GPU_VERIFIED", False)
@@ -178,9 +181,14 @@ def test_split_taken_only_for_one_query_token_without_a_window(monkeypatch):
              (dict(q=torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16), num_splits=1, pack_gqa=False), False),
              (dict(q=torch.zeros(2, 1, 8, 64, dtype=torch.bfloat16), window_size=(100, 0)), False),
              (dict(q=torch.zeros(2, 3, 8, 64, dtype=torch.bfloat16)), False),
+             # packed queries, one an item (kvcache._uniform_tokens): as the (b, 1, hq, d) call
              (dict(q=torch.zeros(2, 8, 64, dtype=torch.bfloat16), cu_seqlens_q=torch.tensor([0, 1, 2],
                                                                                              dtype=torch.int32),
-                   max_seqlen_q=1), False)]
+                   max_seqlen_q=1), True),
+             # packed, not the same count in every item: the varlen kernel
+             (dict(q=torch.zeros(2, 8, 64, dtype=torch.bfloat16), cu_seqlens_q=torch.tensor([0, 0, 2],
+                                                                                             dtype=torch.int32),
+                   max_seqlen_q=2), False)]
     # the default (verified), the opt-in where it is not, and neither
     for verified, opted in ((True, "0"), (False, "1"), (False, "0")):
         monkeypatch.setattr(validation, "DECODE_SPLIT_GPU_VERIFIED", verified)

@@ -83,10 +83,14 @@ class CombineSplits:
     ):
         total = cute.size(mOut.shape[0]) * cute.size(mOut.shape[1]) * cute.size(mOut.shape[2])
         grid = ((total + WARPS - 1) // WARPS, 1, 1)
-        self.kernel(mO, mLSE, mOut, mLSEOut).launch(grid=grid, block=[32 * WARPS, 1, 1], stream=stream)
+        self.kernel(mO, mLSE, mOut, mLSEOut).launch(grid=grid, block=[32 * WARPS, 1, 1], stream=stream,
+                                                    use_pdl=self.cfg.pdl)
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mLSE: cute.Tensor, mOut: cute.Tensor, mLSEOut: cute.Tensor):
+        if cutlass.const_expr(self.cfg.pdl):  # CombineConfig.pdl: the partials are the previous kernel's
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)

@@ -252,7 +252,7 @@ class FlashFwdSm90:
                           cluster=(self.cluster_m, 1, 1), stream=stream, min_blocks_per_mp=1)
         else:
             kernel.launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream,
-                          min_blocks_per_mp=1)
+                          min_blocks_per_mp=1, use_pdl=self.cfg.pdl)
 
     # ------------------------------------------------------------------ device side
     @cute.kernel
@@ -402,6 +402,12 @@ class FlashFwdSm90:
         # before the peer's barriers are initialized (cluster-wide arrive / wait)
         pipeline.pipeline_init_arrive(cluster_shape_mn=kv_cluster, is_relaxed=True)
         pipeline.pipeline_init_wait(cluster_shape_mn=kv_cluster)
+        if cutlass.const_expr(self.cfg.pdl):
+            # FwdConfig.pdl: nothing above touched global memory (barriers, descriptor prefetch); from here
+            # on everything may, once the stream's previous kernel is done. The next may launch now: it
+            # waits for this one the same way
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
