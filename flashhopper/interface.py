@@ -80,8 +80,11 @@ def flash_attn_func(
             out, lse = _HopperAttention.apply(q, k, v, scale, causal, window, softcap, deterministic)
         else:  # inference: skip autograd's bookkeeping, it is a visible share of a small call
             from flashhopper.hopper import forward
+            from flashhopper.kvcache import dense_decode
 
-            out, lse = forward(q, k, v, scale, causal, window, softcap)
+            # a decode (a few query tokens an item) by the decode paths: PackGQA, the split of the keys
+            decoded = dense_decode(q, k, v, scale, causal, window, softcap)
+            out, lse = decoded if decoded is not None else forward(q, k, v, scale, causal, window, softcap)
     return (out, lse) if return_lse else out
 
 

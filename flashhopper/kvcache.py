@@ -256,6 +256,74 @@ def _split_call(q, k_rows, v_rows, layout, *, lens, s_new, starts_k, key_rows, l
     return (target, lse) if return_lse else target
 
 
+def dense_decode(q, k, v, scale: float, causal: bool, window, softcap: float):
+    """flash_attn_func's inference call where it is a decode, (out, lse) by the decode paths, else None
+    (the dense kernel then runs it). A decode: 1 to 16 query tokens an item, no window, k and v with
+    (b, s_k, hk, d) strides whose items lie a whole number of key rows apart (contiguous ones, or the
+    (b, hk, s_k, d) memory of a transformers cache seen as (b, s_k, hk, d)); one token where PackGQA or
+    the split fills the grid better (splitkv.plan), more where the query heads share KV heads (packed
+    per KV head, _qlen_call). Every item has all s_k keys (cache_seqlens s_k): the split plan's capacity
+    is exact. FlashAttention-3 decides the same way for its flash_attn_func (pack_gqa and num_splits
+    from the shapes). Launches: those of _split_call / _qlen_call; the lengths tensor is made once per
+    (device, b, s_k) outside CUDA graph capture."""
+    b, s, hq, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    if (b == 0 or sk == 0 or s > splitkv.QLEN_RANGE.stop - 1 or tuple(window) != (-1, -1)
+            or not validation.decode_split_enabled()):
+        return None
+    if s > 1 and (hq == hk or not validation.decode_qlen_enabled()):
+        return None
+    rows = _key_rows(k, v)
+    if rows is None:
+        return None
+    k_rows, v_rows, key_rows = rows
+    if validation.layout_problem("k", k_rows) or validation.layout_problem("v", v_rows):
+        return None
+    lens = _constant_lengths(b, sk, q.device)
+    if s == 1:
+        layout = splitkv.plan_for(q, hk, sk, (-1, -1), 0, None, False)
+        if not layout.rearranged:
+            return None
+        return _split_call(q, k_rows, v_rows, layout, lens=lens, s_new=0, starts_k=None, key_rows=key_rows,
+                           left=None, scale=scale, softcap=softcap, out=None, return_lse=True)
+    layout = splitkv.plan_qlen_for(q, hk, sk, 0)
+    return _qlen_call(q, k_rows, v_rows, layout, used_k=lens, starts_k=None, item_rows=key_rows, scale=scale,
+                      causal=causal, softcap=softcap, out=None, return_lse=True)
+
+
+def _key_rows(k, v):
+    """(k rows, v rows, key_rows) for the split kernel: (b, s_k, hk, d) k and v seen as rows (extent,
+    hk, d) with item i's keys from row i * key_rows, where both have a contiguous head dim and items a
+    whole number of (the same) row strides apart, no two items overlapping; else None. The views reach
+    exactly the memory of k and v (extent: the last item's last row)."""
+    b, sk, hk, d = k.shape
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(1) <= 0 or v.stride(1) <= 0:
+        return None
+    key_rows, rest = divmod(k.stride(0), k.stride(1))
+    if rest or v.stride(0) != key_rows * v.stride(1) or (b > 1 and key_rows < sk):
+        return None
+    extent = (b - 1) * key_rows + sk
+    return (k.as_strided((extent, hk, d), (k.stride(1), k.stride(2), 1)),
+            v.as_strided((extent, hk, v.shape[-1]), (v.stride(1), v.stride(2), 1)), key_rows)
+
+
+_LENGTHS: dict = {}  # (device, b, n) -> int32 (b,) of n, never written: shared by streams and graphs
+
+
+def _constant_lengths(b: int, n: int, device):
+    """int32 (b,) of n on `device`, made once by a blocking copy from the host (so no stream needs to
+    wait for it); under CUDA graph capture, where that copy cannot run, a fill captured with the call."""
+    key = (device, b, n)
+    t = _LENGTHS.get(key)
+    if t is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.full((b,), n, dtype=torch.int32, device=device)
+        if len(_LENGTHS) > 1024:
+            _LENGTHS.clear()
+        t = _LENGTHS[key] = torch.tensor([n] * b, dtype=torch.int32).to(device)
+    return t
+
+
 def _qlen_taken(q, packed_q, window, k_rows) -> bool:
     """Whether the call runs with its tokens packed (_qlen_call): enabled (validation.decode_qlen_enabled),
     2 to 16 query tokens an item (splitkv.QLEN_RANGE) in a (b, s_q, hq, d) q, no window, the split inside

@@ -1,0 +1,80 @@
+"""flash_attn_func's inference calls that are a decode (kvcache.dense_decode) on the CPU: routed to the split
+kernel (its float64 model, tests/kvcache_kernels.py) and merged by the merge kernel's stand-in, against the
+reference; the calls that are not a decode left to the dense kernel (a stand-in that records them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvcache_kernels import cpu_kernel_path, merge_stand_in, split_kernels
+
+import flashhopper.hopper
+from flashhopper import flash_attn_func
+from flashhopper.reference import attention_ref
+
+
+@pytest.fixture()
+def paths(monkeypatch):
+    """(split kernel launches, dense kernel calls) of the calls made in the test."""
+    cpu_kernel_path(monkeypatch)
+    launched = split_kernels(monkeypatch)
+    monkeypatch.setattr(flashhopper.hopper, "combine_splits", merge_stand_in)
+    dense = []
+
+    def forward(q, k, v, scale, causal, window, softcap, **kwargs):
+        dense.append(q.shape)
+        out, lse = attention_ref(q, k, v, scale, causal, window, softcap)
+        return out.to(q.dtype), lse
+
+    monkeypatch.setattr(flashhopper.hopper, "forward", forward)
+    return launched, dense
+
+
+def _inputs(b, s, hq, hk, sk, d=64, heads_major=False, seed=0):
+    """q (b, s, hq, d); k, v (b, sk, hk, d): contiguous, or with heads_major the (b, hk, sk, d) memory of a
+    transformers cache seen as (b, sk, hk, d)."""
+    g = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(torch.bfloat16)  # noqa: E731
+    q = rand(b, s, hq, d)
+    if heads_major:
+        k, v = (rand(b, hk, sk, d).transpose(1, 2) for _ in range(2))
+    else:
+        k, v = rand(b, sk, hk, d), rand(b, sk, hk, d)
+    return q, k, v
+
+
+@pytest.mark.parametrize("heads_major", [False, True])
+@pytest.mark.parametrize("b,s,hq,hk,sk,causal", [
+    (1, 1, 8, 2, 700, True),  # PackGQA and the split
+    (3, 1, 8, 8, 700, False),  # the split alone (24 CTAs on 132 SMs)
+    (2, 1, 8, 1, 1, True),  # one key
+    (2, 3, 8, 2, 700, True),  # several tokens, causal in the kernel
+    (2, 4, 8, 2, 2, True),  # fewer keys than tokens: the first tokens see none (0, -inf)
+    (1, 16, 4, 1, 257, False),  # sixteen tokens, every key seen
+])
+def test_decode_by_the_split_kernel(paths, heads_major, b, s, hq, hk, sk, causal):
+    launched, dense = paths
+    q, k, v = _inputs(b, s, hq, hk, sk, heads_major=heads_major)
+    out, lse = flash_attn_func(q, k, v, causal=causal, softcap=0.0 if s > 1 else 2.5, return_lse=True)
+    want, want_lse = attention_ref(q, k, v, q.shape[-1] ** -0.5, causal, (-1, -1), 0.0 if s > 1 else 2.5)
+    assert len(launched) == 1 and not dense
+    assert launched[0][0].token_rows == (s > 1 and causal)
+    assert out.shape == (b, s, hq, 64) and lse.shape == (b, hq, s)
+    torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse, want_lse.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["window", "17 tokens", "tokens without GQA", "grid full", "items overlap"])
+def test_not_a_decode_left_to_the_dense_kernel(paths, case):
+    launched, dense = paths
+    kw = {}
+    b, s, hq, hk = {"17 tokens": (1, 17, 8, 2), "tokens without GQA": (1, 4, 8, 8),
+                    "grid full": (32, 1, 8, 8)}.get(case, (1, 1, 8, 2))
+    q, k, v = _inputs(b, s, hq, hk, 300)
+    if case == "window":
+        kw["window_size"] = (100, 0)
+    if case == "items overlap":  # one cache for two items (stride 0): not rows a whole item apart
+        q, k, v = _inputs(2, 1, 8, 2, 300)
+        k, v = k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1)
+    flash_attn_func(q, k, v, causal=True, **kw)
+    assert not launched and len(dense) == 1
