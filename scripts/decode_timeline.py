@@ -2,8 +2,9 @@
 its merge alone, each captured in a CUDA graph over `bench --decode`'s rotation of caches (so nothing is
 served from the L2) and timed as the bench times it; the split counts given by --splits (0: the plan's);
 an empty launch's cost inside a graph beside them; the call with q packed as serving engines pass it
-(cu_seqlens_q); then the kernels of one graph replay of the whole call with their durations and the gaps
-between them (torch.profiler).
+(cu_seqlens_q); the same caches as flash_attn_func's k and v, and through the dense kernel; then the
+kernels of one graph replay of the whole call with their durations and the gaps between them
+(torch.profiler).
 
     python3 scripts/decode_timeline.py --batch 1 --context 8192 --splits 0 8 16 32 64
 
@@ -89,6 +90,15 @@ def main() -> int:
         us = _walk_us(packed, point)
         print(f"q packed (total_q, hq, d) with cu_seqlens_q, as SGLang and vLLM pass it ({how}): {us:.1f} us "
               f"({ideal / us:.2f} of the copy rate)", flush=True)
+    from flashhopper import flash_attn_func
+    from flashhopper.hopper import forward
+
+    for name, fn in (("flash_attn_func (kvcache.dense_decode)", lambda x: flash_attn_func(
+                          x.q, x.k_cache, x.v_cache, causal=True)),
+                     ("the dense kernel (runtime.forward)", lambda x: forward(
+                          x.q, x.k_cache, x.v_cache, scale, True, (-1, -1), 0.0))):
+        us = _walk_us([lambda x=x, fn=fn: fn(x) for x in inputs], point)
+        print(f"the caches as k, v of {name}: {us:.1f} us ({ideal / us:.2f} of the copy rate)", flush=True)
     calls = [lambda x=x: kvcache.flash_attn_with_kvcache(x.q, x.k_cache, x.v_cache,
                                                          cache_seqlens=x.cache_seqlens, causal=True)
              for x in inputs]
