@@ -19,7 +19,8 @@ tokens an item (speculative decoding) goes, where validation.decode_qlen_enabled
 GPU tests and timing, docs/results-decode.md), packed and split as one token's decode, each token's rows
 seeing their own keys in the split kernel (`_qlen_call`); otherwise through the varlen kernel over every
 query head. A packed q (cu_seqlens_q, as SGLang and vLLM pass it) with the same 1 to 16 tokens in every
-item takes the same paths (`_uniform_tokens`).
+item takes the same paths (`_uniform_tokens`), as do flash_attn_func's inference calls of 1 to 16 query
+tokens (`dense_decode`).
 Not yet: FP8 caches, other page sizes without the copy, the append inside the kernel.
 """
 
