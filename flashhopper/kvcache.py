@@ -257,16 +257,19 @@ def _split_call(q, k_rows, v_rows, layout, *, lens, s_new, starts_k, key_rows, l
     return (target, lse) if return_lse else target
 
 
-def dense_decode(q, k, v, scale: float, causal: bool, window, softcap: float):
+def dense_decode(q, k, v, scale: float, causal: bool, window, softcap: float, leftpad=None):
     """flash_attn_func's inference call where it is a decode, (out, lse) by the decode paths, else None
     (the dense kernel then runs it). A decode: 1 to 16 query tokens an item, no window, k and v with
     (b, s_k, hk, d) strides whose items lie a whole number of key rows apart (contiguous ones, or the
     (b, hk, s_k, d) memory of a transformers cache seen as (b, s_k, hk, d)); one token where PackGQA or
     the split fills the grid better (splitkv.plan), more where the query heads share KV heads (packed
-    per KV head, _qlen_call). Every item has all s_k keys (cache_seqlens s_k): the split plan's capacity
-    is exact. FlashAttention-3 decides the same way for its flash_attn_func (pack_gqa and num_splits
-    from the shapes). Launches: those of _split_call / _qlen_call; the lengths tensor is made once per
-    (device, b, s_k) outside CUDA graph capture."""
+    per KV head, _qlen_call). Every item has all s_k keys (cache_seqlens s_k), or with `leftpad` (int32
+    (b,) on q's device: cache_leftpad, a left-padded batch's padding) those from leftpad[i] on: the split
+    plan's capacity s_k is exact or above. FlashAttention-3 decides the same way for its
+    flash_attn_func (pack_gqa and num_splits from the shapes). Launches: those of _split_call /
+    _qlen_call (with leftpad two or three more: the used lengths, the first key rows); the lengths
+    tensor is made once per (device, b, s_k) outside CUDA graph capture. The caller has validated q, k,
+    v as flash_attn_func does (dtypes, head dims, q's layout)."""
     b, s, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     if (b == 0 or sk == 0 or s > splitkv.QLEN_RANGE.stop - 1 or tuple(window) != (-1, -1)
@@ -285,10 +288,13 @@ def dense_decode(q, k, v, scale: float, causal: bool, window, softcap: float):
         layout = splitkv.plan_for(q, hk, sk, (-1, -1), 0, None, False)
         if not layout.rearranged:
             return None
-        return _split_call(q, k_rows, v_rows, layout, lens=lens, s_new=0, starts_k=None, key_rows=key_rows,
-                           left=None, scale=scale, softcap=softcap, out=None, return_lse=True)
+        starts = _key_starts(b, key_rows, None, leftpad)  # None: item i from row i * key_rows
+        return _split_call(q, k_rows, v_rows, layout, lens=lens, s_new=0, starts_k=starts,
+                           key_rows=key_rows if starts is None else 0, left=leftpad, scale=scale,
+                           softcap=softcap, out=None, return_lse=True)
     layout = splitkv.plan_qlen_for(q, hk, sk, 0)
-    return _qlen_call(q, k_rows, v_rows, layout, used_k=lens, starts_k=None, item_rows=key_rows, scale=scale,
+    return _qlen_call(q, k_rows, v_rows, layout, used_k=_used_keys(lens, 0, leftpad),
+                      starts_k=_key_starts(b, key_rows, None, leftpad), item_rows=key_rows, scale=scale,
                       causal=causal, softcap=softcap, out=None, return_lse=True)
 
 

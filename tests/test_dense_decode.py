@@ -78,3 +78,26 @@ def test_not_a_decode_left_to_the_dense_kernel(paths, case):
         k, v = k[:1].expand(2, -1, -1, -1), v[:1].expand(2, -1, -1, -1)
     flash_attn_func(q, k, v, causal=True, **kw)
     assert not launched and len(dense) == 1
+
+
+@pytest.mark.parametrize("s", [1, 3])
+def test_transformers_left_padded_decode(paths, s):
+    """The transformers integration's decode step over a left-padded batch: the split kernel with the
+    padding as cache_leftpad (no packing of the cache), each row against its own keys."""
+    from types import SimpleNamespace
+
+    from flashhopper.integrations.transformers import attention_forward
+
+    launched, dense = paths
+    b, hq, hk, sk, d = 3, 8, 2, 300, 64
+    g = torch.Generator().manual_seed(3)
+    query = torch.randn(b, hq, s, d, generator=g).to(torch.bfloat16)
+    key, value = (torch.randn(b, hk, sk, d, generator=g).to(torch.bfloat16) for _ in range(2))
+    valid = [300, 250, 17]
+    mask = torch.stack([torch.arange(sk) >= sk - n for n in valid]).long()
+    out, _ = attention_forward(SimpleNamespace(is_causal=True), query, key, value, mask)
+    assert len(launched) == 1 and not dense
+    for i, n in enumerate(valid):
+        want, _ = attention_ref(query[i:i + 1].transpose(1, 2), key[i:i + 1, :, sk - n:].transpose(1, 2),
+                                value[i:i + 1, :, sk - n:].transpose(1, 2), d ** -0.5, True, (-1, -1), 0.0)
+        torch.testing.assert_close(out[i:i + 1].float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -72,3 +72,26 @@ def test_dense_decode_graph_replay(monkeypatch):
         torch.cuda.synchronize()
         check_forward(out, lse, q, k, v, 128 ** -0.5, True, (-1, -1), 0.0)
     assert splits and all(n > 1 for n in splits)
+
+
+@pytest.mark.parametrize("s", [1, 4])
+def test_transformers_left_padded_decode(monkeypatch, s):
+    """The transformers integration's decode step over a left-padded batch (a transformers cache's layout,
+    the padding as cache_leftpad): the split kernel, each row by the rule against its own keys."""
+    from types import SimpleNamespace
+
+    from flashhopper.integrations.transformers import attention_forward
+
+    kernels, splits = record_split_launches(monkeypatch)
+    b, hq, hk, sk, d = 3, 32, 8, 3000, 128
+    g = torch.Generator(device=DEV).manual_seed(4)
+    query = torch.randn(b, hq, s, d, device=DEV, generator=g).to(torch.bfloat16)
+    key, value = (torch.randn(b, hk, sk, d, device=DEV, generator=g).to(torch.bfloat16) for _ in range(2))
+    valid = [3000, 2049, 5]
+    mask = torch.stack([torch.arange(sk, device=DEV) >= sk - n for n in valid]).long()
+    out, _ = attention_forward(SimpleNamespace(is_causal=True), query, key, value, mask)
+    torch.cuda.synchronize()
+    assert len(splits) == 1
+    for i, n in enumerate(valid):
+        q, k, v = (t[i:i + 1].transpose(1, 2) for t in (query, key[:, :, sk - n:], value[:, :, sk - n:]))
+        check_forward(out[i:i + 1], None, q, k, v, d ** -0.5, True, (-1, -1), 0.0)

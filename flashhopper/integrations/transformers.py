@@ -9,7 +9,9 @@ would have its masks silently dropped). The name has no "flash" in it: transform
 names for kernels to import from the hub. Batches without padding run flash_attn_func (forward and
 backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a flattening collator),
 run flash_attn_varlen_func (forward and backward); decoding with a KV cache is the dense call with
-one query row per sequence (causal aligned bottom-right).
+one query row per sequence (causal aligned bottom-right), which flash_attn_func runs by its decode paths
+(PackGQA, the keys split: kvcache.dense_decode); a left-padded batch's decode steps go the same way, the
+padding as cache_leftpad, the cache read in place.
 """
 
 from __future__ import annotations
@@ -76,6 +78,28 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out.to(in_dtype).contiguous(), None
 
 
+def _left_padded_decode(q, k, v, mask, opts):
+    """Generation's decode steps over a left-padded batch (1-16 queries, every one valid, each row's keys
+    the last of its cache: zeros then ones in the mask) without grad, by the decode paths
+    (kvcache.dense_decode with the padding as cache_leftpad): the cache read in place, where the packing
+    below copies every valid key and value each step. None where that does not apply (then _padded packs)."""
+    from flashhopper import validation
+    from flashhopper.kvcache import dense_decode
+
+    s_q, d = q.shape[1], q.shape[-1]
+    if (opts["backend"] == "reference" or s_q > 16 or opts["window_size"] != (-1, -1)
+            or validation.needs_grad(q, k, v)):
+        return None
+    if not bool((mask[:, 1:] >= mask[:, :-1]).all() & mask[:, -s_q:].all()):  # one host sync
+        return None
+    validation.require_hopper(q, opts["backend"])
+    validation.check_tensors(q, k, v)
+    left = (k.shape[1] - mask.sum(-1, dtype=torch.int32)).to(torch.int32)
+    decoded = dense_decode(q, k, v, validation.normalize_scale(opts["softmax_scale"], d), opts["causal"],
+                           (-1, -1), validation.normalize_softcap(opts["softcap"]), leftpad=left)
+    return None if decoded is None else decoded[0]
+
+
 def _padded(q, k, v, mask, opts):
     """A (B, S_kv) padding mask: the valid tokens packed, attention per sequence, scattered back (rows
     of padding queries come out 0). Queries are the last S_q positions of the mask (transformers
@@ -84,6 +108,9 @@ def _padded(q, k, v, mask, opts):
 
     b, s_q, h, d = q.shape
     s_k = k.shape[1]
+    decoded = _left_padded_decode(q, k, v, mask, opts)
+    if decoded is not None:
+        return decoded
     mask_q = mask[:, -s_q:]
     lens_q, lens_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
     cu_q, cu_k = (torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
