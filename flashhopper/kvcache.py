@@ -306,9 +306,11 @@ def _key_rows(k, v):
     b, sk, hk, d = k.shape
     if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(1) <= 0 or v.stride(1) <= 0:
         return None
-    key_rows, rest = divmod(k.stride(0), k.stride(1))
-    if rest or v.stride(0) != key_rows * v.stride(1) or (b > 1 and key_rows < sk):
-        return None
+    key_rows = sk  # one item: its stride(0) is never stepped over (torch may give a size-1 dim any stride)
+    if b > 1:
+        key_rows, rest = divmod(k.stride(0), k.stride(1))
+        if rest or v.stride(0) != key_rows * v.stride(1) or key_rows < sk:
+            return None
     extent = (b - 1) * key_rows + sk
     return (k.as_strided((extent, hk, d), (k.stride(1), k.stride(2), 1)),
             v.as_strided((extent, hk, v.shape[-1]), (v.stride(1), v.stride(2), 1)), key_rows)

@@ -64,6 +64,19 @@ def test_decode_by_the_split_kernel(paths, heads_major, b, s, hq, hk, sk, causal
     torch.testing.assert_close(lse, want_lse.float(), rtol=1e-5, atol=1e-5)
 
 
+def test_one_item_of_any_batch_stride(paths):
+    """One item whose k / v have a batch stride of 0 (torch may give a size-1 dim any stride): never stepped
+    over, taken."""
+    launched, dense = paths
+    q, k, v = _inputs(1, 1, 8, 2, 700)
+    k, v = (t.as_strided(t.shape, (0, *t.stride()[1:])) for t in (k, v))
+    assert k.stride(0) == 0
+    out = flash_attn_func(q, k, v, causal=True)
+    want, _ = attention_ref(q, k, v, 64 ** -0.5, True, (-1, -1), 0.0)
+    torch.testing.assert_close(out.float(), want.float(), rtol=2e-2, atol=2e-2)
+    assert len(launched) == 1 and not dense
+
+
 @pytest.mark.parametrize("case", ["window", "17 tokens", "tokens without GQA", "grid full", "items overlap"])
 def test_not_a_decode_left_to_the_dense_kernel(paths, case):
     launched, dense = paths
