@@ -307,7 +307,7 @@ def exact_bwd_kernels(monkeypatch):
                 dk.copy_(dk_)
                 dv.copy_(dv_)
                 return
-            for i in range(cu_q.shape[0] - 1):
+            for i in range(used_k.shape[0]):  # the kernel's grid: a sequence per used length
                 rows = slice(int(cu_q[i]), int(cu_q[i]) + int(used_q[i]))
                 keys = slice(int(cu_k[i]), int(cu_k[i]) + int(used_k[i]))
                 if rows.stop == rows.start or keys.stop == keys.start:
@@ -384,10 +384,11 @@ def _cu(lens):
 @pytest.mark.parametrize("d,dv_dim", [(128, 128), (192, 128)])
 def test_varlen_backward_takes_seqused_where_it_takes_the_lengths(exact_bwd_kernels, d, dv_dim):
     """backward_varlen(seqused_q=, seqused_k=): the kernels get the used lengths in place of the
-    packed ones (the preprocess and the main kernel alike, the same tensors: no copy), the offsets stay
-    cu_seqlens'; rows past seqused_q get dq = 0 and keys past seqused_k dk = dv = 0 (no kernel writes
-    them: the host zeroes them, the outputs start as NaN here); the used rows get each sequence's own
-    gradients. Used lengths 0 and whole sequences included; (192, 128) through the padding."""
+    packed ones (the preprocess the same tensors, no copy; the causal main kernel them in its launch
+    order, longest first, each with its sequence's offsets), the offsets stay cu_seqlens'; rows past
+    seqused_q get dq = 0 and keys past seqused_k dk = dv = 0 (no kernel writes them: the host zeroes
+    them, the outputs start as NaN here); the used rows get each sequence's own gradients. Used lengths
+    0 and whole sequences included; (192, 128) through the padding."""
     from flashhopper.reference import attention_bwd_ref
 
     lens_q, lens_k = [6, 9, 4, 5, 7], [8, 5, 3, 7, 6]
@@ -402,7 +403,10 @@ def test_varlen_backward_takes_seqused_where_it_takes_the_lengths(exact_bwd_kern
     dq, dk, dv = runtime.backward_varlen(q, k, v, out, dout, lse, cu_q, cu_k, 9, 8, 0.3, True, (-1, -1), 0.0,
                                          seqused_q=uq, seqused_k=uk)
     cfg, v_in, _, kernel_uq, kernel_uk = exact_bwd_kernels["main"]
-    assert kernel_uq is uq and kernel_uk is uk
+    # causal: the main kernel's sequences longest used query length first (runtime.longest_first)
+    order = sorted(range(len(used_q)), key=lambda i: (-used_q[i], i))
+    assert kernel_uq.tolist() == [used_q[i] for i in order]
+    assert kernel_uk.tolist() == [used_k[i] for i in order]
     assert exact_bwd_kernels["pre"][3][4] is uq  # (lse, lse_log2, d_rows, cu_q, used_q, ...)
     assert cfg == plan.bwd_config_varlen("bf16", d, causal=True) and v_in.shape[-1] == d
     assert exact_bwd_kernels["pre"][0] == config.BwdPreConfig.of(cfg, 0 if dv_dim == d else dv_dim)
