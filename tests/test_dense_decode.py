@@ -114,3 +114,21 @@ def test_transformers_left_padded_decode(paths, s):
         want, _ = attention_ref(query[i:i + 1].transpose(1, 2), key[i:i + 1, :, sk - n:].transpose(1, 2),
                                 value[i:i + 1, :, sk - n:].transpose(1, 2), d ** -0.5, True, (-1, -1), 0.0)
         torch.testing.assert_close(out[i:i + 1].float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_transformers_mask_analysed_once_a_step():
+    """transformers passes one mask object to every layer: its analysis (a host sync) runs on the first
+    layer's call and is reused while the mask is the same object, unchanged, for the same query count."""
+    from flashhopper.integrations.transformers import _mask_info
+
+    left = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
+    info = _mask_info(left, 1)
+    assert (info.no_padding, info.left_padded, info.leftpad.tolist()) == (False, True, [2, 0])
+    assert _mask_info(left, 1) is info  # the next layers
+    assert _mask_info(left, 3) is not info and not _mask_info(left, 3).left_padded  # a padded query
+    left[1, 0] = 0  # changed in place: analysed again
+    assert _mask_info(left, 1).leftpad.tolist() == [2, 1]
+    right = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    assert not _mask_info(right, 1).left_padded and not _mask_info(right, 1).no_padding
+    full = torch.ones(2, 4, dtype=torch.long)
+    assert _mask_info(full, 2).no_padding and _mask_info(full, 2).left_padded

@@ -11,10 +11,14 @@ backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a fla
 run flash_attn_varlen_func (forward and backward); decoding with a KV cache is the dense call with
 one query row per sequence (causal aligned bottom-right), which flash_attn_func runs by its decode paths
 (PackGQA, the keys split: kvcache.dense_decode); a left-padded batch's decode steps go the same way, the
-padding as cache_leftpad, the cache read in place.
+padding as cache_leftpad, the cache read in place. The mask is looked at once a forward step (one host
+sync on the first layer's call: _mask_info), not once a layer.
 """
 
 from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
 
 import torch
 
@@ -71,14 +75,45 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                                      v.reshape(-1, *v.shape[2:]), cu_q.to(torch.int32), cu_k.to(torch.int32),
                                      int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **opts)
         out = out.reshape(b, s, h, -1)
-    elif attention_mask is not None and not bool(attention_mask.all()):
-        out = _padded(q, k, v, attention_mask.bool(), opts)
+    elif attention_mask is not None and not (info := _mask_info(attention_mask, q.shape[1])).no_padding:
+        out = _padded(q, k, v, attention_mask.bool(), opts, info)
     else:
         out = flash_attn_func(q, k, v, **opts)
     return out.to(in_dtype).contiguous(), None
 
 
-def _left_padded_decode(q, k, v, mask, opts):
+@dataclass(frozen=True)
+class MaskInfo:
+    """What the attention calls of one forward step need to know of its (B, S_kv) padding mask: no
+    padding at all; left padding only (zeros then ones in every row) with the last s_q queries all
+    valid; each row's padding (int32 (B,) on the mask's device, a cache_leftpad)."""
+
+    no_padding: bool
+    left_padded: bool
+    leftpad: torch.Tensor
+
+
+# the last mask analysed, (weak reference, its version, s_q, MaskInfo): transformers passes one mask
+# object to every layer of a step, so its analysis (a host sync) runs once a step, not once a layer
+_last_mask: list = [None]
+
+
+def _mask_info(mask: torch.Tensor, s_q: int) -> MaskInfo:
+    """The mask's MaskInfo, by one host sync on the first call with this mask object (and after an
+    in-place change to it), from the cache on the next layers' calls."""
+    last = _last_mask[0]
+    if last is not None and last[0]() is mask and last[1] == mask._version and last[2] == s_q:
+        return last[3]
+    valid = mask.bool()
+    flags = torch.stack((valid.all(), (valid[:, 1:] >= valid[:, :-1]).all() & valid[:, -s_q:].all()))
+    no_padding, left_padded = flags.tolist()
+    leftpad = (mask.shape[1] - valid.sum(-1, dtype=torch.int32)).to(torch.int32)
+    info = MaskInfo(no_padding, left_padded, leftpad)
+    _last_mask[0] = (weakref.ref(mask), mask._version, s_q, info)
+    return info
+
+
+def _left_padded_decode(q, k, v, opts, info: MaskInfo):
     """Generation's decode steps over a left-padded batch (1-16 queries, every one valid, each row's keys
     the last of its cache: zeros then ones in the mask) without grad, by the decode paths
     (kvcache.dense_decode with the padding as cache_leftpad): the cache read in place, where the packing
@@ -87,20 +122,17 @@ def _left_padded_decode(q, k, v, mask, opts):
     from flashhopper.kvcache import dense_decode
 
     s_q, d = q.shape[1], q.shape[-1]
-    if (opts["backend"] == "reference" or s_q > 16 or opts["window_size"] != (-1, -1)
+    if (not info.left_padded or opts["backend"] == "reference" or s_q > 16 or opts["window_size"] != (-1, -1)
             or validation.needs_grad(q, k, v)):
-        return None
-    if not bool((mask[:, 1:] >= mask[:, :-1]).all() & mask[:, -s_q:].all()):  # one host sync
         return None
     validation.require_hopper(q, opts["backend"])
     validation.check_tensors(q, k, v)
-    left = (k.shape[1] - mask.sum(-1, dtype=torch.int32)).to(torch.int32)
     decoded = dense_decode(q, k, v, validation.normalize_scale(opts["softmax_scale"], d), opts["causal"],
-                           (-1, -1), validation.normalize_softcap(opts["softcap"]), leftpad=left)
+                           (-1, -1), validation.normalize_softcap(opts["softcap"]), leftpad=info.leftpad)
     return None if decoded is None else decoded[0]
 
 
-def _padded(q, k, v, mask, opts):
+def _padded(q, k, v, mask, opts, info: MaskInfo):
     """A (B, S_kv) padding mask: the valid tokens packed, attention per sequence, scattered back (rows
     of padding queries come out 0). Queries are the last S_q positions of the mask (transformers
     pads on the left for generation, so decode steps keep their keys)."""
@@ -108,7 +140,7 @@ def _padded(q, k, v, mask, opts):
 
     b, s_q, h, d = q.shape
     s_k = k.shape[1]
-    decoded = _left_padded_decode(q, k, v, mask, opts)
+    decoded = _left_padded_decode(q, k, v, opts, info)
     if decoded is not None:
         return decoded
     mask_q = mask[:, -s_q:]
