@@ -132,3 +132,28 @@ def test_transformers_mask_analysed_once_a_step():
     assert not _mask_info(right, 1).left_padded and not _mask_info(right, 1).no_padding
     full = torch.ones(2, 4, dtype=torch.long)
     assert _mask_info(full, 2).no_padding and _mask_info(full, 2).left_padded
+
+
+def test_transformers_packing_made_once_a_step(monkeypatch):
+    """The padding path's packing (cu_seqlens, the valid rows, the longest lengths: host syncs) is made by
+    the step's first layer and reused by the next ones, which get the same tensors and lengths."""
+    from types import SimpleNamespace
+
+    import flashhopper
+    from flashhopper.integrations import transformers as T
+
+    calls = []
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        calls.append((cu_q, cu_k, max_q, max_k))
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[-1])
+
+    monkeypatch.setattr(flashhopper, "flash_attn_varlen_func", varlen)
+    g = torch.Generator().manual_seed(5)
+    query = torch.randn(2, 4, 3, 64, generator=g)
+    key, value = (torch.randn(2, 2, 5, 64, generator=g) for _ in range(2))
+    mask = torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]])  # right padding: not the decode route
+    for _ in range(3):  # three layers
+        T.attention_forward(SimpleNamespace(is_causal=True), query, key, value, mask, backend="reference")
+    assert len(calls) == 3 and all(c[0] is calls[0][0] and c[1] is calls[0][1] for c in calls)
+    assert calls[0][2:] == (3, 4) and calls[0][0].tolist() == [0, 2, 5] and calls[0][1].tolist() == [0, 4, 8]

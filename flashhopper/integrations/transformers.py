@@ -11,14 +11,14 @@ backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a fla
 run flash_attn_varlen_func (forward and backward); decoding with a KV cache is the dense call with
 one query row per sequence (causal aligned bottom-right), which flash_attn_func runs by its decode paths
 (PackGQA, the keys split: kvcache.dense_decode); a left-padded batch's decode steps go the same way, the
-padding as cache_leftpad, the cache read in place. The mask is looked at once a forward step (one host
-sync on the first layer's call: _mask_info), not once a layer.
+padding as cache_leftpad, the cache read in place. The mask is looked at once a forward step (the host
+syncs on the first layer's call: _mask_info, and the packing's in _padded), not once a layer.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -86,11 +86,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 class MaskInfo:
     """What the attention calls of one forward step need to know of its (B, S_kv) padding mask: no
     padding at all; left padding only (zeros then ones in every row) with the last s_q queries all
-    valid; each row's padding (int32 (B,) on the mask's device, a cache_leftpad)."""
+    valid; each row's padding (int32 (B,) on the mask's device, a cache_leftpad); and, made by the
+    first call that packs the valid tokens (_padded), the packing: (cu_seqlens_q, cu_seqlens_k, the
+    valid query rows, the valid key rows, max_seqlen_q, max_seqlen_k)."""
 
     no_padding: bool
     left_padded: bool
     leftpad: torch.Tensor
+    packing: list = field(default_factory=list)
 
 
 # the last mask analysed, (weak reference, its version, s_q, MaskInfo): transformers passes one mask
@@ -143,14 +146,16 @@ def _padded(q, k, v, mask, opts, info: MaskInfo):
     decoded = _left_padded_decode(q, k, v, opts, info)
     if decoded is not None:
         return decoded
-    mask_q = mask[:, -s_q:]
-    lens_q, lens_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
-    cu_q, cu_k = (torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
-                  for lens in (lens_q, lens_k))
-    rows_q, rows_k = mask_q.flatten().nonzero().flatten(), mask.flatten().nonzero().flatten()
+    if not info.packing:  # the step's first layer: its host syncs (the rows' counts, the longest lengths)
+        mask_q = mask[:, -s_q:]
+        lens_q, lens_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
+        cu_q, cu_k = (torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
+                      for lens in (lens_q, lens_k))
+        rows_q, rows_k = mask_q.flatten().nonzero().flatten(), mask.flatten().nonzero().flatten()
+        info.packing.extend((cu_q, cu_k, rows_q, rows_k, int(lens_q.max()), int(lens_k.max())))
+    cu_q, cu_k, rows_q, rows_k, max_q, max_k = info.packing
     out = flash_attn_varlen_func(q.reshape(b * s_q, h, d)[rows_q], k.reshape(b * s_k, *k.shape[2:])[rows_k],
-                                 v.reshape(b * s_k, *v.shape[2:])[rows_k], cu_q, cu_k, int(lens_q.max()),
-                                 int(lens_k.max()), **opts)
+                                 v.reshape(b * s_k, *v.shape[2:])[rows_k], cu_q, cu_k, max_q, max_k, **opts)
     full = out.new_zeros(b * s_q, h, out.shape[-1])
     full[rows_q] = out
     return full.reshape(b, s_q, h, -1)
