@@ -20,9 +20,10 @@ from flashhopper.artifact import CompiledArtifact  # noqa: F401 (what KERNELS' b
 
 TARGET_ARCH = "sm_90a"
 # Opcode families counted in SASS. A line counts for NAME when its opcode is NAME or NAME.<modifiers>.
-# ACQBULK: griddepcontrol.wait (programmatic dependent launch, BwdConfig.pdl)
+# ACQBULK: griddepcontrol.wait, PREEXIT: griddepcontrol.launch_dependents (programmatic dependent launch:
+# BwdConfig.pdl, FwdConfig.pdl, CombineConfig.pdl)
 SASS_OPCODES = ("HGMMA", "QGMMA", "UTMALDG", "UTMASTG", "UTMAREDG", "SYNCS", "BAR", "MUFU.EX2", "MUFU.TANH",
-                "LDL", "STL", "ACQBULK", "LDS", "STS", "LDSM", "STSM", "PRMT", "F2FP")
+                "LDL", "STL", "ACQBULK", "PREEXIT", "LDS", "STS", "LDSM", "STSM", "PRMT", "F2FP")
 INSTALL_HINT = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 
 

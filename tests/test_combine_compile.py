@@ -34,6 +34,7 @@ def test_combine_compiles_clean(cfg):
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0, repr(cfg)
     assert launch["block"] == [32 * WARPS, 1, 1] and 0 < launch["smem"] <= 16384, launch
     assert sass["LDS"] > 0 and sass["MUFU.EX2"] > 0, sass
+    assert sass["ACQBULK"] == sass["PREEXIT"] == int(cfg.pdl)  # CombineConfig.pdl
 
 
 def test_combine_kernels_are_what_kvcache_launches():

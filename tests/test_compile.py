@@ -121,14 +121,16 @@ def test_parse_sass_lines():
         /*00f0*/              @!UP0 UTMALDG.2D [UR8], [UR4] ;
         /*0100*/                   SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [UR4+0x8], RZ ;
         /*0110*/                   LDL.64 R2, [R1] ;
-        /*0120*/                   BRA 0x120;
+        /*0120*/                   ACQBULK ;
+        /*0130*/                   PREEXIT ;
+        /*0140*/                   BRA 0x120;
     """
     ins = parse_sass(text)
     assert [op for op, _ in ins][:3] == ["USETMAXREG.TRY_ALLOC.CTAPOOL", "BRA", "BAR.SYNC.DEFER_BLOCKING"]
     counts = count_opcodes(ins)
     assert counts == {"HGMMA": 1, "QGMMA": 0, "UTMALDG": 1, "UTMASTG": 0, "UTMAREDG": 0, "SYNCS": 1, "BAR": 2,
-                      "MUFU.EX2": 1, "MUFU.TANH": 0, "LDL": 1, "STL": 0, "ACQBULK": 0, "LDS": 0, "STS": 0,
-                      "LDSM": 0, "STSM": 0, "PRMT": 0, "F2FP": 0}
+                      "MUFU.EX2": 1, "MUFU.TANH": 0, "LDL": 1, "STL": 0, "ACQBULK": 1, "PREEXIT": 1, "LDS": 0,
+                      "STS": 0, "LDSM": 0, "STSM": 0, "PRMT": 0, "F2FP": 0}
     assert setmaxnreg_values(ins) == [{"kind": "TRY_ALLOC.CTAPOOL", "regs": 240},
                                       {"kind": "DEALLOC.CTAPOOL", "regs": 24}]
     assert parse_ptxas_spills("no spills here") == 0

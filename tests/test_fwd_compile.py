@@ -340,6 +340,7 @@ def test_forward_cluster_compiles(dtype, hdim, softcap):
 def test_forward_default_has_no_cluster_instructions():
     sass = inspect_kernel("fwd", dtype="bf16", hdim=128)["sass"]
     assert sass["UTMALDG_MULTICAST"] == 0 and sass["SYNCS_ARRIVE_RED"] == 0 and sass["UCGABAR"] == 0
+    assert sass["ACQBULK"] == sass["PREEXIT"] == 0  # launched as no kernel's dependent (FwdConfig.pdl)
 
 
 # FP8 (e4m3) forward: QGMMA only, V transposed by the producer warpgroup (hopper/fp8.py: per unit of 16 keys x
@@ -625,4 +626,6 @@ def test_forward_split_kv_compiles(cfg):
     assert sass["USETMAXREG"] == sorted([cfg.producer_regs, cfg.consumer_regs])
     assert sass["LDL"] == 0 and sass["STL"] == 0 and report["spill_bytes"] == 0
     assert (sass["MUFU.TANH"] > 0) == cfg.softcap
+    # FwdConfig.pdl: one wait for the kernel before it, one early launch of the next
+    assert cfg.pdl and sass["ACQBULK"] == sass["PREEXIT"] == 1
     assert_smem(report, cfg)
