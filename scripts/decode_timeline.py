@@ -51,6 +51,24 @@ def _pieces(x, layout, scale):
     return split, merge
 
 
+def _pdl_off() -> None:
+    """The split decode kernel's config and the merge kernel's with pdl=False, from here on."""
+    import dataclasses
+
+    import flashhopper.hopper as H
+    from flashhopper import plan
+    from flashhopper.hopper import runtime
+
+    split, combine = plan.fwd_config_split, runtime.combine_config
+    plan.fwd_config_split = lambda cfg: dataclasses.replace(split(cfg), pdl=False)
+
+    def combine_off(*args):
+        cfg = combine(*args)
+        return None if cfg is None else dataclasses.replace(cfg, pdl=False)
+
+    runtime.combine_config = H.combine_config = combine_off
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=1)
@@ -58,7 +76,12 @@ def main() -> int:
     ap.add_argument("--heads", type=int, nargs=2, default=(32, 8), metavar=("HQ", "HK"))
     ap.add_argument("--hdim", type=int, default=128)
     ap.add_argument("--splits", type=int, nargs="+", default=[0])
+    ap.add_argument("--no-pdl", action="store_true",
+                    help="the split and merge kernels launched without PDL (FwdConfig.pdl, CombineConfig.pdl "
+                         "off): the A / B's other arm")
     args = ap.parse_args()
+    if args.no_pdl:
+        _pdl_off()
     point = D.DecodePoint(args.batch, args.context, 1, args.heads[0], args.heads[1], args.hdim)
     rate = D.copy_rate()["bytes_per_s"]
     inputs = D.decode_inputs(point, torch.bfloat16, "cuda")
