@@ -272,7 +272,7 @@ def dense_decode(q, k, v, scale: float, causal: bool, window, softcap: float, le
     v as flash_attn_func does (dtypes, head dims, q's layout)."""
     b, s, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
-    if (b == 0 or sk == 0 or s > splitkv.QLEN_RANGE.stop - 1 or tuple(window) != (-1, -1)
+    if (b == 0 or sk == 0 or s not in splitkv.DECODE_TOKENS or tuple(window) != (-1, -1)
             or not validation.decode_split_enabled()):
         return None
     if s > 1 and (hq == hk or not validation.decode_qlen_enabled()):
@@ -535,7 +535,7 @@ def _uniform_tokens(q, batch: int, max_seqlen_q: int) -> int:
     only where each item has exactly max_seqlen_q. This is how SGLang and vLLM call decode (q packed, one
     or a few tokens an item), which then takes PackGQA and the split inside the kernel."""
     s = max_seqlen_q
-    return s if batch > 0 and 1 <= s <= splitkv.QLEN_RANGE.stop - 1 and q.shape[0] == batch * s else 0
+    return s if batch > 0 and s in splitkv.DECODE_TOKENS and q.shape[0] == batch * s else 0
 
 
 def _check_cache(q, k_cache, v_cache):

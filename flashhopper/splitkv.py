@@ -128,8 +128,10 @@ def plan_for(q, heads_k: int, capacity: int, window, num_splits: int, pack_gqa,
                 pack_gqa=pack_gqa, sms=sms, align=align)
 
 
-# query tokens an item that kvcache's decode packs into the split kernel's rows (kvcache._qlen_call)
-QLEN_RANGE = range(2, 17)
+# query tokens an item that kvcache's decode paths take: one (the split walk, PackGQA) or several packed
+# into the split kernel's rows (QLEN_RANGE: kvcache._qlen_call)
+DECODE_TOKENS = range(1, 17)
+QLEN_RANGE = range(2, DECODE_TOKENS.stop)
 
 
 def plan_qlen(*, batch: int, heads_q: int, heads_k: int, capacity: int, num_splits: int, sms: int,

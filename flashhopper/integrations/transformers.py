@@ -76,7 +76,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                                      int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **opts)
         out = out.reshape(b, s, h, -1)
     elif attention_mask is not None and not (info := _mask_info(attention_mask, q.shape[1])).no_padding:
-        out = _padded(q, k, v, attention_mask.bool(), opts, info)
+        out = _padded(q, k, v, attention_mask, opts, info)
     else:
         out = flash_attn_func(q, k, v, **opts)
     return out.to(in_dtype).contiguous(), None
@@ -121,12 +121,13 @@ def _left_padded_decode(q, k, v, opts, info: MaskInfo):
     the last of its cache: zeros then ones in the mask) without grad, by the decode paths
     (kvcache.dense_decode with the padding as cache_leftpad): the cache read in place, where the packing
     below copies every valid key and value each step. None where that does not apply (then _padded packs)."""
-    from flashhopper import validation
+    from flashhopper import splitkv, validation
     from flashhopper.kvcache import dense_decode
 
     s_q, d = q.shape[1], q.shape[-1]
-    if (not info.left_padded or opts["backend"] == "reference" or s_q > 16 or opts["window_size"] != (-1, -1)
-            or validation.needs_grad(q, k, v)):
+    # (dense_decode takes no other shapes: checked here before the validation it needs)
+    if (not info.left_padded or opts["backend"] == "reference" or s_q not in splitkv.DECODE_TOKENS
+            or opts["window_size"] != (-1, -1) or validation.needs_grad(q, k, v)):
         return None
     validation.require_hopper(q, opts["backend"])
     validation.check_tensors(q, k, v)
@@ -147,6 +148,7 @@ def _padded(q, k, v, mask, opts, info: MaskInfo):
     if decoded is not None:
         return decoded
     if not info.packing:  # the step's first layer: its host syncs (the rows' counts, the longest lengths)
+        mask = mask.bool()
         mask_q = mask[:, -s_q:]
         lens_q, lens_k = mask_q.sum(-1, dtype=torch.int32), mask.sum(-1, dtype=torch.int32)
         cu_q, cu_k = (torch.nn.functional.pad(lens.cumsum(0, dtype=torch.int32), (1, 0))
