@@ -121,14 +121,15 @@ def _fp8_gemm(a, b, tensor_cores: bool):
 
 
 def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shift_log2: int = 8,
-                        tile_n: int | None = None, tensor_cores: bool = False):
+                        tile_n: int | None = None, tensor_cores: bool = False, rounded_sums: bool = False):
     """(out bf16, LSE) of the FP8 forward's rounding points: fp32 scores of the stored e4m3 values
     times q and k descales (per (batch, kv head) or per token: reference.token_descales), P *
     2^p_shift_log2 rounded to e4m3 for P @ V (V as stored), the sums of the unrounded P, V's descale and
     the division at the end. P is taken against the row's final max, or with `tile_n` as the kernel
     does: key blocks of tile_n from the highest down, each against the running max, O and the sums
     rescaled as the max grows. `tensor_cores`: QK^T and each block's P @ V accumulated as FP8 WGMMA
-    does (_fp8_gemm; on a Hopper GPU only)."""
+    does (_fp8_gemm; on a Hopper GPU only). `rounded_sums` (FwdConfig.pv_row_sum): the row sums are those
+    of the e4m3 P, made by the same GEMM as O (a column of ones beside V)."""
     heads_q, heads_k = q.shape[2], k.shape[2]
     group = heads_q // heads_k
     qd, kd, vd = token_descales(q, k, descales, torch.float32)
@@ -151,8 +152,15 @@ def emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap, p_shi
         rescale = torch.exp(torch.where(torch.isfinite(m), m, safe) - safe)
         p = torch.exp(blk - safe) * 2.0 ** p_shift_log2
         p8 = p.to(torch.float8_e4m3fn)
-        o = o * rescale + _fp8_gemm(p8, vt8[..., start:start + width], tensor_cores)
-        total = total * rescale + p.sum(dim=-1, keepdim=True)
+        vt_blk = vt8[..., start:start + width]
+        if rounded_sums:  # 16 rows of ones under V^T (a GEMM's N in multiples of 16)
+            ones = torch.ones(*vt_blk.shape[:-2], 16, vt_blk.shape[-1], device=q.device).to(vt_blk.dtype)
+            both = _fp8_gemm(p8, torch.cat([vt_blk, ones], dim=-2), tensor_cores)
+            o = o * rescale + both[..., :vt_blk.shape[-2]]
+            total = total * rescale + both[..., -1:]
+        else:
+            o = o * rescale + _fp8_gemm(p8, vt_blk, tensor_cores)
+            total = total * rescale + p.sum(dim=-1, keepdim=True)
         m = m_new
     o = o / torch.where(total > 0, total, torch.ones_like(total))
     o = o.transpose(1, 2) * vd.repeat_interleave(group, dim=1)[:, None, :, None]
@@ -260,9 +268,11 @@ def check_lse(lse: torch.Tensor, ref: torch.Tensor, emu: torch.Tensor, softcap: 
         assert worst <= 1.0, f"LSE error {worst:.3g}x the bound 1e-5 * max(1, |lse|) + the scores' floor"
 
 
-def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(None, None, None)) -> None:
+def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(None, None, None),
+                  cfg=None) -> None:
     """A forward's out and LSE against the float64 reference by the rule (FP8: `descales`); lse None: a
-    call that returned none (out alone is checked)."""
+    call that returned none (out alone is checked). FP8: `cfg` the kernel's config where it is not the
+    dispatched one (its key blocks and row sums set the kernel-order emulator's)."""
     from flashhopper.reference import attention_ref, dequantize_fp8
 
     fp8 = q.dtype == torch.float8_e4m3fn
@@ -273,10 +283,12 @@ def check_forward(out, lse, q, k, v, scale, causal, window, softcap, descales=(N
         ref, ref_lse = attention_ref(*dequantize_fp8(q, k, v, descales), scale, causal, window, softcap)
         emu, emu_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap)
         assert out.dtype == torch.bfloat16, out.dtype
-        cfg = plan.fwd_plan("e4m3", q.shape[-1], q.shape[1], k.shape[1], causal, window, softcap > 0,
-                            qk_descale=qk_descale_kind(descales))[0]
+        if cfg is None:
+            cfg = plan.fwd_plan("e4m3", q.shape[-1], q.shape[1], k.shape[1], causal, window, softcap > 0,
+                                qk_descale=qk_descale_kind(descales), need_lse=lse is not None)[0]
         exact, exact_lse = emulate_forward_fp8(q, k, v, descales, scale, causal, window, softcap,
-                                               tile_n=cfg.tile_n, tensor_cores=True)
+                                               tile_n=cfg.tile_n, tensor_cores=True,
+                                               rounded_sums=cfg.pv_row_sum)
         check_fp8_order(out, exact, emu, ref)
     else:
         ref, ref_lse = attention_ref(q, k, v, scale, causal, window, softcap)

@@ -210,6 +210,12 @@ class FwdConfig(_KernelConfig):
     # is not multiplied into O at once but by the next block's add, O * scale + P @ V in one FFMA (one
     # FMUL per O element and block fewer: +1..+7% on an H100); off: FADD, then FMUL (the A / B of it)
     pv_defer_scale: bool = True
+    # FP8: each row's sum of P by the tensor cores instead of an FADD a score. sV holds row_sum_rows rows of
+    # e4m3 ones under V^T (written once a CTA; the transposer writes only the head dim's rows), so P @ V's
+    # accumulator carries the row sums of the e4m3 P in its last columns, rescaled and added (two-level) as O
+    # is. O is then normalized by the sum of the P it was made from; the LSE from that sum is off by up to
+    # e4m3's rounding of P (2^-4 relative), so the plan takes it only for calls that return no LSE
+    pv_row_sum: bool = False
     # Variable-length sequences packed along the token dimension (flash_attn_varlen_func): the persistent
     # dynamic scheduler walks each sequence's real tiles, longest sequence first (hopper/tile_scheduler.py),
     # each tile's query and key bounds come from cu_seqlens / seqused, and O is stored row by row up to
@@ -258,6 +264,22 @@ class FwdConfig(_KernelConfig):
     @property
     def hdim_v(self) -> int:
         return self.dv or self.hdim
+
+    @property
+    def row_sum_rows(self) -> int:
+        """pv_row_sum: the rows of ones under V^T in each sV stage, the fewest (a multiple of 8) that keep
+        a stage a whole number of KiB (the transposer's stage offsets are whole swizzle periods); else 0."""
+        if not self.pv_row_sum:
+            return 0
+        rows = 8
+        while (self.hdim_v + rows) * self.tile_n % 1024:
+            rows += 8
+        return rows
+
+    @property
+    def pv_n(self) -> int:
+        """P @ V's N: the head dim, and with pv_row_sum the rows of ones."""
+        return self.hdim_v + self.row_sum_rows
 
     @property
     def sched_ring(self) -> tuple[int, int]:
@@ -311,7 +333,7 @@ class FwdConfig(_KernelConfig):
     def _smem_bytes(self, o_buffer: bool) -> int:
         q = self.q_stages * self.tile_m * self.hdim * self.elem_bytes
         k = self.num_stages * self.tile_n * self.hdim * self.elem_bytes
-        v = self.num_stages * self.tile_n * self.hdim_v * self.elem_bytes
+        v = self.num_stages * self.tile_n * self.pv_n * self.elem_bytes
         o_bytes = self.tile_m * self.hdim_v * self.o_elem_bytes
         o = o_bytes if o_buffer else 0
         if not o_buffer and not self.o_in_v_ring:
@@ -372,7 +394,7 @@ class FwdConfig(_KernelConfig):
         """fp32 registers per consumer thread for the S and O accumulators and P."""
         rows_per_wg = 64
         s = rows_per_wg * self.tile_n // WARPGROUP_THREADS
-        o = rows_per_wg * self.hdim_v // WARPGROUP_THREADS
+        o = rows_per_wg * self.pv_n // WARPGROUP_THREADS
         o = 2 * o if self.pv_two_level else o
         return s + o + s * self.elem_bytes // 4
 
@@ -398,9 +420,10 @@ class FwdConfig(_KernelConfig):
                              f"[{SETMAXNREG_MIN}, {SETMAXNREG_MAX}]")
         if self.is_fp8:
             self._check_fp8()
-        elif self.vt_in_gmem or self.pv_two_level or self.qk_descale != "head":
-            raise ValueError("vt_in_gmem, pv_two_level and qk_descale are for e4m3 inputs (16-bit WGMMA "
-                             "reads V as stored and accumulates in fp32; 16-bit inputs take no descales)")
+        elif self.vt_in_gmem or self.pv_two_level or self.pv_row_sum or self.qk_descale != "head":
+            raise ValueError("vt_in_gmem, pv_two_level, pv_row_sum and qk_descale are for e4m3 inputs "
+                             "(16-bit WGMMA reads V as stored and accumulates in fp32; 16-bit inputs take no "
+                             "descales)")
         if self.varlen:
             self._check_varlen()
         elif self.split_kv:
@@ -461,6 +484,11 @@ class FwdConfig(_KernelConfig):
                        "q_stages": self.q_stages != 1, "o_in_q": self.o_in_q}
         if bad := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"e4m3: {', '.join(bad)} not supported with FP8 inputs")
+        if self.pv_row_sum and (self.vt_in_gmem or self.varlen or self.pv_n > 256):
+            # the ones rows are written by the transposer, once: the ablation's TMA has no transposer, the
+            # varlen kernel zeroes V^T's columns past a sequence (ones rows included); WGMMA's N <= 256
+            raise ValueError("e4m3: pv_row_sum needs the transposer, the dense kernel and head dim + "
+                             f"{self.row_sum_rows} <= 256")
         if self.wg_epilogue and not self.o_buffer:
             # a warpgroup's 64 bf16 O rows staged in the fp8 Q buffer cover the other warpgroup's Q
             # rows, which its last QK^T may still read: the shared epilogue's all-consumer barrier

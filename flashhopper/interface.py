@@ -68,7 +68,8 @@ def flash_attn_func(
     check_split_hdims_call(q, k, v)
 
     if q.dtype in FP8_DTYPES:
-        out, lse = _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling)
+        out, lse = _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling,
+                                need_lse=return_lse)
     elif backend == "reference":
         out, lse = attention_ref(q, k, v, scale, causal, window, softcap)
         out = out.to(q.dtype)
@@ -241,7 +242,7 @@ class _HopperVarlenAttention(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * 11
 
 
-def _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling):
+def _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, compiling, need_lse=True):
     if backend == "reference":
         out, lse = attention_ref(*dequantize_fp8(q, k, v, descales), scale, causal, window, softcap)
         return out.to(torch.bfloat16), lse
@@ -251,7 +252,8 @@ def _fp8_forward(q, k, v, descales, scale, causal, window, softcap, backend, com
     check_fp8_call(q, k, v)
     from flashhopper.hopper import forward
 
-    return forward(q, k, v, scale, causal, window, softcap, descales=descales)
+    # without the LSE the kernel may take its row sums from the tensor cores (plan.fp8_row_sum)
+    return forward(q, k, v, scale, causal, window, softcap, descales=descales, need_lse=need_lse)
 
 
 class _HopperAttention(torch.autograd.Function):

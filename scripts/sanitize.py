@@ -82,7 +82,9 @@ def main() -> int:
             descales.update(q_descale=torch.full((1, 2, call.sq), 0.5, device="cuda"),
                             k_descale=torch.full((1, 1, sk), 0.5, device="cuda"))
         out = flash_attn_func(q, k, v, causal=call.causal, window_size=call.window, **descales,
-                              softcap=5.0 if call.softcap else 0.0, deterministic=call.deterministic)
+                              softcap=5.0 if call.softcap else 0.0, deterministic=call.deterministic,
+                              return_lse=call.lse)
+        out = out[0] if call.lse else out  # the LSE asked or not picks the kernel (plan.fp8_row_sum)
         if bwd:
             out.sum().backward()
         torch.cuda.synchronize()

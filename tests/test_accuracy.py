@@ -126,6 +126,40 @@ def test_fp8_rule_passes_the_emulator_and_fails_a_wrong_descale(causal, softcap)
             check_forward(bad, lse, q, k, v, SCALE, causal, (-1, -1), softcap, ds)
 
 
+def test_fp8_rule_with_the_row_sums_of_the_e4m3_p():
+    """FwdConfig.pv_row_sum: O normalized by the sums of the e4m3 P it was made from. The emulator with
+    rounded_sums is that exactly (sum of p8 v over sum of p8); for such a config it passes the rule, while
+    the same blocks normalized by the unrounded P's sums (what the other kernels do) fail the kernel-order
+    check, as does a wrong V descale: the rule tells which sums a kernel used."""
+    from flashhopper import plan
+    from flashhopper.accuracy import check_forward, emulate_forward_fp8
+    from flashhopper.reference import expand_kv
+
+    q, k, v, ds = fp8_inputs()
+    args = (q, k, v, ds, SCALE, False, (-1, -1), 0.0)
+    cfg = plan.fwd_plan("e4m3", q.shape[-1], q.shape[1], k.shape[1], False, (-1, -1), False,
+                        need_lse=False)[0]
+    assert cfg.pv_row_sum
+    rule = (q, k, v, SCALE, False, (-1, -1), 0.0, ds)
+    out = emulate_forward_fp8(*args, tile_n=cfg.tile_n, rounded_sums=True)[0]
+    # one block of all the keys: the same by hand
+    whole = emulate_forward_fp8(*args, rounded_sums=True)[0]
+    qd, kd, vd = (x.repeat_interleave(2, dim=1) for x in ds)
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), expand_kv(k.float(), q.shape[2])) * SCALE
+    s = s * qd[:, :, None, None] * kd[:, :, None, None]
+    p8 = (torch.exp(s - s.amax(-1, keepdim=True)) * 256).to(torch.float8_e4m3fn).float()
+    o = torch.einsum("bhqk,bkhd->bqhd", p8, expand_kv(v.float(), q.shape[2]))
+    o = o / p8.sum(-1).transpose(1, 2)[..., None] * vd[:, None, :, None]
+    assert (whole.float() - o).abs().max().item() <= 2 ** -7 * o.abs().max().item()
+    check_forward(out, None, *rule, cfg=cfg)
+    unrounded = emulate_forward_fp8(*args, tile_n=cfg.tile_n)[0]
+    wrong_v = emulate_forward_fp8(q, k, v, (ds[0], ds[1], None), *args[4:], tile_n=cfg.tile_n,
+                                  rounded_sums=True)[0]
+    for bad in (unrounded, wrong_v):
+        with pytest.raises(AssertionError, match="out rows"):
+            check_forward(bad, None, *rule, cfg=cfg)
+
+
 def test_the_backward_rule_takes_d_from_the_kernels_out():
     """D = rowsum(dO * O) moves every dS of a row together, so an O rounded another legitimate way
     (unnormalized P, the division at the end, as the forward kernels do) moves a lone row's dQ by

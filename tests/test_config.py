@@ -617,6 +617,46 @@ def test_fp8_two_level_budget():
         dataclasses.replace(fwd_config("bf16", 64), pv_two_level=True).check()
 
 
+def test_fp8_row_sum_config():
+    """FwdConfig.pv_row_sum: e4m3 only, with the transposer and the dense kernel, P @ V's N = the head dim
+    plus the ones rows, the fewest multiple of 8 keeping a V stage whole KiB (16 at hdim 64 x 192 keys);
+    counted in shared memory and in the accumulators (both O accumulators with two-level)."""
+    for hdim, tile_n, rows in ((64, 192, 16), (64, 128, 8), (96, 128, 8), (128, 128, 8), (192, 128, 8)):
+        base = dataclasses.replace(fwd_config("e4m3", hdim), tile_n=tile_n, pv_two_level=False,
+                                   producer_nreg=40)
+        cfg = dataclasses.replace(base, pv_row_sum=True)
+        assert cfg.row_sum_rows == rows and cfg.pv_n == hdim + rows and base.pv_n == hdim
+        assert (cfg.pv_n * tile_n) % 1024 == 0
+        assert cfg.smem_bytes() == base.smem_bytes() + cfg.num_stages * tile_n * rows
+        assert cfg.accumulator_regs() == base.accumulator_regs() + 64 * rows // 128
+    with pytest.raises(ValueError, match="pv_row_sum and qk_descale are for e4m3"):
+        dataclasses.replace(fwd_config("bf16", 64), pv_row_sum=True).check()
+    for bad in ({"vt_in_gmem": True}, {"hdim": 256, "tile_n": 96, "pv_two_level": False}):
+        with pytest.raises(ValueError, match="pv_row_sum needs"):
+            dataclasses.replace(fwd_config("e4m3", 128), pv_row_sum=True, producer_nreg=40, **bad).check()
+
+
+def test_fp8_row_sum_only_without_the_lse():
+    """plan.fp8_row_sum: FP8 calls that return no LSE run the tensor cores' row sums where _FP8_ROW_SUM
+    has them (hdim 64, and hdim 128 without a mask on the 40-register producer), the same config but for
+    that otherwise; never with a window, softcap, per-token descales or 16-bit inputs."""
+    for hdim in SUPPORTED_HDIMS:
+        for causal in (False, True):
+            with_lse = plan.fwd_plan("e4m3", hdim, 2048, 2048, causal, (-1, -1), False)[0]
+            without = plan.fwd_plan("e4m3", hdim, 2048, 2048, causal, (-1, -1), False, need_lse=False)[0]
+            assert not with_lse.pv_row_sum
+            fields = plan._FP8_ROW_SUM.get((hdim, causal))
+            assert without == (with_lse if fields is None
+                               else dataclasses.replace(with_lse, pv_row_sum=True, **fields))
+            without.check()
+    for kw in ({"window_size": (64, 0)}, {"softcap": True}, {"qk_descale": "token"}):
+        args = {"window_size": (-1, -1), "softcap": False, **kw}
+        cfg = plan.fwd_plan("e4m3", 64, 2048, 2048, False, args.pop("window_size"), args.pop("softcap"),
+                            need_lse=False, **args)[0]
+        assert not cfg.pv_row_sum
+    assert not plan.fwd_plan("bf16", 64, 2048, 2048, False, (-1, -1), False, need_lse=False)[0].pv_row_sum
+
+
 @pytest.mark.parametrize("hdim", SUPPORTED_HDIMS)
 def test_fp8_token_descale_configs(hdim):
     """FwdConfig.qk_descale "token": e4m3 only, one of QK_DESCALES; the k-descale ring (a stage per K

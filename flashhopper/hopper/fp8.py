@@ -147,6 +147,50 @@ def lane_roles(lane):
     return ld_key, ld_col, st_row, SEL_EVEN ^ swap, SEL_ODD ^ swap
 
 
+# e4m3 1.0 in each byte of a word: the ones rows under V^T (FwdConfig.pv_row_sum)
+ONES_WORD = 0x38383838
+
+
+@dsl_user_op
+def _sts128(addr: Int32, word: int, *, loc=None, ip=None) -> None:
+    """st.shared.v4.b32 of one constant word four times at shared byte address `addr`."""
+    w = Int32(word).ir_value(loc=loc, ip=ip)
+    llvm.inline_asm(
+        None, [Int32(addr).ir_value(loc=loc, ip=ip), w],
+        "st.shared.v4.b32 [$0], {$1, $1, $1, $1};", "r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+
+
+def ones_runs(sV_layout: cute.ComposedLayout, first_row: int, rows: int, tile_n: int, stages: int):
+    """The byte ranges (start, length) of sV rows [first_row, first_row + rows) over every stage, merged
+    where contiguous. The rows are whole 8-row swizzle atoms, so the swizzle only moves 16-byte chunks
+    inside them; each chunk's offset comes from the layout. Plain Python, while tracing."""
+    starts = sorted(sV_layout((r, c, st)) for st in range(stages) for r in range(first_row, first_row + rows)
+                    for c in range(0, tile_n, 16))
+    runs = []
+    for x in starts:
+        assert x % 16 == 0, x
+        if runs and runs[-1][0] + runs[-1][1] == x:
+            runs[-1][1] += 16
+        else:
+            runs.append([x, 16])
+    assert sum(n for _, n in runs) == rows * tile_n * stages, runs
+    return [tuple(r) for r in runs]
+
+
+@cute.jit
+def fill_ones_rows(runs: cutlass.Constexpr, v_base: Int32, tid: Int32, threads: cutlass.Constexpr[int]):
+    """FwdConfig.pv_row_sum: e4m3 ones into sV's rows under V^T (`runs`: ones_runs), by `threads` threads
+    (`tid` 0..threads-1), 16 bytes a store. Once a CTA: the transposer writes only the head dim's rows."""
+    for k in cutlass.range_constexpr(len(runs)):
+        start, chunks = runs[k][0], runs[k][1] // 16
+        for j in cutlass.range_constexpr((chunks + threads - 1) // threads):
+            i = tid + threads * j
+            if i < chunks:
+                _sts128(v_base + start + 16 * i, ONES_WORD)
+
+
 def swizzle_bits(layout: cute.ComposedLayout) -> tuple[int, int]:
     """(the offset bits a swizzled smem layout XORs: 16-byte chunk bits, the bits it XORs them with:
     row bits inside the swizzle's period)."""

@@ -67,6 +67,9 @@ class FlashFwdSm90:
         self.token = cfg.token_descales
         self.tile_m, self.tile_n = cfg.tile_m, cfg.tile_n
         self.hdim, self.hdim_v = cfg.hdim, cfg.hdim_v
+        # P @ V's N: the head dim, and with pv_row_sum (FP8) rows of ones under V^T whose columns of O
+        # are each row's sum of P
+        self.row_sum, self.pv_n = cfg.pv_row_sum, cfg.pv_n
         self.num_stages = cfg.num_stages
         self.num_consumer_wg = cfg.num_consumer_wg
         self.num_consumer_threads = 128 * cfg.num_consumer_wg
@@ -143,7 +146,7 @@ class FlashFwdSm90:
         sV_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.num_stages)
         sVt_layout = None
         if cutlass.const_expr(self.fp8):  # P @ V reads V^T (head dim x keys) from sV
-            sV_layout = L.smem_layout_row_major(self.dtype, self.hdim_v, self.tile_n, self.num_stages)
+            sV_layout = L.smem_layout_row_major(self.dtype, self.pv_n, self.tile_n, self.num_stages)
         if cutlass.const_expr(self.transposer):  # the TMA lands V as stored in sVt's ring
             sVt_layout = L.smem_layout_row_major(self.dtype, self.tile_n, self.hdim_v, self.cfg.vt_stages)
         sO_layout = L.smem_layout_row_major(self.o_dtype, self.tile_m, self.hdim_v)
@@ -623,6 +626,10 @@ class FlashFwdSm90:
         # other address is one of these XOR / plus a constant (hopper/fp8.py)
         bases = F8.lane_bases(sVt_layout, storage.sVt.data_ptr().toint(), sV_layout,
                               storage.sV.data_ptr().toint(), tid % 32)
+        if cutlass.const_expr(self.row_sum):
+            # the ones rows under V^T, once: fenced for the consumers' WGMMA with the first V^T they read
+            runs = F8.ones_runs(sV_layout, self.hdim_v, self.cfg.row_sum_rows, self.tile_n, self.num_stages)
+            F8.fill_ones_rows(runs, storage.sV.data_ptr().toint(), tid, F8.TRANSPOSER_THREADS)
         warp = cute.arch.make_warp_uniform(tid // 32)
         tile_blocks = partial(self.transpose_tile, coords=sched.coords, block_range=block_range,
                               sVt_layout=sVt_layout, sV_layout=sV_layout, bases=bases, warp=warp,
@@ -939,7 +946,7 @@ class FlashFwdSm90:
         tOrV = wg_mma_pv.make_fragment_B(wg_mma_pv.partition_B(sV if self.fp8 else L.transpose_view(sV)))
 
         acc_S = cute.make_rmem_tensor(tiled_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.hdim_v)), Float32)
+        acc_O = cute.make_rmem_tensor(tiled_mma_pv.partition_shape_C((self.tile_m, self.pv_n)), Float32)
         if cutlass.const_expr(self.fp8):
             p_shape = tiled_mma_pv.partition_shape_A((self.tile_m, self.tile_n))
             tOrP = cute.make_rmem_tensor(p_shape, self.dtype)
@@ -966,7 +973,7 @@ class FlashFwdSm90:
             else:
                 scale_log2 = rows
             load_kd = partial(self.k_descales, acc_S_rc=acc_S_rc, kd_ring=kd_ring)
-        softmax = S.OnlineSoftmax(num_rows, scale_log2, shift=self.p_shift)
+        softmax = S.OnlineSoftmax(num_rows, scale_log2, shift=self.p_shift, sums=not self.row_sum)
         softmax.reset()
         acc_O.fill(0.0)
 
@@ -1040,9 +1047,20 @@ class FlashFwdSm90:
             # the rows computed here, per tile (as coord_q, above): held through the mainloop they were
             # one register too many (the per-token kernels; hdim 128's deferred row scale: 8 bytes spilled)
             coord_lse = L.acc_rows_cols(tiled_mma_qk.get_slice(_opaque(tidx)).partition_C(cS))
+        tiled_mma_o, totals = tiled_mma_pv, None
+        if cutlass.const_expr(self.row_sum):
+            # the epilogue's O: the accumulator's first hdim_v columns (its first registers, in the order of a
+            # head-dim-wide MMA's fragment); each row's sum sits in the first ones column, in every thread
+            # of the row's quad (column hdim_v + 2 * (lane % 4): all ones rows)
+            tiled_mma_o = self.make_mma_pv(self.num_consumer_wg, self.hdim_v)
+            acc_O = cute.make_tensor(acc_O.iterator, cute.make_layout(
+                tiled_mma_o.partition_shape_C((self.tile_m, self.hdim_v))))
+            sum_col, acc_rc = self.hdim_v // 4, acc_O_rc
+            totals = lambda r: acc_rc[r, sum_col]  # noqa: E731
+            acc_O_rc = L.acc_rows_cols(acc_O)
         epilogue = partial(self.finish_tile, acc_O, acc_O_rc, lse, softmax, coord_lse, mO, mLSE, sO_wg,
-                           tma_atom_O, tiled_mma_pv, tidx, m_block, head, batch, seqlen_q, signal_o=signal_o,
-                           before_smem=wait_v_free, v_descale=v_descale, varlen_out=varlen_out)
+                           tma_atom_O, tiled_mma_o, tidx, m_block, head, batch, seqlen_q, signal_o=signal_o,
+                           before_smem=wait_v_free, v_descale=v_descale, varlen_out=varlen_out, totals=totals)
         if cutlass.const_expr(self.cfg.skip_idle_wg and self.cfg.wg_epilogue):
             # an idle warpgroup has no rows to store, and its own barrier and store part to skip
             # (the shared epilogue's barrier counts every consumer: there it stores its clipped rows)
@@ -1092,8 +1110,8 @@ class FlashFwdSm90:
     @cute.jit
     def finish_tile(self, acc_O, acc_O_rc, lse, softmax, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv,
                     tidx, m_block, head, batch, seqlen_q, signal_o=None, before_smem=None, v_descale=None,
-                    varlen_out=None):
-        softmax.finalize(lse, out_scale=v_descale)
+                    varlen_out=None, totals=None):
+        softmax.finalize(lse, out_scale=v_descale, totals=totals)
         softmax.rescale(acc_O_rc)
         self.epilogue(acc_O, lse, coord_rc, mO, mLSE, sO, tma_atom_O, tiled_mma_pv, tidx,
                       m_block, head, batch, seqlen_q, signal_o=signal_o, before_smem=before_smem,
@@ -1611,13 +1629,14 @@ class FlashFwdSm90:
         64-row tile, the same fragment each thread of any warpgroup holds."""
         return self.make_mma_pv(1)
 
-    def make_mma_pv(self, warpgroups: int):
+    def make_mma_pv(self, warpgroups: int, n: int | None = None):
         """O += P V over `warpgroups` x 64 rows, P from registers. V is B (N = head dim, K = keys):
-        16-bit WGMMA reads it as stored (MN-major), FP8 only K-major (sV holds V^T)."""
+        16-bit WGMMA reads it as stored (MN-major), FP8 only K-major (sV holds V^T). `n`: N, by default
+        pv_n (the head dim, with pv_row_sum and the ones rows; the epilogue's view takes the head dim)."""
         b_major = cute.nvgpu.OperandMajorMode.K if self.fp8 else cute.nvgpu.OperandMajorMode.MN
         return sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, b_major,
-            Float32, atom_layout_mnk=(warpgroups, 1, 1), tiler_mn=(64, self.hdim_v),
+            Float32, atom_layout_mnk=(warpgroups, 1, 1), tiler_mn=(64, n or self.pv_n),
             a_source=warpgroup.OperandSource.RMEM,
         )
 

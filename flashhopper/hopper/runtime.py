@@ -185,11 +185,12 @@ def _counter_for(cfg: FwdConfig, device) -> torch.Tensor:
 
 
 def _fwd_plan_uncached(dtype, hdim: int, b: int, sq: int, sk: int, h: int, causal: bool, window_size,
-                       softcap: bool, dv: int = 0, qk_descale: str = "head"):
+                       softcap: bool, dv: int = 0, qk_descale: str = "head", need_lse: bool = True):
     """What a forward call launches, from its shapes and flags alone: (config, window_left,
-    window_right, L2 section); `qk_descale`: FP8's descale form (validation.qk_descale_kind)."""
+    window_right, L2 section); `qk_descale`: FP8's descale form (validation.qk_descale_kind); `need_lse`
+    off: the call returns no LSE (plan.fwd_plan)."""
     cfg, wl, wr = plan.fwd_plan(_TORCH_TO_NAME[dtype], hdim, sq, sk, causal, window_size, softcap, dv,
-                                qk_descale=qk_descale)
+                                qk_descale=qk_descale, need_lse=need_lse)
     if _overrides:
         cfg = dataclasses.replace(cfg, **_overrides)
     section = _l2_section(sk, cfg, h * b) if cfg.causal or cfg.local else 1
@@ -248,13 +249,14 @@ def token_descales(descales, b: int, sq: int, h: int, sk: int, hk: int, device) 
 
 
 def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: float, out=None, lse=None,
-            descales=(None, None, None)):
+            descales=(None, None, None), need_lse: bool = True):
     """Run the forward kernel on validated CUDA tensors; returns (out, lse).
 
     `out` / `lse` may be given preallocated (tests poison them to catch unwritten elements). FP8
     (float8_e4m3fn) q, k, v: `descales` are the validated fp32 q / k / v descales or None (1), (batch,
     heads_k) each, or q's and k's per token (validation.check_descales: then the per-token kernel);
-    out is bf16.
+    out is bf16. `need_lse` off: the caller drops the LSE (FP8 may then run the row sums by the tensor
+    cores, plan.fp8_row_sum, whose LSE is not exact: it is still written, from those sums).
     """
     b, sq, h, d = q.shape
     plan = _fwd_plan_uncached if _overrides else _fwd_plan
@@ -262,7 +264,7 @@ def forward(q, k, v, softmax_scale: float, causal: bool, window_size, softcap: f
     dv = 0 if _overrides.get("vt_in_gmem") or v.shape[-1] == d else v.shape[-1]
     kind = validation.qk_descale_kind(descales) if q.dtype == torch.float8_e4m3fn else "head"
     cfg, wl, wr, section = plan(q.dtype, d, b, sq, k.shape[1], h, causal, tuple(window_size), softcap > 0.0,
-                                dv, kind)
+                                dv, kind, need_lse)
     fn = get_kernel(cfg)
     if out is None:
         out = torch.empty(b, sq, h, cfg.hdim_v, dtype=torch.bfloat16 if cfg.is_fp8 else q.dtype,

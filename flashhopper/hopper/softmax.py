@@ -54,6 +54,7 @@ def online_softmax_step(
     scale_log2: Float32 | cute.Tensor,
     is_first: cutlass.Constexpr[bool],
     shift: cutlass.Constexpr[float] = 0.0,
+    sums: cutlass.Constexpr[bool] = True,
 ):
     """Turn one block of scores (rows x cols view) into unnormalized probabilities in place.
 
@@ -61,7 +62,8 @@ def online_softmax_step(
     output accumulated so far must be multiplied. A row that has seen only masked keys
     keeps max = -inf; using 0 as its offset makes every exp2 give 0 instead of NaN. `shift`:
     probabilities are exp2(x - max + shift) (FP8: up to 2^8 inside e4m3's range), the sums too;
-    finalize takes the same shift out of the LSE.
+    finalize takes the same shift out of the LSE. `sums` off: no running sum (FwdConfig.pv_row_sum: the
+    tensor cores sum P beside O).
     """
     num_rows = cute.size(acc_S_rc, mode=[0])
     num_cols = cute.size(acc_S_rc, mode=[1])
@@ -82,15 +84,19 @@ def online_softmax_step(
         if cutlass.const_expr(shift != 0.0):
             offset = offset - Float32(shift)
         row_max[r] = new_max
-        block_sum = Float32(0.0)
-        for c in cutlass.range_constexpr(num_cols):
-            p = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
-            acc_S_rc[r, c] = p
-            block_sum += p
-        if cutlass.const_expr(is_first):
-            row_sum[r] = block_sum
+        if cutlass.const_expr(sums):
+            block_sum = Float32(0.0)
+            for c in cutlass.range_constexpr(num_cols):
+                p = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
+                acc_S_rc[r, c] = p
+                block_sum += p
+            if cutlass.const_expr(is_first):
+                row_sum[r] = block_sum
+            else:
+                row_sum[r] = row_sum[r] * row_scale[r] + block_sum
         else:
-            row_sum[r] = row_sum[r] * row_scale[r] + block_sum
+            for c in cutlass.range_constexpr(num_cols):
+                acc_S_rc[r, c] = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
 
 
 @cute.jit
@@ -125,12 +131,13 @@ def rescale_rows(acc_O_rc: cute.Tensor, row_scale: cute.Tensor):
 @cute.jit
 def finalize(row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
              lse: cute.Tensor, scale_log2: Float32 | cute.Tensor, shift: cutlass.Constexpr[float] = 0.0,
-             out_scale: Float32 | None = None):
+             out_scale: Float32 | None = None, quad: cutlass.Constexpr[bool] = True):
     """1/l (times `out_scale` if given: FP8's V descale) into row_scale and the natural-log LSE;
-    rows that saw no key get 0 and -inf. `shift`: online_softmax_step's."""
+    rows that saw no key get 0 and -inf. `shift`: online_softmax_step's. `quad` off: row_sum holds whole
+    rows' sums already (not a quad's part of them)."""
     for r in cutlass.range_constexpr(cute.size(row_sum)):
         scale = scale_of_row(scale_log2, r)
-        total = quad_allreduce_sum(row_sum[r])
+        total = quad_allreduce_sum(row_sum[r]) if cutlass.const_expr(quad) else row_sum[r]
         empty = total == Float32(0.0) or total != total
         if cutlass.const_expr(out_scale is None):
             row_scale[r] = Float32(0.0) if empty else cute.arch.rcp_approx(total)
@@ -157,15 +164,18 @@ class OnlineSoftmax:
     after `finalize`). Plain Python over the jitted steps above: built and called while tracing,
     its tensors live in registers. `scale_log2` folds the softmax scale (or softcap) and log2(e), one
     value or one per row (a tensor: FP8's per-token q descales, not with lazy_block);
-    `shift`: FP8's (online_softmax_step)."""
+    `shift`: FP8's (online_softmax_step); `sums` off: the row sums come to `finalize` from elsewhere
+    (FwdConfig.pv_row_sum)."""
 
-    def __init__(self, num_rows: int, scale_log2: Float32 | cute.Tensor, shift: float = 0.0, _tensors=None):
+    def __init__(self, num_rows: int, scale_log2: Float32 | cute.Tensor, shift: float = 0.0, _tensors=None,
+                 sums: bool = True):
         if _tensors is None:
             _tensors = tuple(cute.make_rmem_tensor(num_rows, Float32) for _ in range(3))
         self.row_max, self.row_sum, self.row_scale = _tensors
         self.num_rows = num_rows
         self.scale_log2 = scale_log2
         self.shift = shift
+        self.sums = sums
 
     # carried through the DSL's run-time `if` / loops like the tensors it holds
     def __extract_mlir_values__(self):
@@ -178,7 +188,8 @@ class OnlineSoftmax:
         for x, n in zip(parts, self._counts, strict=True):
             rebuilt.append(cutlass.new_from_mlir_values(x, values[:n]))
             values = values[n:]
-        return OnlineSoftmax(self.num_rows, rebuilt[3], self.shift, _tensors=tuple(rebuilt[:3]))
+        return OnlineSoftmax(self.num_rows, rebuilt[3], self.shift, _tensors=tuple(rebuilt[:3]),
+                             sums=self.sums)
 
     def reset(self):
         self.row_max.fill(-Float32.inf)
@@ -187,7 +198,7 @@ class OnlineSoftmax:
     def step(self, acc_S_rc: cute.Tensor, is_first: bool):
         """One block of scores into probabilities (online_softmax_step)."""
         online_softmax_step(acc_S_rc, self.row_max, self.row_sum, self.row_scale, self.scale_log2,
-                            is_first=is_first, shift=self.shift)
+                            is_first=is_first, shift=self.shift, sums=self.sums)
 
     def rescale(self, acc_O_rc: cute.Tensor):
         """The output so far times this step's row scale."""
@@ -197,7 +208,11 @@ class OnlineSoftmax:
         """lazy_softmax_block against the running max."""
         return lazy_softmax_block(acc_S_rc, p_rc, self.row_max, block_sum, self.scale_log2, limit)
 
-    def finalize(self, lse: cute.Tensor, out_scale: Float32 | None = None):
-        """1/l (times out_scale) into row_scale, the LSE into `lse` (finalize)."""
+    def finalize(self, lse: cute.Tensor, out_scale: Float32 | None = None, totals=None):
+        """1/l (times out_scale) into row_scale, the LSE into `lse` (finalize). `totals`: without `sums`, a
+        function of the row giving its whole sum (the P @ V accumulator's column of them)."""
+        if totals is not None:
+            for r in range(self.num_rows):
+                self.row_sum[r] = totals(r)
         finalize(self.row_max, self.row_sum, self.row_scale, lse, self.scale_log2, shift=self.shift,
-                 out_scale=out_scale)
+                 out_scale=out_scale, quad=totals is None)
