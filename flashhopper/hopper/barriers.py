@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import enum
 
+from cutlass import Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
 NUM_NAMED_BARRIERS = 16
 
 
@@ -48,3 +52,16 @@ class BwdWideBarrier(enum.IntEnum):
     DQ_WG = 9
     # varlen, a sequence with unused rows: all consumers meet after zeroing them in smem (zero_unused_rows)
     UNUSED_ROWS = 15
+
+
+@dsl_user_op
+def sync_unaligned(barrier_id, number_of_threads: int, *, loc=None, ip=None) -> None:
+    """`barrier.sync` without `.aligned`: a named barrier its threads reach from different instructions
+    (warp-specialized roles in different code, e.g. the wide backward's dQ writer and a consumer
+    warpgroup). bar.sync (cute.arch.barrier) is the aligned form, which PTX requires every participating
+    thread to reach at the same instruction; compute-sanitizer's synccheck reports the mix as divergent."""
+    llvm.inline_asm(
+        None, [Int32(barrier_id).ir_value(loc=loc, ip=ip), Int32(number_of_threads).ir_value(loc=loc, ip=ip)],
+        "barrier.sync $0, $1;", "r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )

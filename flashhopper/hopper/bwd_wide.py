@@ -77,7 +77,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from flashhopper.config import BwdConfig
 from flashhopper.hopper import layout as L
-from flashhopper.hopper.barriers import BwdWideBarrier
+from flashhopper.hopper.barriers import BwdWideBarrier, sync_unaligned
 from flashhopper.hopper.bwd_common import BwdKernelBase
 from flashhopper.hopper.bwd_layout import _atom_cols, k_smem_layout
 from flashhopper.hopper.layout import smem_struct
@@ -723,7 +723,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                 box = self.ring_box(step, c, wg, h)
                 dst = dq_copy.partition_D(
                     cute.local_tile(tdQsdQ_c[h], (self.tile_m, self.dq_slot_cols), (0, box)))
-            if cutlass.const_expr(first or self.cfg.dq_slots):
+            if cutlass.const_expr(self.cfg.dq_slots):  # the writer waits at the grant in its own code
+                sync_unaligned(BwdWideBarrier.DQ_WG + wg, 128 + 32)
+            elif cutlass.const_expr(first):
                 cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + wg, number_of_threads=128 + 32)
             if cutlass.const_expr(h == 0 and not self.cfg.scale_in_ds):
                 acc_dQ.store(acc_dQ.load() * softmax_scale)  # so the host only casts dQaccum
@@ -743,7 +745,7 @@ class FlashBwdWideSm90(BwdKernelBase):
                     # the slot's hand-back as a barrier both sides wait at (the writer is already there):
                     # the slot passes between warpgroups through the writer, an ordering racecheck follows
                     # through barrier syncs, not through an arrive
-                    cute.arch.barrier(barrier_id=full, number_of_threads=128 + 32)
+                    sync_unaligned(full, 128 + 32)
                 else:
                     cute.arch.barrier_arrive(barrier_id=full, number_of_threads=128 + 32)
 
@@ -856,9 +858,9 @@ class FlashBwdWideSm90(BwdKernelBase):
                         # boxes the half-turn R back used this box
                         cute.arch.cp_async_bulk_wait_group(self.dq_ring - 1, read=True)
                         # the grant as a barrier both sides wait at (stage_dq: the hand-back too)
-                        cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + w, number_of_threads=wg_threads)
-                        cute.arch.barrier(barrier_id=BwdWideBarrier.DQ_WG + num_wg + w,
-                                          number_of_threads=wg_threads)
+                        # (unaligned: the consumers reach both from their own code, stage_dq)
+                        sync_unaligned(BwdWideBarrier.DQ_WG + w, wg_threads)
+                        sync_unaligned(BwdWideBarrier.DQ_WG + num_wg + w, wg_threads)
                         if cutlass.const_expr(self.cfg.deterministic and c == 0 and w == 0 and h == 0):
                             self.wait_turn(sem, turn)
                         sdQ_h = sdQ
