@@ -613,7 +613,7 @@ def test_fp8_two_level_budget():
     for hdim, tile_n in ((128, 160), (192, 128), (256, 96)):
         with pytest.raises(ValueError, match="accumulators need"):
             dataclasses.replace(fwd_config("e4m3", hdim), pv_two_level=True, tile_n=tile_n).check()
-    with pytest.raises(ValueError, match="pv_two_level and qk_descale are for e4m3"):
+    with pytest.raises(ValueError, match="pv_two_level, pv_row_sum and qk_descale are for e4m3"):
         dataclasses.replace(fwd_config("bf16", 64), pv_two_level=True).check()
 
 

@@ -1,6 +1,7 @@
 """Every kernel a user can reach (flashhopper.plan.dispatched_kernels: 92 bf16 / fp16, 30 e4m3, 3 e4m3
-without the LSE (the tensor cores' row sums) and 30 e4m3 with per-token q / k descales, 60 varlen and 24 (192, 128) forward, 130 + 120 varlen backward,
-10 + 10 varlen preprocess configs and 2 + 2 of (192, 128), whose backward runs hdim 192's main kernel)
+without the LSE (the tensor cores' row sums) and 30 e4m3 with per-token q / k descales, 60 varlen and 24
+(192, 128) forward, 130 + 120 varlen backward, 10 + 10 varlen preprocess configs and 2 + 2 of (192, 128),
+whose backward runs hdim 192's main kernel)
 compiles for sm_90a without a GPU with its structure in SASS: WGMMA (or the preprocess's 16-byte
 loads) present, register hand-off where there are warpgroups to hand off to, no local memory, no
 spill, the shared memory its launch requests (read from the compiled host code) within the SM's
