@@ -146,7 +146,9 @@ def flashhopper_fp8() -> Provider:
 
 def flashhopper_fp8_vt_given() -> Provider:
     """The same kernel fed V^T in P's key order (FwdConfig.vt_in_gmem; made outside the timing): no
-    in-kernel transpose, the upper bound it is measured against."""
+    in-kernel transpose, the upper bound it is measured against. It asks for the LSE, so it keeps the FADD
+    row sums (the ones rows of FwdConfig.pv_row_sum are the transposer's): against a dispatch without the
+    LSE (plan.fp8_row_sum) it measures both differences."""
     def make(q, k, v, causal):
         from flashhopper.hopper import runtime
 
