@@ -144,12 +144,12 @@ SHAPES = ALL_SHAPES if FULL else [(128, 64), (192, 64), (128, 96), (96, 128), (1
                                   (96, 256), (160, 128)]
 
 
-def _transpose(tile_n, hdim, stages=2, per_batch=F8.UNITS_PER_BATCH):
+def _transpose(tile_n, hdim, stages=2, per_batch=F8.UNITS_PER_BATCH, extra_rows=0):
     """`stages` stages of random V through the transposer's own Python (lane_roles, lane bases as
     lane_bases computes them, warp_units, unit_offsets, transpose_warp) on a _Smem holding sV and, after
     it, sVt (1 KiB-aligned, as fwd.py's struct places them). Returns (V, sV read as V^T per stage, smem)."""
     vt_off, vt_bits = _offsets(tile_n, hdim, stages)
-    v_off, v_bits = _offsets(hdim, tile_n, stages)
+    v_off, v_bits = _offsets(hdim + extra_rows, tile_n, stages)  # extra_rows: FwdConfig.pv_row_sum's ones
     assert sorted(vt_off.ravel()) == list(range(vt_off.size))  # a bijection onto the buffer
     v_base, vt_base = 0, -(-v_off.size // 1024) * 1024
     smem = _Smem(vt_base + vt_off.size)
@@ -184,6 +184,30 @@ def test_transposer_writes_v_transposed_in_p_order(tile_n, hdim):
     # per warp and V tile: one LDSM.T x4 and one STSM x4 per unit, the units split evenly
     per_warp = [len(F8.warp_units(w, tile_n, hdim)) for w in range(F8.TRANSPOSER_WARPS)]
     assert sum(per_warp) == F8.transpose_units(tile_n, hdim) and max(per_warp) - min(per_warp) <= 1
+
+
+@pytest.mark.parametrize(("tile_n", "hdim"),
+                         [(192, 64), (128, 64), (128, 96), (128, 128), (96, 128), (64, 128)])
+def test_ones_rows_under_v_transposed(tile_n, hdim):
+    """FwdConfig.pv_row_sum: sV holds row_sum_rows more rows, a stage stays whole swizzle periods (8 rows at
+    every swizzle width here), the transposer's model on that layout writes V^T into the head dim's rows
+    exactly as without them, and fp8.ones_runs covers exactly the rest of every stage."""
+    from flashhopper.config import FwdConfig, fp8_swizzle_period
+
+    rows = FwdConfig(dtype="e4m3", hdim=hdim, tile_n=tile_n, pv_row_sum=True).row_sum_rows
+    assert rows == 8
+    stages = 2
+    v_off, v_bits = _offsets(hdim + rows, tile_n, stages)
+    period = 1 << v_bits[1].bit_length()  # fp8.swizzle_period
+    assert period == fp8_swizzle_period(tile_n) and int(v_off[1, 0, 0]) % period == 0
+    v, got, smem = _transpose(tile_n, hdim, stages=stages, extra_rows=rows)
+    for stage in range(stages):
+        np.testing.assert_array_equal(got[stage][:hdim], _p_order(v[stage]))
+    head_rows = set(v_off[:, :hdim].ravel().tolist())
+    assert {i for i in range(v_off.size) if smem.written[i]} == head_rows  # V^T's rows, once, nothing else
+    runs = F8.ones_runs(lambda c: int(v_off[c[2], c[0], c[1]]), hdim, rows, tile_n, stages)
+    ones = {x for start, n in runs for x in range(start, start + n)}
+    assert ones == set(v_off[:, hdim:].ravel().tolist()) and not ones & head_rows
 
 
 @pytest.mark.parametrize(("tile_n", "hdim"), [(224, 128), (128, 96)] if FULL else [(128, 96)])

@@ -199,6 +199,13 @@ def swizzle_bits(layout: cute.ComposedLayout) -> tuple[int, int]:
     return chunk, chunk << sw.num_shift
 
 
+def swizzle_period(layout: cute.ComposedLayout) -> int:
+    """Bytes after which a swizzled smem layout's XOR pattern repeats: an offset that is a multiple of it
+    has neither chunk nor row bits (swizzle_bits)."""
+    row_bits = swizzle_bits(layout)[1]
+    return 1 << row_bits.bit_length()
+
+
 def unit_offsets(key: int, col: int, vt_offset, v_offset, vt_bits, v_bits) -> tuple[int, int, int, int]:
     """(X, K) of the unit at (key, col) for the LDSM.T (sVt) and the STSM (sV): a lane whose offset in
     the unit at (0, 0) is o has o ^ X + K in this one. `vt_offset(key, column)` / `v_offset(row,
@@ -262,7 +269,7 @@ def transpose_stage(sVt_layout: cute.ComposedLayout, sV_layout: cute.ComposedLay
     ld_base, st_base, sel0, sel1 = bases
     vt_step, v_step = sVt_layout((0, 0, 1)), sV_layout((0, 0, 1))
     # a stage is a whole number of swizzle periods: its offset commutes with the units' XORs
-    assert vt_step % 1024 == 0 and v_step % 1024 == 0, (vt_step, v_step)
+    assert not (vt_step % swizzle_period(sVt_layout) or v_step % swizzle_period(sV_layout)), (vt_step, v_step)
     plans = stage_plans(sVt_layout, sV_layout, tile_n, hdim_v)
     ld_addr, st_addr = ld_base + vt_stage * vt_step, st_base + v_stage * v_step
     for w in cutlass.range_constexpr(TRANSPOSER_WARPS):
