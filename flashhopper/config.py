@@ -275,12 +275,13 @@ class FwdConfig(_KernelConfig):
     @property
     def row_sum_rows(self) -> int:
         """pv_row_sum: the rows of ones under V^T in each sV stage, the fewest (a multiple of 8) that keep
-        a stage a whole number of swizzle periods (fp8_swizzle_period: the transposer's stage offsets must
-        commute with the swizzle); else 0."""
+        a stage a whole number of KiB; else 0. The transposer's stage offsets must commute with the swizzle,
+        for which whole periods of its width would do (fp8_swizzle_period: 8 rows at 192 or 96 keys, where
+        whole KiB take 16 or 32); that form has not run on a GPU yet."""
         if not self.pv_row_sum:
             return 0
-        rows, period = 8, fp8_swizzle_period(self.tile_n)
-        while (self.hdim_v + rows) * self.tile_n % period:
+        rows = 8
+        while (self.hdim_v + rows) * self.tile_n % 1024:
             rows += 8
         return rows
 
