@@ -100,7 +100,8 @@ def cudnn_peer(dtype: torch.dtype):
 
 def precompile_variants(dtype, hdims, seqlens, causal_modes, variants, jobs: int) -> None:
     """The forward kernels every (point, variant) launches (the dispatch's plan under the variant's
-    overrides; FP8 with (batch, heads_k) descales, as the bench's provider passes), compiled in parallel."""
+    overrides; FP8 with (batch, heads_k) descales and no LSE asked, as the bench's provider calls it),
+    compiled in parallel."""
     from flashhopper.precompile import precompile
 
     configs = set()
@@ -111,7 +112,7 @@ def precompile_variants(dtype, hdims, seqlens, causal_modes, variants, jobs: int
                 for _, fields in variants:
                     with runtime.config_overrides(**fields):
                         plan = runtime._fwd_plan_uncached(dtype, hdim, p.batch, seqlen, seqlen, p.heads,
-                                                          causal, (-1, -1), False)
+                                                          causal, (-1, -1), False, need_lse=dtype != FP8)
                     configs.add(plan[0])
     precompile(sorted(configs, key=repr), jobs=jobs)
 
