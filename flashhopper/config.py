@@ -74,13 +74,6 @@ FP8_REG_SLACK = 16
 SETMAXNREG_MIN, SETMAXNREG_MAX = 24, 256
 
 
-def fp8_swizzle_period(row_bytes: int) -> int:
-    """Bytes of one period of the swizzle that layout.smem_layout_row_major gives rows of `row_bytes` bytes
-    (FP8 V^T: tile_n keys): 8 rows of the swizzle's width, 128, 64 or 32 bytes, the widest dividing a row."""
-    width = next(w for w in (128, 64, 32, 16) if row_bytes % w == 0)
-    return 8 * width
-
-
 def register_split(num_consumer_wg: int, fp8: bool = False, producer: int = 0) -> tuple[int, int]:
     """(consumer, producer) registers per thread after setmaxnreg: the table's (FP8_REG_SPLIT for FP8
     inputs, else REG_SPLIT) or, with `producer` (FwdConfig.producer_nreg), that many for the producer
@@ -276,8 +269,8 @@ class FwdConfig(_KernelConfig):
     def row_sum_rows(self) -> int:
         """pv_row_sum: the rows of ones under V^T in each sV stage, the fewest (a multiple of 8) that keep
         a stage a whole number of KiB; else 0. The transposer's stage offsets must commute with the swizzle,
-        for which whole periods of its width would do (fp8_swizzle_period: 8 rows at 192 or 96 keys, where
-        whole KiB take 16 or 32); that form has not run on a GPU yet."""
+        for which whole periods of its width would do (hopper/fp8.py swizzle_period: 8 rows at 192 or 96
+        keys, where whole KiB take 16 or 32); that form has not run on a GPU yet."""
         if not self.pv_row_sum:
             return 0
         rows = 8

@@ -204,8 +204,7 @@ def fp8_row_sum(cfg: FwdConfig) -> FwdConfig:
     """The config a call that returns no LSE runs: with the row sums by the tensor cores where
     _FP8_ROW_SUM has it, else `cfg` itself."""
     fields = _FP8_ROW_SUM.get((cfg.hdim, cfg.causal))
-    if (fields is None or not cfg.is_fp8 or cfg.local or cfg.softcap or cfg.qk_descale != "head"
-            or cfg.varlen or cfg.vt_in_gmem):
+    if fields is None or not cfg.is_fp8 or cfg.local or cfg.softcap or cfg.qk_descale != "head":
         return cfg
     return dataclasses.replace(cfg, pv_row_sum=True, **fields)
 
