@@ -3,7 +3,8 @@ the H200 kernels with the tensors a Llama layer hands it (transformers itself is
 GPU machine: its wheel does not fit the 64 MiB that travel with the checkout beside the DSL bundle).
 Each sequence's output and gradients by the rule of flashhopper/accuracy.py, for a batch without
 padding, a left-padded batch with its 2-D mask, and packed sequences (a flattening collator's
-cu_seq_lens); then one SGD step of a projection feeding the queries, against the float64 one."""
+cu_seq_lens, or its position_ids alone); then one SGD step of a projection feeding the queries, against
+the float64 one."""
 
 from __future__ import annotations
 
@@ -39,10 +40,10 @@ def _check_sequence(out, grads, q, k, v, dout, rows_q, rows_k, scale, window):
 
 
 @pytest.mark.parametrize("window", [None, 48])
-@pytest.mark.parametrize("kind", ["dense", "left_padded", "packed"])
+@pytest.mark.parametrize("kind", ["dense", "left_padded", "packed", "packed_positions"])
 def test_llama_layer_tensors(kind, window):
     torch.manual_seed(0)
-    b, s, hq, hk, d = (1, 300, 4, 2, 64) if kind == "packed" else (3, 200, 4, 2, 64)
+    b, s, hq, hk, d = (1, 300, 4, 2, 64) if kind.startswith("packed") else (3, 200, 4, 2, 64)
     scale = d ** -0.5
     q, k, v, dout = (torch.randn(b, s, h, d, device=DEV, dtype=torch.bfloat16) for h in (hq, hk, hk, hq))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -59,6 +60,10 @@ def test_llama_layer_tensors(kind, window):
         cu = torch.tensor([0, 120, 121, 300], dtype=torch.int32, device=DEV)
         kw.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=179, max_length_k=179)
         seqs = [(0, slice(int(cu[i]), int(cu[i + 1]))) for i in range(3)]
+    elif kind == "packed_positions":  # the collator's default: position_ids alone mark the sequences
+        lens = [120, 1, 179]
+        kw.update(position_ids=torch.cat([torch.arange(n, device=DEV) for n in lens])[None])
+        seqs = [(0, slice(0, 120)), (0, slice(120, 121)), (0, slice(121, 300))]
     else:
         seqs = [(i, slice(0, s)) for i in range(b)]
     # transformers' layout: (B, H, S, D), the KV heads not repeated

@@ -7,12 +7,14 @@
 FlashAttention one (None without padding, else the 2D padding mask: a name with no mask function
 would have its masks silently dropped). The name has no "flash" in it: transformers 5 takes such
 names for kernels to import from the hub. Batches without padding run flash_attn_func (forward and
-backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a flattening collator),
-run flash_attn_varlen_func (forward and backward); decoding with a KV cache is the dense call with
-one query row per sequence (causal aligned bottom-right), which flash_attn_func runs by its decode paths
-(PackGQA, the keys split: kvcache.dense_decode); a left-padded batch's decode steps go the same way, the
-padding as cache_leftpad, the cache read in place. The mask is looked at once a forward step (the host
-syncs on the first layer's call: _mask_info, and the packing's in _padded), not once a layer.
+backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a flattening collator, or
+its position_ids alone, restarting at each sequence), run flash_attn_varlen_func (forward and
+backward); decoding with a KV cache is the dense call with one query row per sequence (causal aligned
+bottom-right), which flash_attn_func runs by its decode paths (PackGQA, the keys split:
+kvcache.dense_decode); a left-padded batch's decode steps go the same way, the padding as cache_leftpad,
+the cache read in place. The mask and the position_ids are looked at once a forward step (the host
+syncs on the first layer's call: _mask_info, the packing's in _padded, _position_packing), not once a
+layer.
 """
 
 from __future__ import annotations
@@ -70,16 +72,51 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
                 backend=backend)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     if cu_q is not None and cu_k is not None:  # packed sequences, batch 1 (a flattening collator)
+        max_q, max_k = int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
+    elif attention_mask is None and (packing := _position_packing(kwargs.get("position_ids"), q, k)):
+        cu_q = cu_k = packing[0]  # packed by position_ids alone (DataCollatorWithFlattening's default)
+        max_q = max_k = packing[1]
+    if cu_q is not None and cu_k is not None:
         b, s, h, _ = q.shape
         out = flash_attn_varlen_func(q.reshape(-1, h, q.shape[-1]), k.reshape(-1, *k.shape[2:]),
                                      v.reshape(-1, *v.shape[2:]), cu_q.to(torch.int32), cu_k.to(torch.int32),
-                                     int(kwargs["max_length_q"]), int(kwargs["max_length_k"]), **opts)
+                                     max_q, max_k, **opts)
         out = out.reshape(b, s, h, -1)
     elif attention_mask is not None and not (info := _mask_info(attention_mask, q.shape[1])).no_padding:
         out = _padded(q, k, v, attention_mask, opts, info)
     else:
         out = flash_attn_func(q, k, v, **opts)
     return out.to(in_dtype).contiguous(), None
+
+
+# the last position_ids analysed, (weak reference, its version, cu_seqlens, longest) or None: every layer
+# of a step gets the same tensor, so its analysis (a host sync) runs once a step
+_last_positions: list = [None]
+
+
+def _position_packing(position_ids, q, k):
+    """(cu_seqlens int32, the longest length) of the sequences a flattening collator packed into one row
+    and marked by position_ids alone (no cu_seq_lens, no mask): a new sequence wherever the position does
+    not follow the one before (transformers' FlashAttention path splits where they restart at 0). None
+    where nothing is packed: batch > 1, a single query or keys other than the queries (a KV cache), or
+    positions that run on without a break. One host sync a step (the first layer's call)."""
+    if position_ids is None or q.shape[0] != 1 or q.shape[1] < 2 or k.shape[1] != q.shape[1]:
+        return None
+    if position_ids.numel() != q.shape[1]:
+        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} for {q.shape[1]} query "
+                         "positions; accepted: one position per token of the packed row")
+    last = _last_positions[0]
+    if last is not None and last[0]() is position_ids and last[1] == position_ids._version:
+        return last[2]
+    pos = position_ids.reshape(-1)
+    starts = torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1
+    packing = None
+    if starts.numel():
+        n = pos.numel()
+        cu = torch.cat((starts.new_zeros(1), starts, starts.new_full((1,), n))).to(torch.int32)
+        packing = (cu, int(cu.diff().max()))
+    _last_positions[0] = (weakref.ref(position_ids), position_ids._version, packing)
+    return packing
 
 
 @dataclass(frozen=True)
