@@ -27,6 +27,10 @@ def _pair(config_cls, reference, **fields):
     torch.manual_seed(0)
     config = config_cls(**LLAMA, **fields)
     ours = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config)).to(torch.bfloat16).eval()
+    with torch.no_grad():  # scores of order 1 (the default init leaves attention nearly uniform, where
+        for layer in ours.model.layers:  # a wrong softmax scale would change the logits by 0.02)
+            layer.self_attn.q_proj.weight.mul_(5.0)
+            layer.self_attn.k_proj.weight.mul_(5.0)
     other = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(config)).to(torch.bfloat16).eval()
     other.load_state_dict(ours.state_dict())
     ours.set_attn_implementation(register("hopper_attn_ref", backend="reference"))
@@ -56,8 +60,9 @@ def our_calls(monkeypatch):
 
 
 def _close(a, b):
-    # both round the attention output to bf16 once per layer: compare at bf16's resolution
-    torch.testing.assert_close(a.float(), b.float(), atol=0.05, rtol=0.05)
+    # both round the attention output to bf16 once per layer: compare at bf16's resolution (the logits
+    # differ by about 0.01; a softmax scale 10% off moves them by 0.08, twice as large by 0.5)
+    torch.testing.assert_close(a.float(), b.float(), atol=0.03, rtol=0.03)
 
 
 def test_logits_match_sdpa(models, our_calls):

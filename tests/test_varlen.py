@@ -102,10 +102,11 @@ def test_kernel_path_needs_the_gpu_and_the_opt_in(monkeypatch):
     validation.check_varlen_call(q.requires_grad_(), k, v)  # gradients: the varlen backward
     used = torch.ones(1, dtype=torch.int32)
     validation.check_varlen_call(q.detach(), k, v, seqused_k=used)  # no gradients: the forward
+    # the backward through seqused as it was before its GPU run (verified since): refused without the opt-in
+    monkeypatch.setattr(validation, "SEQUSED_BWD_GPU_VERIFIED", False)
     monkeypatch.delenv(validation.SEQUSED_BWD_OPT_IN, raising=False)
-    if not validation.SEQUSED_BWD_GPU_VERIFIED:  # the backward through seqused waits for its GPU run
-        with pytest.raises(NotImplementedError, match=validation.SEQUSED_BWD_OPT_IN):
-            validation.check_varlen_call(q, k, v, seqused_k=used)
+    with pytest.raises(NotImplementedError, match=validation.SEQUSED_BWD_OPT_IN):
+        validation.check_varlen_call(q, k, v, seqused_k=used)
     monkeypatch.setenv(validation.SEQUSED_BWD_OPT_IN, "1")
     validation.check_varlen_call(q, k, v, seqused_q=used, seqused_k=used)
 
