@@ -184,3 +184,5 @@ def test_position_packing_rule():
     assert _position_packing(pos, *qk(8, sk=20)) is None
     with pytest.raises(ValueError, match="position_ids"):
         _position_packing(torch.tensor([[0, 1, 0]]), *qk(8))
+    mrope = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]]).expand(3, 1, 8)  # (3, 1, s): multimodal rotary's
+    assert _position_packing(mrope, *qk(8))[0].tolist() == [0, 3, 5, 8]

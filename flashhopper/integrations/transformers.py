@@ -102,13 +102,14 @@ def _position_packing(position_ids, q, k):
     positions that run on without a break. One host sync a step (the first layer's call)."""
     if position_ids is None or q.shape[0] != 1 or q.shape[1] < 2 or k.shape[1] != q.shape[1]:
         return None
-    if position_ids.numel() != q.shape[1]:
+    if position_ids.shape[-1] != q.shape[1] or position_ids.numel() % q.shape[1]:
         raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} for {q.shape[1]} query "
-                         "positions; accepted: one position per token of the packed row")
+                         "positions; accepted: one position per token of the packed row (the last dim)")
     last = _last_positions[0]
     if last is not None and last[0]() is position_ids and last[1] == position_ids._version:
         return last[2]
-    pos = position_ids.reshape(-1)
+    # (1, s); multimodal rotary's (3, 1, s) holds the text positions in each row: the first
+    pos = position_ids.reshape(-1, q.shape[1])[0]
     starts = torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1
     packing = None
     if starts.numel():
