@@ -162,10 +162,11 @@ def test_training_through_a_padding_mask(models):
 
 
 def test_position_packing_rule():
-    """Where position_ids split a packed row: wherever a position does not follow the one before (a
-    restart at 0, or a row starting mid-sequence); nothing for a batch, a decode step, keys other than
-    the queries (a cache) or positions without a break; a wrong length is refused. The analysis is
-    reused by the next layers' calls with the same tensor, and made again after it changes in place."""
+    """Where position_ids split a packed row, as transformers' FlashAttention path splits it: at each
+    position equal to the row's least (0 from the collator), the row's start too; nothing for a batch, a
+    decode step, keys other than the queries (a cache), one run of positions, or several rows of
+    positions; a length other than the queries' is refused. The analysis is reused by the next layers'
+    calls with the same tensor, and made again after it changes in place."""
     from flashhopper.integrations.transformers import _position_packing
 
     def qk(s, b=1, sk=None):
@@ -175,14 +176,14 @@ def test_position_packing_rule():
     cu, longest = _position_packing(pos, *qk(8))
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 2, 5, 6, 8] and longest == 3
     assert _position_packing(pos, *qk(8))[0] is cu  # the next layer
-    pos[0, 1] = 9  # changed in place: analysed again
-    assert _position_packing(pos, *qk(8))[0].tolist() == [0, 1, 2, 5, 6, 8]
-    assert _position_packing(torch.arange(5, 13)[None], *qk(8)) is None  # one sequence
+    pos[0, 3] = 0  # changed in place: analysed again
+    assert _position_packing(pos, *qk(8))[0].tolist() == [0, 2, 3, 5, 6, 8]
+    assert _position_packing(torch.tensor([[0, 1, 2, 0, 1]]), *qk(5))[0].tolist() == [0, 3, 5]
+    assert _position_packing(torch.arange(5, 13)[None], *qk(8)) is None  # one run
     assert _position_packing(None, *qk(8)) is None
     assert _position_packing(pos, *qk(8, b=2)) is None
     assert _position_packing(torch.tensor([[0]]), *qk(1)) is None
     assert _position_packing(pos, *qk(8, sk=20)) is None
+    assert _position_packing(pos.expand(3, 1, 8), *qk(8)) is None  # multimodal rotary's rows
     with pytest.raises(ValueError, match="position_ids"):
         _position_packing(torch.tensor([[0, 1, 0]]), *qk(8))
-    mrope = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]]).expand(3, 1, 8)  # (3, 1, s): multimodal rotary's
-    assert _position_packing(mrope, *qk(8))[0].tolist() == [0, 3, 5, 8]

@@ -8,7 +8,7 @@ FlashAttention one (None without padding, else the 2D padding mask: a name with 
 would have its masks silently dropped). The name has no "flash" in it: transformers 5 takes such
 names for kernels to import from the hub. Batches without padding run flash_attn_func (forward and
 backward); a 2D padding mask, or packed sequences (cu_seq_lens_q / _k from a flattening collator, or
-its position_ids alone, restarting at each sequence), run flash_attn_varlen_func (forward and
+its position_ids alone, restarting at 0 for each sequence), run flash_attn_varlen_func (forward and
 backward); decoding with a KV cache is the dense call with one query row per sequence (causal aligned
 bottom-right), which flash_attn_func runs by its decode paths (PackGQA, the keys split:
 kvcache.dense_decode); a left-padded batch's decode steps go the same way, the padding as cache_leftpad,
@@ -96,24 +96,30 @@ _last_positions: list = [None]
 
 def _position_packing(position_ids, q, k):
     """(cu_seqlens int32, the longest length) of the sequences a flattening collator packed into one row
-    and marked by position_ids alone (no cu_seq_lens, no mask): a new sequence wherever the position does
-    not follow the one before (transformers' FlashAttention path splits where they restart at 0). None
-    where nothing is packed: batch > 1, a single query or keys other than the queries (a KV cache), or
-    positions that run on without a break. One host sync a step (the first layer's call)."""
+    and marked by position_ids alone (no cu_seq_lens, no mask), found as transformers' FlashAttention
+    path finds them: packed where the positions are not one run from their least value, each sequence
+    starting where a position equals it (0, from the collator). None where nothing is packed: batch > 1,
+    a single query, keys other than the queries (a KV cache), one run of positions, or several rows of
+    positions (multimodal rotary's (3, 1, s): one sequence, as SDPA reads them). One host sync a step
+    (the first layer's call)."""
     if position_ids is None or q.shape[0] != 1 or q.shape[1] < 2 or k.shape[1] != q.shape[1]:
         return None
-    if position_ids.shape[-1] != q.shape[1] or position_ids.numel() % q.shape[1]:
-        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} for {q.shape[1]} query "
-                         "positions; accepted: one position per token of the packed row (the last dim)")
+    n = q.shape[1]
+    if position_ids.shape[-1] != n:
+        raise ValueError(f"position_ids has shape {tuple(position_ids.shape)} for {n} query positions; "
+                         "accepted: one position per token of the packed row (the last dim)")
+    if position_ids.numel() != n:
+        return None
     last = _last_positions[0]
     if last is not None and last[0]() is position_ids and last[1] == position_ids._version:
         return last[2]
-    # (1, s); multimodal rotary's (3, 1, s) holds the text positions in each row: the first
-    pos = position_ids.reshape(-1, q.shape[1])[0]
-    starts = torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1
+    pos = position_ids.reshape(-1)
+    low = pos.min()
+    runs_on = (pos == torch.arange(n, device=pos.device, dtype=pos.dtype) + low).all()
+    starts = torch.nonzero(pos == low).flatten()  # (the host sync)
     packing = None
-    if starts.numel():
-        n = pos.numel()
+    if not bool(runs_on):
+        starts = starts[starts > 0]  # a row that starts inside a sequence: its first rows are one too
         cu = torch.cat((starts.new_zeros(1), starts, starts.new_full((1,), n))).to(torch.int32)
         packing = (cu, int(cu.diff().max()))
     _last_positions[0] = (weakref.ref(position_ids), position_ids._version, packing)
