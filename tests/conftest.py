@@ -27,7 +27,9 @@ if os.environ.get("PYTEST_XDIST_WORKER") and not torch.cuda.is_available():
 
 
 def _is_variant(item) -> bool:
-    """Marked `variant`, or parametrized with a non-empty `fields` override."""
+    """Marked `variant`, or parametrized with a non-empty `fields` override (a kernel no user gets). A
+    test that builds no kernel (a config's refusal, its budget) names its parameter otherwise
+    (`overrides`), or CI would leave it out."""
     fields = getattr(getattr(item, "callspec", None), "params", {}).get("fields")
     return "variant" in item.keywords or bool(fields)
 

@@ -243,15 +243,15 @@ def test_backward_short_causal_64_rows_compiles(dtype):
     _check_keys_report(report, cfg, "causal")
 
 
-@pytest.mark.parametrize(("hdim", "fields", "match"), [
+@pytest.mark.parametrize(("hdim", "overrides", "match"), [
     (64, {"tile_m": 80}, "tile_m 80 must be a multiple of 64"),
     (96, {"tile_m": 80}, "tile_m 80 must be a multiple of 64"),
     (128, {"tile_m": 48}, "tile_m 48 must be a multiple of 64"),
     (128, {"tile_m": 80, "dq_by_rows": True}, "dq_by_rows"),
     (256, {"tile_m": 80}, "tile_m 80 must be 64")])
-def test_backward_80_rows_only_at_hdim128(hdim, fields, match):
+def test_backward_80_rows_only_at_hdim128(hdim, overrides, match):
     with pytest.raises(ValueError, match=match):
-        bwd_config("bf16", hdim, **fields)
+        bwd_config("bf16", hdim, **overrides)
 
 
 @pytest.mark.parametrize("mask", list(MASKS))

@@ -66,7 +66,7 @@ def test_unsupported_hdim_is_refused():
 
 
 @pytest.mark.parametrize(
-    ("fields", "budget"),
+    ("overrides", "budget"),
     [
         ({"tile_n": 120}, "multiple of 16"),
         ({"tile_n": 8}, "multiple of 16"),
@@ -81,8 +81,8 @@ def test_unsupported_hdim_is_refused():
         ({"num_consumer_wg": 1, "tile_m": 64}, "pingpong needs two or more consumer warpgroups"),
     ],
 )
-def test_invalid_configs_name_the_budget(fields, budget):
-    cfg = FwdConfig(**{"dtype": "bf16", "hdim": 128, **fields})
+def test_invalid_configs_name_the_budget(overrides, budget):
+    cfg = FwdConfig(**{"dtype": "bf16", "hdim": 128, **overrides})
     with pytest.raises(ValueError, match=budget):
         cfg.check()
 
@@ -151,7 +151,7 @@ def test_backward_configs_fit(hdim, mask):
 
 
 @pytest.mark.parametrize(
-    ("fields", "budget"),
+    ("overrides", "budget"),
     [
         ({"hdim": 192, "num_consumer_wg": 2, "tile_n": 64}, "64-row WGMMA M tiles"),
         # S / dP WGMMA N is tile_n / W keys: a multiple of 8; dQ's K (and dV^T's N) a multiple of 16
@@ -191,8 +191,8 @@ def test_backward_configs_fit(hdim, mask):
         ({"hdim": 128, "tile_n": 128, "dq_chunks": 2, "kv_split": "keys"}, "only for kv_split 'hdim'"),
     ],
 )
-def test_invalid_backward_configs_name_the_budget(fields, budget):
-    cfg = config.BwdConfig(**{"dtype": "bf16", "hdim": 256, "kv_split": "hdim", **fields})
+def test_invalid_backward_configs_name_the_budget(overrides, budget):
+    cfg = config.BwdConfig(**{"dtype": "bf16", "hdim": 256, "kv_split": "hdim", **overrides})
     with pytest.raises(ValueError, match=budget):
         cfg.check()
 
@@ -228,7 +228,7 @@ def test_narrow_tile_only_where_the_wide_one_pads():
         assert plan.fwd_narrow_tile(64, s, causal=True) == (wide > 1.06 * thin)
 
 
-# the wide-kernel candidates for GPU timing (docs/design.md "hdim 192 and 256"): (hdim, fields,
+# the wide-kernel candidates for GPU timing (docs/design.md "hdim 192 and 256"): (hdim, overrides,
 # dynamic smem bytes, dQ chunks). Each compiles spill-free with the WGMMAs asynchronous
 # (tests/test_bwd_compile.py::test_backward_wide_variants_compile).
 WIDE_CANDIDATES = [
@@ -246,13 +246,14 @@ WIDE_CANDIDATES = [
 ]
 
 
-@pytest.mark.parametrize(("hdim", "fields", "smem", "chunks", "do_stages"), WIDE_CANDIDATES)
+@pytest.mark.parametrize(("hdim", "overrides", "smem", "chunks", "do_stages"), WIDE_CANDIDATES)
 @pytest.mark.parametrize("mask", MASKS)
-def test_wide_backward_candidates_fit(hdim, fields, smem, chunks, do_stages, mask):
+def test_wide_backward_candidates_fit(hdim, overrides, smem, chunks, do_stages, mask):
     # the candidates as measured then (dQ by atomics), with one P / dS buffer pair unless the row
     # says otherwise
     base = plan.BWD_WIDE_ATOMICS[hdim]
-    cfg = plan.bwd_config("bf16", hdim, **mask, **({**base, "ds_stages": 1, **fields} if fields else base))
+    fields = {**base, "ds_stages": 1, **overrides} if overrides else base
+    cfg = plan.bwd_config("bf16", hdim, **mask, **fields)
     assert cfg.kv_split == "hdim" and cfg.smem_bytes() == smem <= SMEM_CAPACITY
     assert cfg.num_dq_chunks == chunks
     assert cfg.num_do_stages == do_stages
@@ -292,14 +293,14 @@ def test_backward_80_rows_config(mask):
                for d in config.BWD_HDIMS if d != 128)
 
 
-@pytest.mark.parametrize(("fields", "match"), [
+@pytest.mark.parametrize(("overrides", "match"), [
     ({"hdim": 64, "tile_m": 80}, r"one of \(hdim, tile_m\) \[\(128, 80\)\]"),
     ({"hdim": 128, "tile_m": 48}, "must be a multiple of 64"),
     ({"hdim": 128, "tile_m": 80, "dq_by_rows": True}, "dq_by_rows needs tile_m 128"),
     ({"hdim": 128, "tile_m": 80, "num_consumer_wg": 1, "tile_n": 64}, "64 head-dim rows"),
 ])
-def test_backward_80_rows_refused_elsewhere(fields, match):
-    cfg = config.BwdConfig(**{"dtype": "bf16", **fields})
+def test_backward_80_rows_refused_elsewhere(overrides, match):
+    cfg = config.BwdConfig(**{"dtype": "bf16", **overrides})
     with pytest.raises(ValueError, match=match):
         cfg.check()
 
@@ -322,17 +323,17 @@ def test_cluster_m2_valid_without_mask_on_the_static_schedule(hdim, softcap, per
     assert cfg.smem_bytes() == o_in_q.smem_bytes()
 
 
-@pytest.mark.parametrize(("fields", "message"), [
+@pytest.mark.parametrize(("overrides", "message"), [
     ({"causal": True}, "cluster_m=2 needs no causal/local mask"),
     ({"local": True}, "cluster_m=2 needs no causal/local mask"),
     ({"persistent": True, "dynamic_sched": True}, "cluster_m=2 takes the static schedule only"),
     ({"cluster_m": 4}, r"cluster_m 4 not in \(1, 2\)"),
     ({"cluster_m": 0}, r"cluster_m 0 not in \(1, 2\)"),
 ])
-def test_cluster_refusals_name_the_reason(fields, message):
+def test_cluster_refusals_name_the_reason(overrides, message):
     base = FwdConfig(dtype="bf16", hdim=128, cluster_m=2)
     with pytest.raises(ValueError, match=message):
-        dataclasses.replace(base, **fields).check()
+        dataclasses.replace(base, **overrides).check()
 
 
 def test_cluster_grid_rounds_query_blocks_to_pairs():
