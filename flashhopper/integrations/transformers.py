@@ -120,7 +120,7 @@ def _position_packing(position_ids, q, k):
     packing = None
     if not bool(runs_on):
         starts = starts[starts > 0]  # a row that starts inside a sequence: its first rows are one too
-        cu = torch.cat((starts.new_zeros(1), starts, starts.new_full((1,), n))).to(torch.int32)
+        cu = torch.cat((starts.new_zeros(1), starts, starts.new_full((1,), n))).to(q.device, torch.int32)
         packing = (cu, int(cu.diff().max()))
     _last_positions[0] = (weakref.ref(position_ids), position_ids._version, packing)
     return packing
