@@ -620,10 +620,11 @@ def dispatched_calls(dtypes=DTYPES + FP8_DTYPES, hdims=SUPPORTED_HDIMS, forward:
             if forward:
                 seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap)[0],
                                 Call(dtype, hdim, sq, sk, causal, window, softcap, False))
-                if dtype in FP8_DTYPES:  # no LSE returned: the row sums by the tensor cores (fp8_row_sum)
+                if dtype in FP8_DTYPES:
+                    # no LSE returned: the row sums by the tensor cores (fp8_row_sum)
                     seen.setdefault(fwd_plan(dtype, hdim, sq, sk, causal, window, softcap, need_lse=False)[0],
                                     Call(dtype, hdim, sq, sk, causal, window, softcap, False, lse=False))
-                if dtype in FP8_DTYPES:  # per-token (per-block) q / k descales: their own kernels
+                    # per-token (per-block) q / k descales: their own kernels
                     token = fwd_plan(dtype, hdim, sq, sk, causal, window, softcap, qk_descale="token")[0]
                     seen.setdefault(token, Call(dtype, hdim, sq, sk, causal, window, softcap, False,
                                                 qk_descale="token"))
