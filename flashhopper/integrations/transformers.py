@@ -71,12 +71,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     opts = dict(softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap or 0.0,
                 backend=backend)
     cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-    if cu_q is not None and cu_k is not None:  # packed sequences, batch 1 (a flattening collator)
-        max_q, max_k = int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
-    elif attention_mask is None and (packing := _position_packing(kwargs.get("position_ids"), q, k)):
-        cu_q = cu_k = packing[0]  # packed by position_ids alone (DataCollatorWithFlattening's default)
-        max_q = max_k = packing[1]
-    if cu_q is not None and cu_k is not None:
+    packed = None  # (cu_seqlens_q, cu_seqlens_k, max_q, max_k) of sequences packed in one row, batch 1
+    if cu_q is not None and cu_k is not None:  # a flattening collator's
+        packed = cu_q, cu_k, int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
+    elif attention_mask is None and (found := _position_packing(kwargs.get("position_ids"), q, k)):
+        packed = found[0], found[0], found[1], found[1]  # by position_ids alone (the collator's default)
+    if packed is not None:
+        cu_q, cu_k, max_q, max_k = packed
         b, s, h, _ = q.shape
         out = flash_attn_varlen_func(q.reshape(-1, h, q.shape[-1]), k.reshape(-1, *k.shape[2:]),
                                      v.reshape(-1, *v.shape[2:]), cu_q.to(torch.int32), cu_k.to(torch.int32),
@@ -89,9 +90,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return out.to(in_dtype).contiguous(), None
 
 
-# the last position_ids analysed, (weak reference, its version, cu_seqlens, longest) or None: every layer
-# of a step gets the same tensor, so its analysis (a host sync) runs once a step
-_last_positions: list = [None]
+def _once_a_step(slot: list, tensor: torch.Tensor, key, make):
+    """make()'s result for `tensor` (and `key`), kept in `slot`: transformers passes one mask / position_ids
+    object to every layer of a step, so an analysis that syncs with the host runs on the first layer's call
+    only, and again after an in-place change to the tensor (its version)."""
+    last = slot[0]
+    if last is not None and last[0]() is tensor and last[1] == tensor._version and last[2] == key:
+        return last[3]
+    value = make()
+    slot[0] = (weakref.ref(tensor), tensor._version, key, value)
+    return value
+
+
+_last_positions: list = [None]  # _once_a_step's slot for _position_packing
 
 
 def _position_packing(position_ids, q, k):
@@ -110,20 +121,17 @@ def _position_packing(position_ids, q, k):
                          "accepted: one position per token of the packed row (the last dim)")
     if position_ids.numel() != n:
         return None
-    last = _last_positions[0]
-    if last is not None and last[0]() is position_ids and last[1] == position_ids._version:
-        return last[2]
-    pos = position_ids.reshape(-1)
-    low = pos.min()
-    runs_on = (pos == torch.arange(n, device=pos.device, dtype=pos.dtype) + low).all()
-    starts = torch.nonzero(pos == low).flatten()  # (the host sync)
-    packing = None
-    if not bool(runs_on):
-        starts = starts[starts > 0]  # a row that starts inside a sequence: its first rows are one too
+
+    def analyse():
+        pos = position_ids.reshape(-1)
+        low = pos.min()
+        if bool((pos == torch.arange(n, device=pos.device, dtype=pos.dtype) + low).all()):  # the sync
+            return None
+        starts = torch.nonzero(pos[1:] == low).flatten() + 1  # (a row may start inside a sequence)
         cu = torch.cat((starts.new_zeros(1), starts, starts.new_full((1,), n))).to(q.device, torch.int32)
-        packing = (cu, int(cu.diff().max()))
-    _last_positions[0] = (weakref.ref(position_ids), position_ids._version, packing)
-    return packing
+        return cu, int(cu.diff().max())
+
+    return _once_a_step(_last_positions, position_ids, None, analyse)
 
 
 @dataclass(frozen=True)
@@ -140,24 +148,20 @@ class MaskInfo:
     packing: list = field(default_factory=list)
 
 
-# the last mask analysed, (weak reference, its version, s_q, MaskInfo): transformers passes one mask
-# object to every layer of a step, so its analysis (a host sync) runs once a step, not once a layer
-_last_mask: list = [None]
+_last_mask: list = [None]  # _once_a_step's slot for _mask_info
 
 
 def _mask_info(mask: torch.Tensor, s_q: int) -> MaskInfo:
     """The mask's MaskInfo, by one host sync on the first call with this mask object (and after an
     in-place change to it), from the cache on the next layers' calls."""
-    last = _last_mask[0]
-    if last is not None and last[0]() is mask and last[1] == mask._version and last[2] == s_q:
-        return last[3]
-    valid = mask.bool()
-    flags = torch.stack((valid.all(), (valid[:, 1:] >= valid[:, :-1]).all() & valid[:, -s_q:].all()))
-    no_padding, left_padded = flags.tolist()
-    leftpad = (mask.shape[1] - valid.sum(-1, dtype=torch.int32)).to(torch.int32)
-    info = MaskInfo(no_padding, left_padded, leftpad)
-    _last_mask[0] = (weakref.ref(mask), mask._version, s_q, info)
-    return info
+    def analyse():
+        valid = mask.bool()
+        flags = torch.stack((valid.all(), (valid[:, 1:] >= valid[:, :-1]).all() & valid[:, -s_q:].all()))
+        no_padding, left_padded = flags.tolist()
+        leftpad = (mask.shape[1] - valid.sum(-1, dtype=torch.int32)).to(torch.int32)
+        return MaskInfo(no_padding, left_padded, leftpad)
+
+    return _once_a_step(_last_mask, mask, s_q, analyse)
 
 
 def _left_padded_decode(q, k, v, opts, info: MaskInfo):
