@@ -84,19 +84,16 @@ def online_softmax_step(
         if cutlass.const_expr(shift != 0.0):
             offset = offset - Float32(shift)
         row_max[r] = new_max
-        if cutlass.const_expr(sums):
-            block_sum = Float32(0.0)
-            for c in cutlass.range_constexpr(num_cols):
-                p = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
-                acc_S_rc[r, c] = p
+        block_sum = Float32(0.0)
+        for c in cutlass.range_constexpr(num_cols):
+            p = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
+            acc_S_rc[r, c] = p
+            if cutlass.const_expr(sums):
                 block_sum += p
-            if cutlass.const_expr(is_first):
-                row_sum[r] = block_sum
-            else:
-                row_sum[r] = row_sum[r] * row_scale[r] + block_sum
-        else:
-            for c in cutlass.range_constexpr(num_cols):
-                acc_S_rc[r, c] = cute.math.exp2(acc_S_rc[r, c] * scale - offset, fastmath=True)
+        if cutlass.const_expr(sums and is_first):
+            row_sum[r] = block_sum
+        elif cutlass.const_expr(sums):
+            row_sum[r] = row_sum[r] * row_scale[r] + block_sum
 
 
 @cute.jit
